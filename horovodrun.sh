@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Launch train.py on Horovod workers.
+#   ./horovodrun.sh [-np N] [-H HOSTS] [--gloo|--mpi] [train.py arguments]
+# With no train.py arguments it sets the project up (first run only), builds the demo data
+# if missing, trains on it with 2 local workers and reports verification accuracy on the
+# demo's held-out identities. -np defaults to 2, -H to localhost:N, the controller to Gloo.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+NP=2; HOSTS=""; CONTROLLER=--gloo; TRAIN_ARGS=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -np) NP=${2:?"-np needs a number"}; shift 2 ;;
+    -H) HOSTS=${2:?"-H needs hosts, e.g. host1:8,host2:8"}; shift 2 ;;
+    --gloo|--mpi) CONTROLLER=$1; shift ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) TRAIN_ARGS+=("$1"); shift ;;
+  esac
+done
+[[ $NP =~ ^[1-9][0-9]*$ ]] || { echo "horovodrun.sh: -np must be a positive integer, got '$NP'" >&2; exit 2; }
+HOSTS=${HOSTS:-localhost:$NP}
+
+"$ROOT/scripts/bootstrap.sh"
+VENV=${SAMPLE_FC_VENV:-$ROOT/.venv}
+PY=$VENV/bin/python
+cd "$ROOT"
+
+if [[ ${#TRAIN_ARGS[@]} -eq 0 ]]; then
+  DEMO_DIR=data/demo
+  if [[ ! -f $DEMO_DIR/train.rec || ! -f $DEMO_DIR/property ]]; then
+    echo "[demo] building the demo dataset in $DEMO_DIR"
+    "$PY" -m sample_fc.demo_data --out "$DEMO_DIR"
+  fi
+  TRAIN_ARGS=(--dataset demo --models-root models/demo)
+fi
+
+# One compute thread per worker when several workers share this machine's cores.
+LOCAL_WORKERS=$NP
+if [[ $HOSTS == localhost:* ]]; then
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / LOCAL_WORKERS > 0 ? $(nproc) / LOCAL_WORKERS : 1 ))}
+  export MXNET_CPU_WORKER_NTHREADS=${MXNET_CPU_WORKER_NTHREADS:-$OMP_NUM_THREADS}
+fi
+exec "$VENV/bin/horovodrun" -np "$NP" -H "$HOSTS" "$CONTROLLER" "$PY" train.py "${TRAIN_ARGS[@]}"

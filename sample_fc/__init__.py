@@ -1,0 +1,1 @@
+"""sample_fc: Partial FC for MXNet + Horovod."""

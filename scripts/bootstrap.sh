@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Creates or refreshes the project's virtual environment (.venv) with pinned packages and
+# horovod 0.28.1 built from source for MXNet + Gloo (+ MPI when `mpicxx` is on PATH).
+# Idempotent: when nothing changed since the last successful run it returns in seconds.
+#   SAMPLE_FC_VENV   where the environment lives (default: <repo>/.venv)
+#   PYTHON           interpreter to create it with (default: python3)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${SAMPLE_FC_VENV:-$ROOT/.venv}
+PYTHON=${PYTHON:-python3}
+HOROVOD_VERSION=0.28.1
+log() { echo "[bootstrap] $*" >&2; }
+die() { echo "[bootstrap] ERROR: $*" >&2; exit 1; }
+
+# The horovod build variant depends on what the machine offers; the wheel cache is keyed
+# on it because pip's own cache ignores HOROVOD_* flags.
+if command -v mpicxx >/dev/null 2>&1; then VARIANT=gloo-mpi; else VARIANT=gloo; fi
+
+# Everything that should trigger a refresh goes into the stamp.
+STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/requirements.txt" "$ROOT/setup.py";
+                echo "$VARIANT"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)
+STAMP_FILE=$VENV/.sample_fc_stamp
+if [[ -f $STAMP_FILE && $(cat "$STAMP_FILE") == "$STAMP_WANT" && -x $VENV/bin/horovodrun ]]; then
+  exit 0
+fi
+
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 8))' \
+  || die "need Python >= 3.8, got $("$PYTHON" -V 2>&1) (set PYTHON=/path/to/python3)"
+if [[ ! -x $VENV/bin/python ]]; then
+  log "creating virtual environment in $VENV"
+  "$PYTHON" -m venv "$VENV" || die "python -m venv failed; on Debian/Ubuntu: apt-get install python3-venv"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+# Some machines' pip.conf lists local mirrors that may be absent; hide that noise only.
+pip_quiet() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+
+log "installing pinned packages (requirements.txt)"
+pip_quiet install 'setuptools<70' wheel 'cmake<4' packaging
+pip_quiet install -r "$ROOT/requirements.txt"
+"$VENV/bin/python" -c 'import mxnet' || die "mxnet 1.9.1 does not import (numpy must be < 1.24)"
+
+WHEEL_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/sample_fc/wheels/horovod-$HOROVOD_VERSION-$VARIANT
+installed_variant=$(cat "$VENV/.horovod_variant" 2>/dev/null || true)
+if [[ $installed_variant != "$VARIANT" ]] || ! "$VENV/bin/python" -c 'import horovod.mxnet' 2>/dev/null; then
+  if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
+    log "building horovod $HOROVOD_VERSION ($VARIANT) from source, about 2-3 minutes on 2 cores"
+    mkdir -p "$WHEEL_DIR"
+    export HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 \
+           HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1
+    if [[ $VARIANT == gloo-mpi ]]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
+    export MAKEFLAGS="-j$(nproc)"
+    build_log=$WHEEL_DIR/build.log
+    PATH="$VENV/bin:$PATH" "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir \
+        -w "$WHEEL_DIR" "horovod==$HOROVOD_VERSION" >"$build_log" 2>&1 \
+      || { tail -n 40 "$build_log" >&2; rm -f "$WHEEL_DIR"/*.whl;
+           die "horovod build failed; full log: $build_log (see README, Troubleshooting)"; }
+  else
+    log "reusing cached horovod wheel from $WHEEL_DIR"
+  fi
+  pip_quiet install --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
+  pip_quiet install cloudpickle psutil pyyaml   # horovod's runtime requirements
+  echo "$VARIANT" > "$VENV/.horovod_variant"
+fi
+
+check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
+grep -q '\[X\] MXNet' <<<"$check" \
+  || die "horovod was built without MXNet support:\n$check\nDelete $WHEEL_DIR and re-run."
+grep -q '\[X\] Gloo' <<<"$check" || die "horovod was built without Gloo:\n$check"
+if [[ $VARIANT == gloo-mpi ]]; then
+  grep -q '\[X\] MPI' <<<"$check" || die "mpicxx is present but horovod lacks MPI:\n$check\nDelete $WHEEL_DIR and re-run."
+fi
+
+pip_quiet install --no-deps --no-build-isolation -e "$ROOT"
+echo "$STAMP_WANT" > "$STAMP_FILE"
+log "ready: $VENV (horovod $HOROVOD_VERSION, $VARIANT)"

@@ -1,0 +1,32 @@
+"""Shared test fixtures: paths, and a bounded-time horovodrun launcher."""
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKERS = REPO / "tests" / "parallel" / "workers"
+sys.path.insert(0, str(REPO))  # train.py, default.py, optimizer.py live at the top level
+
+
+@pytest.fixture
+def horovod_job():
+    """Run a worker script from tests/parallel/workers under horovodrun, bounded in time."""
+    from sample_fc.launch import run_job
+
+    def run(script, *args, num_proc=2, controller="gloo", timeout_s=240, env_extra=None):
+        from sample_fc.launch import single_thread_env
+        argv = [sys.executable, str(WORKERS / script)] + [str(a) for a in args]
+        env = single_thread_env(env_extra)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+        result = run_job(argv, num_proc=num_proc, controller=controller, timeout_s=timeout_s,
+                         env=env, cwd=str(REPO))
+        assert not result.timed_out, f"job hung and was killed after {timeout_s}s:\n{result.output[-4000:]}"
+        return result
+    return run
+
+
+def mpi_available():
+    return shutil.which("mpirun") is not None
