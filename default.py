@@ -1,0 +1,292 @@
+"""Training configuration: one easydict, every default commented where it is set.
+
+    from default import get_config
+    cfg = get_config(dataset='emore', network='r100', loss='arcface')
+
+`get_config` builds a fresh config each call: the base below, then the network preset,
+then the dataset preset, then the loss preset (later presets win; only the demo dataset
+overlaps a network preset, shrinking the batch for CPU). Presets may only change keys
+the base defines, and only to a value of the same type. Command-line `key=value`
+overrides (sample_fc.config.apply_overrides) follow the same rule; call `check_config`
+after them. The presets are chosen by name, so pass them to `get_config` rather than
+overriding `dataset=...`, which would only rename the run.
+
+This module imports nothing heavy (no mxnet): contexts are stored as strings and
+resolved by train.py. Library code never imports this file.
+"""
+import copy
+import math
+
+from easydict import EasyDict as edict
+
+CONTEXTS = ('auto', 'cpu', 'gpu')        # valid values of cfg.context
+BANK_CONTEXTS = ('same', 'cpu')          # valid values of cfg.bank_context
+ALLGATHERS = ('native', 'allreduce')     # valid values of cfg.allgather
+
+
+def _base_config():
+    """Return the base config: every key that exists, with its default and meaning."""
+    cfg = edict()
+
+    # ---- data -------------------------------------------------------------------
+    cfg.dataset = 'demo'                 # dataset preset name, one of DATASETS
+    cfg.rec = 'data/demo/train.rec'      # path to train.rec; train.idx and property sit next to it
+    cfg.num_classes = 200                # number of identities C (must be >= world size)
+    cfg.image_size = 112                 # square input side in pixels (images are 112x112 aligned faces)
+    cfg.num_images = 0                   # number of training images; informational only, 0 = unknown
+    cfg.val_targets = ['demo_val']       # verification sets, <name>.bin looked up next to rec
+    cfg.data_threads = 2                 # decoding threads per worker for the RecordIO iterator
+    cfg.synthetic = False                # True: random images and labels instead of reading rec
+
+    # ---- network ----------------------------------------------------------------
+    cfg.network = 'mbf'                  # backbone preset name, one of NETWORKS (symbols/)
+    cfg.embedding_size = 512             # embedding dimension D produced by the backbone
+    cfg.dropout = 0.0                    # dropout before the embedding layer (0 = off)
+    cfg.fp16 = False                     # mixed precision for the backbone (GPU only)
+
+    # ---- loss: combined margin cos(m1*theta + m2) - m3, times s -------------------
+    cfg.loss = 'arcface'                 # margin preset name, one of LOSSES
+    cfg.loss_s = 64.0                    # scale s applied to the cosine logits
+    cfg.loss_m1 = 1.0                    # multiplicative angular margin m1 (SphereFace); 1 = off
+    cfg.loss_m2 = 0.5                    # additive angular margin m2 (ArcFace), radians
+    cfg.loss_m3 = 0.0                    # additive cosine margin m3 (CosFace)
+
+    # ---- Partial FC ---------------------------------------------------------------
+    cfg.sample_ratio = 1.0               # fraction of each rank's centers scored per step, in (0, 1]
+    cfg.context = 'auto'                 # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
+    cfg.bank_context = 'same'            # memory bank device: same (as context) | cpu
+    cfg.allgather = 'native'             # embedding gather: native (hvd.allgather) | allreduce (zero-padded sum)
+
+    # ---- optimisation -------------------------------------------------------------
+    cfg.batch_size = 128                 # images per worker per step; global batch = batch_size * world size
+    cfg.lr = 0.1                         # lr for a global batch of 512, scaled linearly by global batch / 512
+    cfg.lr_scale_by_world = True         # True: apply that linear scaling; False: use lr as given
+    cfg.momentum = 0.9                   # SGD momentum, backbone and memory bank alike
+    cfg.wd = 5e-4                        # weight decay, backbone and memory bank alike
+    cfg.warmup_steps = 0                 # linear lr warm-up from 0 over this many steps (0 = none)
+    cfg.lr_steps = [100000, 160000, 220000]  # steps at which lr is multiplied by lr_factor (increasing)
+    cfg.lr_factor = 0.1                  # lr decay factor at each of lr_steps
+    cfg.max_update = 240000              # total training steps; the loop stops after this one
+
+    # ---- run control --------------------------------------------------------------
+    cfg.seed = 0                         # random seed: data order (shared by all ranks), sampler (offset by rank), init
+    cfg.frequent = 20                    # log speed and loss every N steps
+    cfg.verbose = 2000                   # run verification on val_targets every N steps (0 = never)
+    cfg.ckpt_period = 10000              # save a checkpoint every N steps (and at the end)
+    cfg.ckpt_keep = 3                    # keep the N most recent checkpoints, delete older ones
+    cfg.tensorboard = False              # write tensorboardX event files to the output dir
+    cfg.max_nonfinite_steps = 5          # stop with an error after N consecutive steps with NaN/Inf loss
+    cfg.collective_timeout_s = 60        # seconds a rank waits for a collective before failing
+    return cfg
+
+
+# Network presets: backbone shape and per-worker batch. Batch 128 x 8 GPUs (global 1024)
+# is insightface's arcface_torch recipe; r100 halves it to fit 16-32 GB GPUs.
+_NETWORK_PRESETS = {
+    'r18': {
+        'embedding_size': 512,           # IResNet-18, insightface's 512-d embedding
+        'dropout': 0.0,                  # no dropout, as in arcface_torch
+        'fp16': False,                   # fp32 by default; set fp16=true on GPUs with tensor cores
+        'batch_size': 128,               # per worker
+    },
+    'r34': {
+        'embedding_size': 512,           # IResNet-34
+        'dropout': 0.0,                  # no dropout
+        'fp16': False,                   # fp32 by default
+        'batch_size': 128,               # per worker
+    },
+    'r50': {
+        'embedding_size': 512,           # IResNet-50
+        'dropout': 0.0,                  # no dropout
+        'fp16': False,                   # fp32 by default
+        'batch_size': 128,               # per worker
+    },
+    'r100': {
+        'embedding_size': 512,           # IResNet-100, the Partial FC paper's main backbone
+        'dropout': 0.0,                  # no dropout
+        'fp16': False,                   # fp32 by default
+        'batch_size': 64,                # per worker (the original Partial FC MXNet default)
+    },
+    'mbf': {
+        'embedding_size': 512,           # MobileFaceNet with arcface_torch's 512-d head
+        'dropout': 0.0,                  # no dropout
+        'fp16': False,                   # fp32 by default
+        'batch_size': 128,               # per worker
+    },
+}
+
+# Dataset presets. Schedules assume 8 workers; the step counts give about 20 epochs at a
+# global batch of 512 (emore: 240000 * 512 / 5.8M images = 21 epochs).
+_DATASET_PRESETS = {
+    'demo': {
+        'rec': 'data/demo/train.rec',    # tiny set packed by the demo script; runs on CPU in minutes
+        'num_classes': 200,              # placeholder: must match data/demo/property
+        'image_size': 112,               # placeholder: must match the packed images
+        'num_images': 0,                 # unknown until packed
+        'val_targets': ['demo_val'],     # data/demo/demo_val.bin
+        'synthetic': False,              # read rec
+        'sample_ratio': 1.0,             # small set: score every center
+        'batch_size': 32,                # per worker, small enough for 2 CPU workers
+        'warmup_steps': 0,               # no warm-up
+        'lr_steps': [200, 250],          # decay twice near the end
+        'max_update': 300,               # a few hundred steps
+        'frequent': 10,                  # log often
+        'verbose': 100,                  # verify three times
+        'ckpt_period': 100,              # checkpoint three times
+    },
+    'webface': {
+        'rec': 'data/faces_webface_112x112/train.rec',  # CASIA-WebFace, insightface's package
+        'num_classes': 10572,            # identities in CASIA-WebFace
+        'image_size': 112,               # aligned 112x112 crops
+        'num_images': 494414,            # images in CASIA-WebFace
+        'val_targets': ['lfw', 'cfp_fp', 'agedb_30'],  # bins shipped with the package
+        'synthetic': False,              # read rec
+        'sample_ratio': 1.0,             # 10k classes: no need to sample
+        'warmup_steps': 0,               # no warm-up
+        'lr_steps': [20000, 28000],      # original Partial FC MXNet schedule
+        'max_update': 32000,             # about 33 epochs at global batch 512
+    },
+    'emore': {
+        'rec': 'data/faces_emore/train.rec',  # MS1MV2 (MS1M-ArcFace), insightface's package
+        'num_classes': 85742,            # identities in MS1MV2
+        'image_size': 112,               # aligned 112x112 crops
+        'num_images': 5822653,           # images in MS1MV2
+        'val_targets': ['lfw', 'cfp_fp', 'agedb_30'],  # bins shipped with the package
+        'synthetic': False,              # read rec
+        'sample_ratio': 1.0,             # 86k classes: sampling optional
+        'warmup_steps': 0,               # no warm-up
+        'lr_steps': [100000, 160000, 220000],  # insightface ArcFace schedule for emore
+        'max_update': 240000,            # about 21 epochs at global batch 512
+    },
+    'glint360k': {
+        'rec': 'data/glint360k/train.rec',  # Glint360K, released with the Partial FC paper
+        'num_classes': 360232,           # identities in Glint360K
+        'image_size': 112,               # aligned 112x112 crops
+        'num_images': 17091657,          # images in Glint360K
+        'val_targets': ['lfw', 'cfp_fp', 'agedb_30'],  # add calfw, cplfw, cfp_ff, vgg2_fp if present
+        'synthetic': False,              # read rec
+        'sample_ratio': 0.1,             # the paper's setting: same IJB-C accuracy as 1.0
+        'warmup_steps': 0,               # no warm-up
+        'lr_steps': [200000, 400000, 500000, 550000],  # original Partial FC 8-GPU schedule
+        'max_update': 600000,            # about 18 epochs at global batch 512
+    },
+    'synthetic_1m': {
+        'rec': '',                       # unused: random data
+        'num_classes': 1000000,          # one million identities, to measure speed and memory
+        'image_size': 112,               # random 112x112 images
+        'num_images': 0,                 # endless random stream
+        'val_targets': [],               # nothing to verify on random data
+        'synthetic': True,               # random images and labels
+        'sample_ratio': 0.1,             # huge classifier: sample 10% of centers
+        'warmup_steps': 0,               # no warm-up
+        'lr_steps': [20000, 28000],      # original Partial FC benchmark schedule
+        'max_update': 32000,             # benchmark length
+    },
+    'synthetic_10m': {
+        'rec': '',                       # unused: random data
+        'num_classes': 10000000,         # ten million identities, the paper's headline scale
+        'image_size': 112,               # random 112x112 images
+        'num_images': 0,                 # endless random stream
+        'val_targets': [],               # nothing to verify on random data
+        'synthetic': True,               # random images and labels
+        'sample_ratio': 0.1,             # huge classifier: sample 10% of centers
+        'warmup_steps': 0,               # no warm-up
+        'lr_steps': [20000, 28000],      # original Partial FC benchmark schedule
+        'max_update': 32000,             # benchmark length
+    },
+}
+
+# Loss presets: published margins.
+_LOSS_PRESETS = {
+    'arcface': {
+        'loss_s': 64.0,                  # ArcFace (Deng et al., CVPR 2019): s = 64
+        'loss_m1': 1.0,                  # no multiplicative margin
+        'loss_m2': 0.5,                  # additive angular margin 0.5 rad
+        'loss_m3': 0.0,                  # no cosine margin
+    },
+    'cosface': {
+        'loss_s': 64.0,                  # CosFace (Wang et al., CVPR 2018): s = 64
+        'loss_m1': 1.0,                  # no multiplicative margin
+        'loss_m2': 0.0,                  # no angular margin
+        'loss_m3': 0.4,                  # additive cosine margin 0.4
+    },
+}
+
+DATASETS = tuple(_DATASET_PRESETS)       # valid dataset preset names
+NETWORKS = tuple(_NETWORK_PRESETS)       # valid network preset names
+LOSSES = tuple(_LOSS_PRESETS)            # valid loss preset names
+
+
+def _apply_preset(cfg, kind, name, presets):
+    """Copy preset `name` of `presets` into cfg; the preset may only change existing keys
+    to values of the same type."""
+    if name not in presets:
+        raise ValueError(f"unknown {kind} preset {name!r}; choose one of: {', '.join(presets)}")
+    for key, value in presets[name].items():
+        if key not in cfg:
+            raise ValueError(f"{kind} preset {name!r} sets {key!r}, which the base config lacks")
+        if type(value) is not type(cfg[key]):
+            raise ValueError(f"{kind} preset {name!r} sets {key!r} to {value!r} "
+                             f"({type(value).__name__}); the base has {type(cfg[key]).__name__}")
+        cfg[key] = copy.deepcopy(value)  # presets are shared; configs must not alias them
+
+
+def get_config(dataset='demo', network='mbf', loss='arcface'):
+    """Return a new config for the given presets.
+
+    Args:
+        dataset: one of DATASETS.
+        network: one of NETWORKS.
+        loss: one of LOSSES.
+    Raises:
+        ValueError: an unknown preset name (the message lists the choices).
+    """
+    cfg = _base_config()
+    _apply_preset(cfg, 'network', network, _NETWORK_PRESETS)
+    _apply_preset(cfg, 'dataset', dataset, _DATASET_PRESETS)
+    _apply_preset(cfg, 'loss', loss, _LOSS_PRESETS)
+    cfg.network = network                # the chosen presets, recorded in config.json
+    cfg.dataset = dataset                # (see above)
+    cfg.loss = loss                      # (see above)
+    check_config(cfg)
+    return cfg
+
+
+def _fail(key, value, expected):
+    raise ValueError(f"config key {key!r} is {value!r}; expected {expected}")
+
+
+def check_config(cfg):
+    """Check the values a type check cannot: choices, ranges, schedule order.
+
+    Call after applying overrides. Raises ValueError naming the key, the bad value and
+    what is allowed. World-size checks (num_classes >= workers) belong to train.py.
+    """
+    for key, choices in (('dataset', DATASETS), ('network', NETWORKS), ('loss', LOSSES),
+                         ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
+                         ('allgather', ALLGATHERS)):
+        if cfg[key] not in choices:
+            _fail(key, cfg[key], f"one of: {', '.join(choices)}")
+    for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',
+                'data_threads', 'frequent', 'ckpt_period', 'ckpt_keep', 'max_nonfinite_steps',
+                'collective_timeout_s'):
+        if cfg[key] < 1:
+            _fail(key, cfg[key], "an integer >= 1")
+    for key in ('num_images', 'warmup_steps', 'verbose'):
+        if cfg[key] < 0:
+            _fail(key, cfg[key], "an integer >= 0")
+    if not 0.0 < cfg.sample_ratio <= 1.0:
+        _fail('sample_ratio', cfg.sample_ratio, "a float in (0, 1]")
+    if not 0.0 <= cfg.dropout < 1.0:
+        _fail('dropout', cfg.dropout, "a float in [0, 1)")
+    for key in ('lr', 'loss_s', 'loss_m1'):
+        if not (math.isfinite(cfg[key]) and cfg[key] > 0):
+            _fail(key, cfg[key], "a finite float > 0")
+    for key in ('momentum', 'wd', 'lr_factor', 'loss_m2', 'loss_m3'):
+        if not (math.isfinite(cfg[key]) and cfg[key] >= 0):
+            _fail(key, cfg[key], "a finite float >= 0")
+    steps = cfg.lr_steps
+    if any(not isinstance(s, int) or s < 1 for s in steps) or sorted(set(steps)) != list(steps):
+        _fail('lr_steps', steps, "strictly increasing positive integers")
+    if not cfg.synthetic and not cfg.rec:
+        _fail('rec', cfg.rec, "a path to train.rec (or synthetic=true)")

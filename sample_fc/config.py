@@ -1,0 +1,215 @@
+"""Generic config helpers: typed `key=value` overrides, JSON save/load, log formatting.
+
+Nothing here knows which keys a config has. The rule these helpers enforce: an override
+may only set a key that already exists, to a value of the existing value's type.
+
+    cfg = apply_overrides(cfg, ['lr=0.2', 'lr_steps=100,200', 'fp16=true'])
+"""
+import difflib
+import json
+import os
+import uuid
+
+from easydict import EasyDict
+
+_TRUE = ('true', '1', 'yes')
+_FALSE = ('false', '0', 'no')
+
+
+def parse_override(text):
+    """Split "key=value" at the first '=' into (key, raw_value); the value may be empty.
+
+    Raises ValueError naming the text when there is no '=' or the key is empty.
+    """
+    key, sep, raw = text.partition('=')
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError(f"malformed override {text!r}: expected key=value")
+    return key, raw
+
+
+def _flat_keys(cfg, prefix=''):
+    """All leaf keys of a nested dict as dotted names."""
+    keys = []
+    for name, value in cfg.items():
+        if isinstance(value, dict):
+            keys.extend(_flat_keys(value, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _unknown_key(cfg, key):
+    valid = _flat_keys(cfg)
+    close = difflib.get_close_matches(key, valid, n=1)
+    if close:
+        return ValueError(f"unknown config key {key!r}; did you mean {close[0]!r}?")
+    return ValueError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
+
+
+def _lookup(cfg, key):
+    """Return (parent dict, last name) for a dotted key that must already exist as a leaf."""
+    parent = cfg
+    names = key.split('.')
+    for name in names[:-1]:
+        if name not in parent or not isinstance(parent[name], dict):
+            raise _unknown_key(cfg, key)
+        parent = parent[name]
+    last = names[-1]
+    if last not in parent:
+        raise _unknown_key(cfg, key)
+    if isinstance(parent[last], dict):
+        raise ValueError(f"config key {key!r} is a section; override one of its keys: "
+                         f"{', '.join(key + '.' + k for k in parent[last])}")
+    return parent, last
+
+
+def _bad(key, raw, expected):
+    return ValueError(f"bad value for config key {key!r}: {raw!r} is not {expected}")
+
+
+def _to_scalar(key, raw, kind):
+    """Convert the string raw to bool, int, float or str; ValueError on mismatch."""
+    text = raw.strip()
+    if kind is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise _bad(key, raw, "a bool (true/false, 1/0, yes/no)")
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise _bad(key, raw, "an int") from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise _bad(key, raw, "a float") from None
+    if kind is str:
+        return raw
+    raise ValueError(f"config key {key!r} holds a {kind.__name__}; overrides support "
+                     "bool, int, float, str, None and lists of those")
+
+
+def _infer_scalar(text):
+    """Type a list element of an empty list: int, then float, then str."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _to_element(key, raw, item, kind):
+    """Convert one list element (a string, or a JSON-decoded value) to kind."""
+    if kind is None:  # existing list was empty: keep JSON types, infer from strings
+        return _infer_scalar(item.strip()) if isinstance(item, str) else item
+    if isinstance(item, str):
+        try:
+            return _to_scalar(key, item, kind)
+        except ValueError:
+            raise _bad(key, raw, f"a list of {kind.__name__} (element {item!r})") from None
+    if type(item) is kind or (kind is float and type(item) is int):
+        return kind(item)
+    raise _bad(key, raw, f"a list of {kind.__name__} (element {item!r})")
+
+
+def _to_list(key, raw, current):
+    """Parse a JSON list ("[1, 2]") or comma-separated text ("1,2") like the list current."""
+    text = raw.strip()
+    if text.startswith('['):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            raise _bad(key, raw, "a JSON list") from None
+        if not isinstance(items, list):
+            raise _bad(key, raw, "a JSON list")
+    else:
+        items = [part.strip() for part in text.split(',')] if text else []
+    kinds = {type(x) for x in current}
+    if len(kinds) > 1:
+        raise ValueError(f"config key {key!r} holds a list of mixed types; cannot override")
+    kind = kinds.pop() if kinds else None
+    return type(current)(_to_element(key, raw, item, kind) for item in items)
+
+
+def convert_value(key, raw, current):
+    """Parse the override string raw for key into the type of its current value.
+
+    bool: true/false/1/0/yes/no (any case). int: decimal integers only ("0.5", "1e3"
+    fail). float: anything float() takes. list: JSON or comma-separated, elements typed
+    like the existing ones. A None-valued key takes the string as is.
+    """
+    if current is None:
+        return raw
+    if isinstance(current, (list, tuple)):
+        return _to_list(key, raw, current)
+    for kind in (bool, int, float, str):  # bool first: it is a subclass of int
+        if isinstance(current, kind):
+            return _to_scalar(key, raw, kind)
+    return _to_scalar(key, raw, type(current))  # raises: unsupported type
+
+
+def apply_overrides(cfg, overrides):
+    """Apply "key=value" strings to cfg in place and return it.
+
+    Each key (dotted for nested sections) must exist; the value is converted to the
+    existing value's type. All overrides are checked before any is applied, so on error
+    cfg is unchanged. Raises ValueError naming the key, the bad value and the type.
+    """
+    updates = []
+    for text in overrides:
+        key, raw = parse_override(text)
+        parent, name = _lookup(cfg, key)
+        updates.append((parent, name, convert_value(key, raw, parent[name])))
+    for parent, name, value in updates:
+        parent[name] = value
+    return cfg
+
+
+def save_config(cfg, path):
+    """Write cfg as JSON (sorted keys, indent 2) to path atomically: a temporary file in
+    the same directory, then os.replace. The directory must exist."""
+    text = json.dumps(cfg, sort_keys=True, indent=2) + '\n'  # fails before touching disk
+    path = os.fspath(path)
+    directory, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, 'x', encoding='utf-8') as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_config(path):
+    """Read a config written by save_config as an EasyDict."""
+    with open(path, encoding='utf-8') as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {os.fspath(path)!r} holds a {type(data).__name__}, "
+                         "expected a JSON object")
+    return EasyDict(data)
+
+
+def format_config(cfg):
+    """Return "key: value" lines (dotted keys for sections, insertion order) for logging."""
+    rows = []
+
+    def walk(section, prefix):
+        for name, value in section.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{name}.")
+            else:
+                rows.append((f"{prefix}{name}", value))
+
+    walk(cfg, '')
+    width = max((len(k) for k, _ in rows), default=0)
+    return '\n'.join(f"{k + ':':<{width + 1}} {v!r}" for k, v in rows)

@@ -1,0 +1,352 @@
+"""Tests for default.py (presets, style) and sample_fc/config.py (overrides, save/load)."""
+import ast
+import importlib.util
+import io
+import itertools
+import json
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+import pytest
+from easydict import EasyDict
+
+from sample_fc.config import (apply_overrides, format_config, load_config, parse_override,
+                              save_config)
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PY = REPO / 'default.py'
+
+
+def _load_default():
+    spec = importlib.util.spec_from_file_location('default', DEFAULT_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+default = _load_default()
+
+
+# ---- default.py: presets ------------------------------------------------------------
+
+def test_every_preset_combination_builds_with_the_base_keys():
+    """Test that every dataset x network x loss combination builds, records its preset
+    names, and has exactly the base config's keys with the base's value types."""
+    base = default._base_config()
+    combos = list(itertools.product(default.DATASETS, default.NETWORKS, default.LOSSES))
+    assert len(combos) == 6 * 5 * 2
+    for dataset, network, loss in combos:
+        cfg = default.get_config(dataset=dataset, network=network, loss=loss)
+        assert isinstance(cfg, EasyDict)
+        assert list(cfg.keys()) == list(base.keys()), (dataset, network, loss)
+        for key in base:
+            assert type(cfg[key]) is type(base[key]), (dataset, network, loss, key)
+        assert (cfg.dataset, cfg.network, cfg.loss) == (dataset, network, loss)
+
+
+def test_preset_names_are_exposed():
+    """Test that DATASETS, NETWORKS and LOSSES list the presets the brief requires."""
+    assert default.DATASETS == ('demo', 'webface', 'emore', 'glint360k',
+                                'synthetic_1m', 'synthetic_10m')
+    assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'mbf'}
+    assert default.LOSSES == ('arcface', 'cosface')
+
+
+def test_margins_are_the_published_values():
+    """Test that arcface is (s, m1, m2, m3) = (64, 1, 0.5, 0) and cosface (64, 1, 0, 0.4)."""
+    def margins(cfg):
+        return (cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3)
+    assert margins(default.get_config(loss='arcface')) == (64.0, 1.0, 0.5, 0.0)
+    assert margins(default.get_config(loss='cosface')) == (64.0, 1.0, 0.0, 0.4)
+
+
+def test_dataset_presets_hold_the_dataset_facts():
+    """Test that real and synthetic datasets carry their class counts, image counts and
+    sample ratios, and that defaults are the documented ones."""
+    facts = {'webface': (10572, 494414, 1.0, False), 'emore': (85742, 5822653, 1.0, False),
+             'glint360k': (360232, 17091657, 0.1, False),
+             'synthetic_1m': (1000000, 0, 0.1, True), 'synthetic_10m': (10000000, 0, 0.1, True)}
+    for name, expected in facts.items():
+        cfg = default.get_config(dataset=name)
+        assert (cfg.num_classes, cfg.num_images, cfg.sample_ratio, cfg.synthetic) == expected
+    demo = default.get_config()
+    assert (demo.dataset, demo.network, demo.loss) == ('demo', 'mbf', 'arcface')
+    assert demo.rec == 'data/demo/train.rec' and demo.val_targets == ['demo_val']
+    assert demo.max_update <= 1000 and demo.lr_steps[-1] < demo.max_update
+    assert (demo.context, demo.bank_context, demo.allgather) == ('auto', 'same', 'native')
+    assert (demo.lr, demo.momentum, demo.wd, demo.lr_factor) == (0.1, 0.9, 5e-4, 0.1)
+    assert (demo.max_nonfinite_steps, demo.collective_timeout_s) == (5, 60)
+
+
+def test_get_config_returns_independent_copies():
+    """Test that mutating one config (including its lists) does not leak into the next."""
+    first = default.get_config(dataset='emore')
+    first.lr_steps.append(999999)
+    first.val_targets.append('x')
+    first.lr = 7.0
+    second = default.get_config(dataset='emore')
+    assert second.lr_steps == [100000, 160000, 220000]
+    assert 'x' not in second.val_targets and second.lr == 0.1
+
+
+@pytest.mark.parametrize('kwargs, value', [({'dataset': 'ms1m'}, 'ms1m'),
+                                           ({'network': 'r200'}, 'r200'),
+                                           ({'loss': 'sphereface'}, 'sphereface')])
+def test_unknown_preset_is_rejected_with_choices(kwargs, value):
+    """Test that an unknown preset name raises ValueError naming it and the choices."""
+    kind = next(iter(kwargs))
+    choices = {'dataset': default.DATASETS, 'network': default.NETWORKS,
+               'loss': default.LOSSES}[kind]
+    with pytest.raises(ValueError) as info:
+        default.get_config(**kwargs)
+    message = str(info.value)
+    assert repr(value) in message
+    assert all(choice in message for choice in choices)
+
+
+def test_preset_cannot_add_a_key_or_change_a_type(monkeypatch):
+    """Test that a preset setting a key the base lacks, or a value of another type, fails."""
+    monkeypatch.setitem(default._LOSS_PRESETS, 'bad', {'loss_mm': 1.0})
+    with pytest.raises(ValueError, match="'loss_mm'"):
+        default.get_config(loss='bad')
+    monkeypatch.setitem(default._LOSS_PRESETS, 'bad', {'loss_s': 64})
+    with pytest.raises(ValueError, match="'loss_s'.*int"):
+        default.get_config(loss='bad')
+
+
+@pytest.mark.parametrize('override, key', [
+    ('context=tpu', 'context'), ('bank_context=gpu', 'bank_context'),
+    ('allgather=ring', 'allgather'), ('sample_ratio=0', 'sample_ratio'),
+    ('sample_ratio=1.5', 'sample_ratio'), ('batch_size=0', 'batch_size'),
+    ('lr_steps=300,200', 'lr_steps'), ('lr=-0.1', 'lr'), ('dataset=nope', 'dataset'),
+    ('rec=', 'rec')])
+def test_check_config_rejects_bad_values(override, key):
+    """Test that check_config names the key and the bad value for out-of-range settings."""
+    cfg = apply_overrides(default.get_config(), [override])
+    with pytest.raises(ValueError) as info:
+        default.check_config(cfg)
+    assert repr(key) in str(info.value)
+    assert repr(cfg[key]) in str(info.value)
+
+
+# ---- default.py: style and imports ----------------------------------------------------
+
+def _comment_lines(source):
+    """Return (lines holding any comment, lines holding only a comment)."""
+    any_comment, only_comment = set(), set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            row = tok.start[0]
+            any_comment.add(row)
+            if not tok.line[:tok.start[1]].strip():
+                only_comment.add(row)
+    return any_comment, only_comment
+
+
+def _key_assignments(tree, keys):
+    """Yield (key, first line, last line) for every place default.py sets a config key:
+    `x.key = ...`, `x['key'] = ...`, and `'key': ...` entries of dict literals."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in keys:
+                    yield target.attr, node.lineno, node.end_lineno
+                elif (isinstance(target, ast.Subscript)
+                      and isinstance(target.slice, ast.Constant)
+                      and target.slice.value in keys):
+                    yield target.slice.value, node.lineno, node.end_lineno
+        elif isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if isinstance(k, ast.Constant) and k.value in keys:
+                    yield k.value, k.lineno, v.end_lineno
+
+
+def test_every_key_assignment_in_default_py_is_commented():
+    """Test that every assignment to a config key in default.py carries a trailing comment
+    or sits right below a comment line, and that every base key is assigned there."""
+    source = DEFAULT_PY.read_text()
+    keys = set(default._base_config())
+    any_comment, only_comment = _comment_lines(source)
+    found = list(_key_assignments(ast.parse(source), keys))
+    uncommented = [(key, first) for key, first, last in found
+                   if not (any_comment & set(range(first, last + 1)) or first - 1 in only_comment)]
+    assert uncommented == [], f"config keys set without a comment (key, line): {uncommented}"
+    assert {key for key, _, _ in found} == keys
+    # Every preset entry counts: 5 networks x 4 keys, 14 + 5 x 10 dataset keys, 2 x 4 loss keys.
+    assert len(found) >= len(keys) + 20 + 64 + 8
+
+
+def test_comment_checker_catches_a_missing_comment():
+    """Test that the comment check above flags an uncommented assignment (guards the guard)."""
+    source = "cfg = {}\n# fine\ncfg.lr = 0.1\ncfg.wd = 5e-4\nx = {'lr': 1,  # ok\n 'wd': 2}\n"
+    any_comment, only_comment = _comment_lines(source)
+    found = list(_key_assignments(ast.parse(source), {'lr', 'wd'}))
+    bad = [(key, first) for key, first, last in found
+           if not (any_comment & set(range(first, last + 1)) or first - 1 in only_comment)]
+    assert sorted(bad) == [('wd', 4), ('wd', 6)]
+
+
+def test_importing_default_does_not_import_mxnet():
+    """Test that importing default.py and building a config loads neither mxnet nor horovod."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import default; "
+            "default.get_config('glint360k', 'r100', 'cosface'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mxnet', 'horovod')))")
+    result = subprocess.run([sys.executable, '-c', code, str(REPO)], capture_output=True,
+                            text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '[]'
+
+
+# ---- sample_fc/config.py: overrides -----------------------------------------------------
+
+def _cfg():
+    return EasyDict({'lr': 0.1, 'batch_size': 64, 'fp16': False, 'rec': 'a.rec',
+                     'lr_steps': [10, 20], 'val_targets': ['lfw'], 'ratios': [0.5],
+                     'empty': [], 'pretrained': None,
+                     'bank': {'context': 'cpu', 'momentum': 0.9}})
+
+
+def test_parse_override_splits_at_the_first_equals():
+    """Test that parse_override returns (key, raw) split at the first '='."""
+    assert parse_override('lr=0.1') == ('lr', '0.1')
+    assert parse_override('rec=a=b.rec') == ('rec', 'a=b.rec')
+    assert parse_override('rec=') == ('rec', '')
+
+
+@pytest.mark.parametrize('text', ['lr', 'lr 0.1', '=0.1', ''])
+def test_malformed_override_is_rejected(text):
+    """Test that an override without '=' or without a key raises ValueError naming it."""
+    with pytest.raises(ValueError, match='malformed override') as info:
+        parse_override(text)
+    assert repr(text) in str(info.value)
+    with pytest.raises(ValueError, match='malformed override'):
+        apply_overrides(_cfg(), [text])
+
+
+def test_scalar_overrides_are_converted_to_the_existing_type():
+    """Test that int, float, bool and str overrides get the existing value's type."""
+    cfg = apply_overrides(_cfg(), ['batch_size=100000', 'lr=1', 'fp16=TRUE', 'rec=b c.rec'])
+    assert cfg.batch_size == 100000 and type(cfg.batch_size) is int
+    assert cfg.lr == 1.0 and type(cfg.lr) is float
+    assert cfg.fp16 is True
+    assert cfg.rec == 'b c.rec' and cfg['rec'] == 'b c.rec'
+    for text, value in [('yes', True), ('no', False), ('1', True), ('0', False),
+                        ('False', False), ('True', True)]:
+        assert apply_overrides(_cfg(), [f'fp16={text}']).fp16 is value
+    assert apply_overrides(_cfg(), ['lr=2.5e-3']).lr == 2.5e-3
+
+
+def test_list_overrides_accept_json_and_commas():
+    """Test that lists parse from JSON or comma text, typed like the existing elements."""
+    assert apply_overrides(_cfg(), ['lr_steps=[1, 2, 3]']).lr_steps == [1, 2, 3]
+    assert apply_overrides(_cfg(), ['lr_steps=100,200']).lr_steps == [100, 200]
+    assert apply_overrides(_cfg(), ['lr_steps=']).lr_steps == []
+    assert apply_overrides(_cfg(), ['lr_steps=[]']).lr_steps == []
+    assert apply_overrides(_cfg(), ['val_targets=lfw, cfp_fp']).val_targets == ['lfw', 'cfp_fp']
+    assert apply_overrides(_cfg(), ['val_targets=["agedb_30"]']).val_targets == ['agedb_30']
+    ratios = apply_overrides(_cfg(), ['ratios=1,0.25']).ratios
+    assert ratios == [1.0, 0.25] and all(type(r) is float for r in ratios)
+    assert apply_overrides(_cfg(), ['empty=1,2.5,x']).empty == [1, 2.5, 'x']
+    assert apply_overrides(_cfg(), ['empty=[3, "y"]']).empty == [3, 'y']
+
+
+def test_none_nested_and_atomic_overrides():
+    """Test that None keys take strings, dotted keys reach sections, and a failing batch
+    of overrides leaves the config unchanged."""
+    cfg = apply_overrides(_cfg(), ['pretrained=models/r100-0001', 'bank.momentum=0.5'])
+    assert cfg.pretrained == 'models/r100-0001'
+    assert cfg.bank.momentum == 0.5 and cfg.bank['momentum'] == 0.5
+    cfg = _cfg()
+    with pytest.raises(ValueError):
+        apply_overrides(cfg, ['lr=0.5', 'batch_size=big'])
+    assert cfg == _cfg()
+
+
+@pytest.mark.parametrize('override, bad, typename', [
+    ('batch_size=0.5', '0.5', 'int'), ('batch_size=1e3', '1e3', 'int'),
+    ('lr=fast', 'fast', 'float'), ('fp16=maybe', 'maybe', 'bool'), ('fp16=', '', 'bool'),
+    ('lr_steps=10,x', '10,x', 'int'), ('lr_steps=[1.5]', '[1.5]', 'int'),
+    ('lr_steps=[1,', '[1,', 'JSON list'), ('lr_steps={"a": 1}', '{"a": 1}', 'list of int'),
+    ('val_targets=[1]', '[1]', 'str'), ('bank.momentum=x', 'x', 'float')])
+def test_wrong_type_names_key_value_and_type(override, bad, typename):
+    """Test that a value of the wrong type raises ValueError naming key, value and type."""
+    key = override.split('=', 1)[0]
+    with pytest.raises(ValueError) as info:
+        apply_overrides(_cfg(), [override])
+    message = str(info.value)
+    assert repr(key) in message and repr(bad) in message and typename in message
+
+
+def test_unknown_key_suggests_the_close_one():
+    """Test that an unknown key is named with a difflib suggestion, or the valid keys."""
+    with pytest.raises(ValueError) as info:
+        apply_overrides(_cfg(), ['lrr=0.1'])
+    assert str(info.value) == "unknown config key 'lrr'; did you mean 'lr'?"
+    with pytest.raises(ValueError, match=r"did you mean 'bank\.momentum'\?"):
+        apply_overrides(_cfg(), ['bank.momentun=0.1'])
+    with pytest.raises(ValueError) as info:
+        apply_overrides(_cfg(), ['zzzzzz=1'])
+    assert "'zzzzzz'" in str(info.value) and 'valid keys:' in str(info.value)
+    assert 'batch_size' in str(info.value) and 'bank.context' in str(info.value)
+    with pytest.raises(ValueError, match="section"):
+        apply_overrides(_cfg(), ['bank=cpu'])
+
+
+def test_overrides_work_on_the_real_config():
+    """Test that overrides apply to a default.py config and keep it valid."""
+    cfg = apply_overrides(default.get_config(dataset='emore', network='r50'),
+                          ['lr_steps=1000,2000', 'max_update=3000', 'context=cpu',
+                           'val_targets=lfw'])
+    assert cfg.lr_steps == [1000, 2000] and cfg.max_update == 3000
+    assert cfg.context == 'cpu' and cfg.val_targets == ['lfw']
+    default.check_config(cfg)
+    with pytest.raises(ValueError, match="did you mean 'lr'"):
+        apply_overrides(cfg, ['lrr=0.2'])
+
+
+# ---- sample_fc/config.py: save, load, format -----------------------------------------------
+
+def test_save_and_load_round_trip(tmp_path):
+    """Test that save_config writes sorted, indented JSON that load_config reads back equal,
+    replacing an existing file and leaving no temporary file behind."""
+    path = tmp_path / 'config.json'
+    path.write_text('stale')
+    for dataset in default.DATASETS:
+        cfg = default.get_config(dataset=dataset, network='r100', loss='cosface')
+        save_config(cfg, path)
+        text = path.read_text()
+        data = json.loads(text)
+        assert list(data) == sorted(cfg)
+        assert text == json.dumps(data, sort_keys=True, indent=2) + '\n'
+        loaded = load_config(path)
+        assert isinstance(loaded, EasyDict) and loaded == cfg
+        assert loaded.lr_steps == cfg.lr_steps and loaded.wd == cfg.wd
+    nested = _cfg()
+    save_config(nested, str(path))
+    assert load_config(path).bank.context == 'cpu' and load_config(path) == nested
+    assert [p.name for p in tmp_path.iterdir()] == ['config.json']
+
+
+def test_save_config_failure_keeps_the_old_file(tmp_path):
+    """Test that a config that is not JSON-serialisable leaves the previous file intact."""
+    path = tmp_path / 'config.json'
+    save_config({'lr': 0.1}, path)
+    with pytest.raises(TypeError):
+        save_config({'lr': object()}, path)
+    assert load_config(path) == {'lr': 0.1}
+    assert [p.name for p in tmp_path.iterdir()] == ['config.json']
+
+
+def test_format_config_lists_every_key():
+    """Test that format_config prints one aligned "key: value" line per leaf key."""
+    text = format_config(_cfg())
+    lines = text.splitlines()
+    assert len(lines) == 11
+    assert lines[0].split() == ['lr:', '0.1']
+    assert "bank.context: 'cpu'" in [' '.join(line.split()) for line in lines]
+    assert len({line.index(line.split()[1]) for line in lines}) == 1  # values aligned
+    cfg = default.get_config()
+    assert len(format_config(cfg).splitlines()) == len(cfg)
