@@ -7,7 +7,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${SAMPLE_FC_VENV:-$ROOT/.venv}
 cd "$ROOT"
 set +e
-"$VENV/bin/python" -m pytest tests "$@"
+"$VENV/bin/python" -m pytest tests --timeout=900 "$@"
 status=$?
 set -e
 if [[ $status -eq 5 ]]; then

@@ -30,3 +30,24 @@ def horovod_job():
 
 def mpi_available():
     return shutil.which("mpirun") is not None
+
+
+def pytest_configure(config):
+    # mxnet 1.9.1 itself triggers these on Python 3.11; they are not ours to fix.
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:mxnet.*")
+    config.addinivalue_line("filterwarnings", "ignore:.*distutils.*:DeprecationWarning")
+
+
+@pytest.fixture
+def single_process():
+    """Run a worker script from tests/parallel/workers as one plain process (world size 1)."""
+    import subprocess
+    from sample_fc.launch import single_thread_env
+
+    def run(script, *args, timeout_s=180):
+        result = subprocess.run([sys.executable, str(WORKERS / script)] + [str(a) for a in args],
+                                capture_output=True, text=True, timeout=timeout_s,
+                                env=single_thread_env(), cwd=str(REPO))
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        return result
+    return run

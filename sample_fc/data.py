@@ -1,0 +1,216 @@
+"""Training iterators: FaceRecordIter (insightface RecordIO) and SyntheticIter (benchmarks).
+
+Both yield mx.io.DataBatch with data=[(B, 3, H, W) float32 RGB, raw pixel values 0..255
+(the backbone normalises)] and label=[(B,) int64 identities], B being the per-rank batch,
+under the names 'data' and 'softmax_label'. Arrays are on the CPU; the module copies them
+to its context. Epochs are explicit: `reset()` moves to the next epoch (Module.fit calls it
+at the end of every epoch), and `state_dict()` / `load_state_dict()` resume at the next
+batch with the same images, labels and mirrors.
+"""
+import collections
+import io
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import mxnet as mx
+import numpy as np
+from PIL import Image
+
+from .record_index import label_to_int, open_record, read_property
+
+DTYPES = ("float32", "float16")
+
+
+def _check_common(batch_size, data_shape, dtype, seed):
+    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    shape = tuple(data_shape)
+    if len(shape) != 3 or shape[0] != 3 or not all(isinstance(x, (int, np.integer)) and x > 0 for x in shape):
+        raise ValueError(f"data_shape must be (3, height, width) with positive sizes, got {data_shape!r}")
+    if str(np.dtype(dtype)) not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if not (isinstance(seed, (int, np.integer)) and seed >= 0):
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    return tuple(int(x) for x in shape), str(np.dtype(dtype))
+
+
+class _EpochIter(mx.io.DataIter):
+    """Shared shapes, epoch bookkeeping and state for the two iterators."""
+
+    def __init__(self, batch_size, data_shape, dtype, seed):
+        super().__init__(batch_size)
+        self.data_shape, self.dtype = _check_common(batch_size, data_shape, dtype, seed)
+        self.seed = int(seed)
+        self.epoch, self.batch_in_epoch = 0, 0
+
+    @property
+    def provide_data(self):
+        return [mx.io.DataDesc("data", (self.batch_size,) + self.data_shape, dtype=np.dtype(self.dtype))]
+
+    @property
+    def provide_label(self):
+        return [mx.io.DataDesc("softmax_label", (self.batch_size,), dtype=np.int64)]
+
+    def _batch(self, data, labels):
+        return mx.io.DataBatch(data=[data], label=[mx.nd.array(labels, dtype=np.int64)], pad=0,
+                               provide_data=self.provide_data, provide_label=self.provide_label)
+
+    def reset(self):
+        """Move to the next epoch (a new shuffle and new mirrors)."""
+        self._start_epoch(self.epoch + 1, 0)
+
+    def state_dict(self):
+        """Where the iterator is: {'epoch', 'batch_in_epoch' (batches already yielded), 'seed'}."""
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seed": self.seed}
+
+    def load_state_dict(self, state):
+        """Resume so that the next batch is batch `state['batch_in_epoch']` of `state['epoch']`."""
+        if set(state) != {"epoch", "batch_in_epoch", "seed"}:
+            raise ValueError(f"state must have keys epoch, batch_in_epoch, seed; got {sorted(state)}")
+        if state["seed"] != self.seed:
+            raise ValueError(f"state was saved with seed {state['seed']}, this iterator has seed {self.seed}")
+        epoch, batch = int(state["epoch"]), int(state["batch_in_epoch"])
+        last = getattr(self, "num_batches", None)
+        if epoch < 0 or batch < 0 or (last is not None and batch > last):
+            raise ValueError(f"cannot resume at epoch {epoch}, batch {batch} (batches per epoch: {last})")
+        self._start_epoch(epoch, batch)
+
+
+class FaceRecordIter(_EpochIter):
+    """Sharded, shuffled, prefetching reader of an insightface .rec/.idx dataset.
+
+    Every epoch the image keys (sorted) are permuted with np.random.default_rng((seed, epoch)),
+    identically on all ranks, and rank r takes the contiguous share
+    [r * n, (r + 1) * n) of the permutation, n = num_batches * batch_size with
+    num_batches = num_images // num_workers // batch_size. So every rank yields the same
+    number of batches and the shards are disjoint; the num_images - num_workers * n tail
+    images are skipped this epoch and, thanks to reshuffling, seen in later ones (with
+    shuffle=False the same tail is skipped every epoch). Horizontal mirrors come from
+    np.random.default_rng((seed, epoch, rank)). Images are decoded with Pillow by
+    `num_threads` threads, `prefetch` batches ahead, and resized (bilinear) when their size
+    differs from data_shape. Labels are checked to be integers in [0, num_classes) as they
+    are read; num_classes defaults to the one in `property`, which must agree if both exist.
+    """
+
+    def __init__(self, path_imgrec, batch_size, data_shape=(3, 112, 112), rank=0, num_workers=1,
+                 shuffle=True, rand_mirror=True, seed=0, num_threads=2, prefetch=2, dtype="float32",
+                 num_classes=None, path_imgidx=None):
+        super().__init__(batch_size, data_shape, dtype, seed)
+        if not (isinstance(num_workers, (int, np.integer)) and num_workers >= 1 and 0 <= rank < num_workers):
+            raise ValueError(f"need 0 <= rank < num_workers, got rank={rank!r}, num_workers={num_workers!r}")
+        if num_threads < 1 or prefetch < 1:
+            raise ValueError(f"num_threads and prefetch must be >= 1, got {num_threads} and {prefetch}")
+        self.rank, self.num_workers = int(rank), int(num_workers)
+        self.shuffle, self.rand_mirror, self.prefetch = bool(shuffle), bool(rand_mirror), int(prefetch)
+        self._reader, self._keys, self.identity_range = open_record(path_imgrec, path_imgidx)
+        prop = read_property(os.path.dirname(os.path.abspath(path_imgrec)))
+        if num_classes is not None and prop is not None and num_classes != prop[0]:
+            raise ValueError(f"num_classes={num_classes} but {os.path.dirname(os.path.abspath(path_imgrec))}"
+                             f"/property says {prop[0]}")
+        self.num_classes = num_classes if num_classes is not None else (prop[0] if prop else None)
+        self.num_images = len(self._keys)
+        self.num_batches = self.num_images // self.num_workers // batch_size
+        if self.num_batches == 0:
+            raise ValueError(f"{path_imgrec}: {self.num_images} images over {self.num_workers} workers give "
+                             f"{self.num_images // self.num_workers} per rank, fewer than batch_size={batch_size}")
+        self._lock = threading.Lock()  # one reader handle, shared by the decode threads
+        self._pool = ThreadPoolExecutor(max_workers=int(num_threads), thread_name_prefix="FaceRecordIter")
+        self._num_chunks = int(num_threads)
+        self._pending = collections.deque()  # (data, labels, futures) of scheduled batches, in order
+        self._start_epoch(0, 0)
+
+    def _start_epoch(self, epoch, batch):
+        for _, _, futures in self._pending:
+            for future in futures:
+                future.cancel()
+        self._pending.clear()
+        self.epoch, self.batch_in_epoch, self._next_to_schedule = epoch, batch, batch
+        n = self.num_batches * self.batch_size
+        order = (np.random.default_rng((self.seed, epoch)).permutation(self.num_images) if self.shuffle
+                 else np.arange(self.num_images))
+        self._shard = self._keys[order[self.rank * n:(self.rank + 1) * n]]
+        mirror_rng = np.random.default_rng((self.seed, epoch, self.rank))
+        self._mirror = mirror_rng.random(n) < 0.5 if self.rand_mirror else np.zeros(n, dtype=bool)
+        self._schedule()
+
+    def _schedule(self):
+        while len(self._pending) < self.prefetch and self._next_to_schedule < self.num_batches:
+            lo = self._next_to_schedule * self.batch_size
+            data = np.empty((self.batch_size,) + self.data_shape, dtype=np.float32)
+            labels = np.empty(self.batch_size, dtype=np.int64)
+            bounds = np.linspace(0, self.batch_size, self._num_chunks + 1).astype(int)
+            futures = [self._pool.submit(self._load, self._shard[lo + a:lo + b], self._mirror[lo + a:lo + b],
+                                         data[a:b], labels[a:b])
+                       for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+            self._pending.append((data, labels, futures))
+            self._next_to_schedule += 1
+
+    def _load(self, keys, mirror, data_out, labels_out):
+        """Read, decode, resize and mirror `keys` into the given slices (runs in a pool thread)."""
+        height, width = self.data_shape[1:]
+        for j, key in enumerate(keys):
+            with self._lock:
+                record = self._reader.read_idx(int(key))
+            header, encoded = mx.recordio.unpack(record)
+            label = label_to_int(header, key)
+            if self.num_classes is not None and label >= self.num_classes:
+                raise ValueError(f"record key {key}: label {label} outside [0, {self.num_classes})")
+            labels_out[j] = label
+            try:
+                image = Image.open(io.BytesIO(encoded)).convert("RGB")
+            except OSError as err:
+                raise ValueError(f"record key {key}: cannot decode image ({err})") from err
+            if image.size != (width, height):
+                image = image.resize((width, height), Image.BILINEAR)
+            pixels = np.asarray(image)
+            data_out[j] = (pixels[:, ::-1] if mirror[j] else pixels).transpose(2, 0, 1)
+
+    def next(self):
+        if self.batch_in_epoch >= self.num_batches:
+            raise StopIteration
+        data, labels, futures = self._pending.popleft()
+        self._schedule()  # keep the pool busy while this batch finishes
+        for future in futures:
+            future.result()
+        self.batch_in_epoch += 1
+        return self._batch(mx.nd.array(data, dtype=self.dtype), labels)
+
+    def close(self):
+        """Stop the decode threads and close the record file."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()
+        self._reader.close()
+
+
+class SyntheticIter(_EpochIter):
+    """Random images (drawn once) and uniform integer labels in [0, num_classes) per batch.
+
+    Labels of batch i in epoch e come from np.random.default_rng((seed, rank, e, i)), so runs
+    are reproducible and resumable; num_classes may exceed 2**24 (labels are int64).
+    Infinite unless num_batches is given (then StopIteration after num_batches per epoch).
+    """
+
+    def __init__(self, batch_size, num_classes, data_shape=(3, 112, 112), seed=0, rank=0,
+                 dtype="float32", num_batches=None):
+        super().__init__(batch_size, data_shape, dtype, seed)
+        if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 1):
+            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
+        if num_batches is not None and not (isinstance(num_batches, (int, np.integer)) and num_batches >= 1):
+            raise ValueError(f"num_batches must be None or a positive integer, got {num_batches!r}")
+        if not (isinstance(rank, (int, np.integer)) and rank >= 0):
+            raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+        self.num_classes, self.rank, self.num_batches = int(num_classes), int(rank), num_batches
+        pixels = np.random.default_rng((self.seed, self.rank)).uniform(0, 255, (batch_size,) + self.data_shape)
+        self._data = mx.nd.array(pixels, dtype=self.dtype)
+
+    def _start_epoch(self, epoch, batch):
+        self.epoch, self.batch_in_epoch = epoch, batch
+
+    def next(self):
+        if self.num_batches is not None and self.batch_in_epoch >= self.num_batches:
+            raise StopIteration
+        rng = np.random.default_rng((self.seed, self.rank, self.epoch, self.batch_in_epoch))
+        labels = rng.integers(0, self.num_classes, size=self.batch_size, dtype=np.int64)
+        self.batch_in_epoch += 1
+        return self._batch(self._data, labels)

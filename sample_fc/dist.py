@@ -1,0 +1,112 @@
+"""Every collective of sample_fc, and the only module that calls Horovod.
+
+Rules for every call below, as in Horovod's own API: all ranks must make the same
+collective calls in the same order with the same `name`; shapes and dtypes that must
+match across ranks are stated per function. A rank that skips a call hangs the others
+until Horovod's stall check or the job's timeout ends the run.
+"""
+import horovod.mxnet as hvd
+import mxnet as mx
+
+ALLGATHER_STRATEGIES = ("native", "allreduce")
+
+
+def init():
+    """Initialise Horovod (idempotent). Call once per process before anything below."""
+    if not hvd.is_initialized():
+        hvd.init()
+
+
+def rank():
+    return hvd.rank()
+
+
+def size():
+    return hvd.size()
+
+
+def local_rank():
+    return hvd.local_rank()
+
+
+def local_size():
+    return hvd.local_size()
+
+
+def allgather(array, name, strategy="native"):
+    """Concatenate every rank's `array` along axis 0, in rank order.
+
+    Must match across ranks: name, strategy, dtype, shape[1:]; with strategy
+    "allreduce" also shape[0]. "native" uses Horovod's allgather; "allreduce" writes the
+    rows into a zeroed (W * n, ...) buffer at this rank's offset and sums it over ranks
+    (the original Partial FC's way; exact for any values since the other rows add zeros).
+    """
+    if strategy == "native":
+        return hvd.allgather(array, name=name)
+    if strategy != "allreduce":
+        raise ValueError(f"allgather strategy must be one of {ALLGATHER_STRATEGIES}, got {strategy!r}")
+    rows = array.shape[0]
+    buffer = mx.nd.zeros((rows * size(),) + array.shape[1:], ctx=array.context, dtype=array.dtype)
+    buffer[rank() * rows:(rank() + 1) * rows] = array
+    return hvd.allreduce_(buffer, op=hvd.Sum, name=name)
+
+
+def allreduce_sum(array, name):
+    """Element-wise sum over ranks (a new array). Must match: name, shape, dtype."""
+    return hvd.allreduce(array, op=hvd.Sum, name=name)
+
+
+def allreduce_sum_(array, name):
+    """In-place element-wise sum over ranks. Must match: name, shape, dtype."""
+    return hvd.allreduce_(array, op=hvd.Sum, name=name)
+
+
+def grouped_allreduce_sum_(arrays, names):
+    """In-place sum over ranks of several arrays in one fused call (names[0] names the group)."""
+    return hvd.grouped_allreduce_(list(arrays), op=hvd.Sum, name=names[0])
+
+
+def allreduce_max(array, name):
+    """Element-wise max over ranks (a new array). Must match: name, shape, dtype."""
+    return hvd.allreduce(array, op=hvd.Max, name=name)
+
+
+def reducescatter_sum(array, name):
+    """Sum over ranks, then this rank's block of rows: rows [r*n/W, (r+1)*n/W).
+
+    Must match: name, shape, dtype; shape[0] must be divisible by the world size (each
+    rank contributed the same number of rows to the matching allgather).
+    """
+    if array.shape[0] % size():
+        raise ValueError(f"reducescatter needs rows divisible by world size {size()}, "
+                         f"got shape {array.shape}")
+    return hvd.reducescatter(array, op=hvd.Sum, name=name)
+
+
+def broadcast_(array, root_rank, name):
+    """Overwrite `array` in place with root_rank's. Must match: name, shape, dtype."""
+    return hvd.broadcast_(array, root_rank=root_rank, name=name)
+
+
+def broadcast_parameters(params, root_rank=0, prefix="param"):
+    """Broadcast a dict name -> NDArray in place, in sorted-name order.
+
+    Must match: the set of names, and each array's shape and dtype.
+    """
+    for key in sorted(params):
+        hvd.broadcast_(params[key], root_rank=root_rank, name=f"{prefix}.{key}")
+
+
+def broadcast_object(obj, root_rank=0, name="object"):
+    """root_rank's picklable object, on every rank. Must match: name."""
+    return hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def allgather_object(obj, name="object"):
+    """List of every rank's picklable object, in rank order. Must match: name."""
+    return hvd.allgather_object(obj, name=name)
+
+
+def barrier(name):
+    """Return only when every rank has reached the barrier with the same name."""
+    hvd.allreduce(mx.nd.zeros(1), op=hvd.Sum, name=f"barrier.{name}").wait_to_read()

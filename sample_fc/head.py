@@ -1,0 +1,52 @@
+"""The Partial FC head of one step, as a pure function with a hand-written backward.
+
+    x_hat = X / |X|, w_hat = W / |W|, cosine = x_hat . w_hat^T            (B x K)
+    loss  = mean over B of the exact margin softmax cross-entropy          (softmax.py)
+    dX, dW by the chain rule through the softmax, the margin and both normalisations.
+
+Three GEMMs (cosine, d x_hat, d w_hat) dominate; they run as FullyConnected/dot on the
+arrays' own context, so the same code serves CPU and GPU.
+"""
+import mxnet as mx
+
+from .softmax import margin_softmax_backward, margin_softmax_forward
+
+NORM_EPS = 1e-12
+
+
+def normalize_rows(matrix):
+    """(matrix / row norms, row norms as a column)."""
+    norms = mx.nd.sqrt(mx.nd.sum(mx.nd.square(matrix), axis=1, keepdims=True)) + NORM_EPS
+    return mx.nd.broadcast_div(matrix, norms), norms
+
+
+def normalize_rows_backward(grad_normalized, normalized, norms):
+    """Gradient w.r.t. the un-normalised rows: (g - x_hat <g, x_hat>) / |x|."""
+    radial = mx.nd.sum(grad_normalized * normalized, axis=1, keepdims=True)
+    return mx.nd.broadcast_div(grad_normalized - mx.nd.broadcast_mul(normalized, radial), norms)
+
+
+def head_forward_backward(embeddings, weights, target, margin, total_rows,
+                          allreduce_max, allreduce_sum):
+    """Loss and gradients of the Partial FC head on one rank.
+
+    embeddings: (B, D) the global batch; weights: (K, D) this rank's sampled centers;
+    target: (B,) int positions into weights, -1 where the class lives on another rank;
+    total_rows: B, the number of rows the loss is averaged over.
+    Returns (loss (1,) NDArray, grad_embeddings (B, D) partial (this rank's columns only,
+    to be summed over ranks), grad_weights (K, D)).
+    """
+    x_hat, x_norms = normalize_rows(embeddings)
+    w_hat, w_norms = normalize_rows(weights)
+    cosine = mx.nd.FullyConnected(x_hat, w_hat, no_bias=True, num_hidden=weights.shape[0])
+
+    loss_rows, cache = margin_softmax_forward(cosine, target, margin, allreduce_max, allreduce_sum)
+    loss = mx.nd.sum(loss_rows) / total_rows
+    grad_rows = mx.nd.full(loss_rows.shape, 1.0 / total_rows, ctx=cosine.context, dtype=cosine.dtype)
+    grad_cosine = margin_softmax_backward(cache, grad_rows)
+
+    grad_x_hat = mx.nd.dot(grad_cosine, w_hat)
+    grad_w_hat = mx.nd.dot(grad_cosine, x_hat, transpose_a=True)
+    grad_embeddings = normalize_rows_backward(grad_x_hat, x_hat, x_norms)
+    grad_weights = normalize_rows_backward(grad_w_hat, w_hat, w_norms)
+    return loss, grad_embeddings, grad_weights

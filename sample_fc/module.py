@@ -1,0 +1,155 @@
+"""SampleDistributeModule: data-parallel backbone + sharded class centers + exact softmax.
+
+One training step on rank r of W (DESIGN.md, "One training step"), see `forward`,
+`backward_all` and `update`. The collaborators are explicit: the backbone symbol, the
+margin, this rank's MemoryBank, the bank's optimizer, the backbone's optimizer (already
+wrapped to sum gradients over ranks) and the context(s) of the backbone.
+"""
+import logging
+import time
+import warnings
+from dataclasses import dataclass
+
+import mxnet as mx
+import numpy as np
+
+from . import dist
+from .head import head_forward_backward
+from .sampler import as_int_labels
+
+
+@dataclass
+class StepInfo:
+    """What a batch-end callback is told after each update."""
+    step: int              # number of updates done, 1-based
+    loss: float            # mean loss over the global batch (the same on every rank)
+    lr: float
+    global_batch: int
+    seconds: float         # wall time of this step
+    module: "SampleDistributeModule"
+
+
+class SampleDistributeModule:
+    def __init__(self, symbol, margin, memory_bank, memory_optimizer, backbone_optimizer, context,
+                 batch_size, data_shape=(3, 112, 112), work_load_list=None, allgather="native",
+                 logger=None):
+        self.contexts = context if isinstance(context, (list, tuple)) else [context]
+        self.margin, self.bank, self.memory_optimizer = margin, memory_bank, memory_optimizer
+        self.backbone_optimizer = backbone_optimizer
+        self.batch_size, self.allgather_strategy = batch_size, allgather
+        self.logger = logger or logging.getLogger("sample_fc")
+        self.num_update = 0
+        self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
+                                      context=self.contexts, work_load_list=work_load_list)
+        self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))],
+                           for_training=True)
+        self._pending_bank_update = None
+        self._labels = None
+
+    # ---- set-up -----------------------------------------------------------------------
+    def init_params(self, initializer=None, arg_params=None, aux_params=None):
+        """Initialise the backbone (then call broadcast_parameters so all ranks agree)."""
+        self.backbone.init_params(initializer=initializer or mx.init.Xavier(magnitude=2.0),
+                                  arg_params=arg_params, aux_params=aux_params,
+                                  allow_missing=False)
+        param_names = self.backbone._exec_group.param_names
+        kvstore = "local" if len(self.contexts) > 1 else None
+        if kvstore is None:
+            self.backbone_optimizer.set_param_names(dict(enumerate(param_names)))
+        else:                   # update on the local kvstore: one index per parameter and device
+            self.backbone_optimizer.set_param_names(
+                {i * len(self.contexts) + k: n for i, n in enumerate(param_names)
+                 for k in range(len(self.contexts))})
+        with warnings.catch_warnings():   # rescale_grad 1.0 is intended: the loss is a global mean
+            warnings.filterwarnings("ignore", message=".*rescale_grad is not normalized.*")
+            self.backbone.init_optimizer(kvstore=kvstore, optimizer=self.backbone_optimizer)
+
+    def broadcast_parameters(self, root_rank=0):
+        """Make every rank's backbone parameters equal root_rank's."""
+        arg_params, aux_params = self.backbone.get_params()
+        params = {f"arg:{k}": v for k, v in arg_params.items()}
+        params.update({f"aux:{k}": v for k, v in aux_params.items()})
+        dist.broadcast_parameters(params, root_rank=root_rank, prefix="backbone")
+        self.backbone.set_params(arg_params, aux_params)
+
+    def get_export_params(self):
+        """(arg_params, aux_params) of the backbone on the CPU, for mx.model.save_checkpoint."""
+        return self.backbone.get_params()
+
+    def allgather(self, array, name):
+        return dist.allgather(array, name, self.allgather_strategy)
+
+    # ---- one step ---------------------------------------------------------------------
+    def forward(self, data_batch, is_train=True):
+        """Step 1: backbone forward on this rank's batch; keeps the integer labels."""
+        self._labels = as_int_labels(data_batch.label[0])
+        if self._labels.shape != (self.batch_size,):
+            raise ValueError(f"expected {self.batch_size} labels per rank, got shape {self._labels.shape}")
+        self.backbone.forward(data_batch, is_train=is_train)
+
+    def backward_all(self):
+        """Steps 2-9: gather, sample, head loss and gradients, backbone backward. Returns loss."""
+        bank_ctx = self.bank.ctx
+        embeddings = self.backbone.get_outputs(merge_multi_context=True)[0]
+        # 2. gather the global batch: embeddings (B x D) and integer labels (B)
+        all_embeddings = self.allgather(embeddings.as_in_context(bank_ctx), "embeddings")
+        all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
+        # 3. sample this rank's centers: all local positives + uniform negatives
+        target, index = self.bank.sample(all_labels)
+        index = self.bank.index_array(index)
+        # 4. read the sampled rows of the bank
+        weight_rows, momentum_rows = self.bank.get(index)
+        # 5-8. cosine, margin, exact distributed softmax, gradients
+        loss, grad_all_embeddings, grad_weight_rows = head_forward_backward(
+            all_embeddings, weight_rows, mx.nd.array(target, ctx=bank_ctx, dtype="int64"),
+            self.margin, len(all_labels), dist.allreduce_max, dist.allreduce_sum)
+        # 9. this rank's rows of d loss / d embeddings, summed over ranks; backbone backward
+        grad_embeddings = dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
+        self.backbone.backward(out_grads=[grad_embeddings.as_in_context(self.contexts[0])])
+        self._pending_bank_update = (index, weight_rows, momentum_rows, grad_weight_rows)
+        return loss
+
+    def update(self):
+        """Steps 10-11: SGD-momentum on the sampled bank rows; backbone update (summed grads)."""
+        self.num_update += 1
+        index, weight_rows, momentum_rows, grad_weight_rows = self._pending_bank_update
+        self.memory_optimizer.update(weight_rows, momentum_rows, grad_weight_rows, self.num_update)
+        self.bank.set(index, weight_rows, momentum_rows)
+        self.backbone.update()
+        self._pending_bank_update = None
+
+    def step(self, data_batch):
+        """One full training step; returns the global mean loss as a float."""
+        self.forward(data_batch)
+        loss = self.backward_all()
+        self.update()
+        return float(loss.asscalar())
+
+    # ---- loop -------------------------------------------------------------------------
+    def fit(self, train_iter, max_update, batch_end_callbacks=()):
+        """Train until `max_update` updates are done; the loop alone decides when to stop.
+
+        The iterator is reset at the end of each epoch. Each callback gets a StepInfo.
+        """
+        global_batch = self.batch_size * dist.size()
+        while self.num_update < max_update:
+            try:
+                batch = train_iter.next()
+            except StopIteration:
+                train_iter.reset()
+                continue
+            start = time.perf_counter()
+            loss = self.step(batch)
+            info = StepInfo(self.num_update, loss, self.memory_optimizer.lr_schedule(self.num_update),
+                            global_batch, time.perf_counter() - start, self)
+            for callback in batch_end_callbacks:
+                callback(info)
+        return self
+
+
+def numpy_params(module):
+    """{name: NumPy array} of the backbone's arg and aux params (for tests and tools)."""
+    arg_params, aux_params = module.get_export_params()
+    out = {k: v.asnumpy() for k, v in arg_params.items()}
+    out.update({k: v.asnumpy() for k, v in aux_params.items()})
+    return out

@@ -1,0 +1,81 @@
+"""The insightface RecordIO layout: which keys are images, their integer labels, `property`.
+
+A dataset is `train.rec` + `train.idx` (lines "key<TAB>offset") + `property`
+("num_classes,height,width") in the same folder. Record 0 is a header when its
+`IRHeader.flag > 0`: its label is (start, end); image records are keys [1, start) and
+identity records are keys [start, end), identity k at key start + k with label
+(first_image_key, end_image_key). Without that header (record 0 absent or flag == 0) the
+file is plain: every key in the .idx is an image.
+
+Image labels are stored as float32 by RecordIO (a scalar, or an array whose first element
+is the identity). They become np.int64 here; a label that is not a non-negative integer
+below 2**24 (where float32 stops representing every integer) is an error naming its key.
+"""
+import os
+
+import mxnet as mx
+import numpy as np
+
+FLOAT32_EXACT_LIMIT = 2 ** 24  # float32 represents every integer below this exactly
+
+
+def read_property(folder):
+    """Return (num_classes, height, width) from `folder`/property, or None if there is none."""
+    path = os.path.join(folder, "property")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        text = f.read().strip()
+    fields = text.split(",")
+    if len(fields) != 3 or not all(x.strip().isdigit() for x in fields):
+        raise ValueError(f"{path}: expected 'num_classes,height,width' (three integers), got {text!r}")
+    return tuple(int(x) for x in fields)
+
+
+def write_property(folder, num_classes, height, width):
+    """Write `folder`/property as 'num_classes,height,width' (insightface layout)."""
+    with open(os.path.join(folder, "property"), "w") as f:
+        f.write(f"{num_classes},{height},{width}")
+
+
+def label_to_int(header, key):
+    """Return the identity of an image record as an int, checked integral and non-negative."""
+    label = header.label
+    value = float(label) if np.isscalar(label) else float(np.asarray(label).reshape(-1)[0])
+    if not (np.isfinite(value) and value == int(value) and 0 <= value < FLOAT32_EXACT_LIMIT):
+        raise ValueError(f"record key {key}: label {header.label!r} is not an integer identity "
+                         f"in [0, 2**24) (float32 RecordIO labels are exact only below 2**24)")
+    return int(value)
+
+
+def open_record(path_imgrec, path_imgidx=None):
+    """Open a .rec/.idx pair; return (reader, image_keys sorted np.int64, identity_range).
+
+    identity_range is (start, end) from header record 0, or None for a plain file.
+    """
+    if path_imgidx is None:
+        path_imgidx = os.path.splitext(path_imgrec)[0] + ".idx"
+    for path, what in ((path_imgrec, "record file (.rec)"), (path_imgidx, "index file (.idx)")):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{what} not found: {path}")
+    reader = mx.recordio.MXIndexedRecordIO(path_imgidx, path_imgrec, "r")
+    keys = np.array(sorted(reader.keys), dtype=np.int64)
+    if len(keys) == 0:
+        raise ValueError(f"index file {path_imgidx} lists no records")
+    if keys[0] != 0:
+        return reader, keys, None
+    header, _ = mx.recordio.unpack(reader.read_idx(0))
+    if header.flag == 0:
+        return reader, keys, None
+    label = np.asarray(header.label).reshape(-1)
+    start, end = (int(label[0]), int(label[1])) if label.size >= 2 else (-1, -1)
+    if label.size < 2 or not 1 <= start <= end or start != label[0] or end != label[1]:
+        raise ValueError(f"{path_imgrec}: header record 0 has label {header.label!r}; "
+                         f"expected (start, end) with 1 <= start <= end")
+    image_keys = np.arange(1, start, dtype=np.int64)
+    missing = np.setdiff1d(np.arange(1, end, dtype=np.int64), keys, assume_unique=True)
+    if missing.size:
+        raise ValueError(f"{path_imgidx}: header record 0 says images are keys [1, {start}) and "
+                         f"identities [{start}, {end}), but {missing.size} of those keys are "
+                         f"missing from the index (first: {missing[0]})")
+    return reader, image_keys, (start, end)

@@ -1,0 +1,116 @@
+"""Class-center sampling: every positive of the batch plus uniform random negatives.
+
+Runs on the host with NumPy, on integer labels only (int64 end to end: float32 would
+corrupt class ids above 2**24). Cost is O(num_local) in vectorised passes over a boolean
+mask, never a Python loop over labels or classes.
+"""
+import math
+
+import numpy as np
+
+
+def shard_range(num_classes, rank, world_size):
+    """(class_start, num_local) of `rank`'s balanced shard: the first C % W ranks get one more."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if num_classes < world_size:
+        raise ValueError(f"num_classes ({num_classes}) must be >= world size ({world_size}): "
+                         "every rank needs at least one class center")
+    base, extra = divmod(num_classes, world_size)
+    num_local = base + (rank < extra)
+    class_start = rank * base + min(rank, extra)
+    return class_start, num_local
+
+
+def num_sample_for(num_local, sample_ratio):
+    """ceil(sample_ratio * num_local): the sampled set's size when positives do not exceed it."""
+    if not 0.0 < sample_ratio <= 1.0:
+        raise ValueError(f"sample_ratio must be in (0, 1], got {sample_ratio}")
+    return min(num_local, max(1, math.ceil(sample_ratio * num_local)))
+
+
+def as_int_labels(labels):
+    """Labels as an int64 NumPy vector; float or fractional labels are an error, not a cast."""
+    labels = np.asarray(labels.asnumpy() if hasattr(labels, "asnumpy") else labels)
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"labels must be integers (int32/int64), got dtype {labels.dtype}; "
+                        "float labels corrupt class ids above 2**24")
+    return labels.reshape(-1).astype(np.int64, copy=False)
+
+
+def class_center_sample(labels, num_local, num_sample, class_start=0, rng=None):
+    """Sample this shard's class centers for a batch.
+
+    labels: global class ids of the whole (global) batch, integers.
+    num_local, class_start: this shard owns classes [class_start, class_start + num_local).
+    num_sample: size of the sampled set; it grows beyond this when the batch has more
+        distinct positives here (positives are never dropped).
+    rng: np.random.Generator (seed it per rank), or None for a fresh unseeded one.
+
+    Returns (remapped_labels, sampled_local_index):
+      sampled_local_index: sorted int64 local indices (0-based within the shard) of the
+        sampled centers = the distinct local positives plus
+        max(0, num_sample - num_positives) negatives drawn uniformly without replacement
+        from the other local classes.
+      remapped_labels: int64, per label its position in sampled_local_index, or -1 when
+        the class lives on another shard.
+    """
+    labels = as_int_labels(labels)
+    rng = rng if rng is not None else np.random.default_rng()
+    local = labels - class_start
+    on_shard = (local >= 0) & (local < num_local)
+
+    chosen = np.zeros(num_local, dtype=bool)
+    chosen[local[on_shard]] = True
+    num_free = num_local - int(np.count_nonzero(chosen))
+    need = min(max(0, num_sample - (num_local - num_free)), num_free)
+    if need <= num_free // 2:
+        _mark_uniform_free(chosen, need, rng)
+    else:
+        # Dense case: draw the free classes to leave out instead, then take the rest.
+        left_out = chosen.copy()
+        _mark_uniform_free(left_out, num_free - need, rng)
+        chosen |= ~left_out
+
+    sampled_local_index = np.flatnonzero(chosen).astype(np.int64)
+    remapped_labels = np.full(labels.shape, -1, dtype=np.int64)
+    remapped_labels[on_shard] = np.searchsorted(sampled_local_index, local[on_shard])
+    return remapped_labels, sampled_local_index
+
+
+def _mark_uniform_free(taken, count, rng):
+    """Set `count` more entries of the boolean mask `taken`, uniformly among the unset ones.
+
+    Draws with replacement, rejects taken entries and repeats for what is still missing.
+    The procedure commutes with any relabelling of the free entries, so the new k-subset
+    is uniform over all k-subsets of them. Expected O(len(taken)) when count <= half free.
+    """
+    num_taken = int(np.count_nonzero(taken))
+    while count > 0:
+        draws = rng.integers(0, taken.size, size=count)
+        taken[draws[~taken[draws]]] = True
+        now = int(np.count_nonzero(taken))
+        count -= now - num_taken
+        num_taken = now
+
+
+class ClassCenterSampler:
+    """The sampler of one rank's shard, with its own seeded random stream.
+
+    Seeded from (seed, rank) so ranks draw different negatives and a rerun draws the same.
+    """
+
+    def __init__(self, class_start, num_local, num_sample, seed=0, rank=0):
+        self.class_start, self.num_local, self.num_sample = class_start, num_local, num_sample
+        self.seed, self.rank = seed, rank
+        self.rng = np.random.default_rng([seed, rank])
+
+    def __call__(self, labels):
+        return class_center_sample(labels, self.num_local, self.num_sample,
+                                   self.class_start, self.rng)
+
+    def state_dict(self):
+        return {"bit_generator": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state):
+        self.rng.bit_generator.state = state["bit_generator"]

@@ -1,0 +1,69 @@
+"""Test that Partial FC on 2 Gloo workers equals 1 worker and the NumPy reference."""
+import numpy as np
+
+import partial_fc_case as case
+import reference as ref
+
+RTOL = 1e-5
+LR = 0.05    # the worker's default --lr
+
+
+def _args(prefix, **options):
+    args = ["--out", prefix]
+    for key, value in options.items():
+        args += [f"--{key.replace('_', '-')}", value]
+    return args
+
+
+def _two_workers(horovod_job, prefix, **options):
+    result = horovod_job("partial_fc_steps.py", *_args(prefix, **options))
+    assert result.returncode == 0, result.output[-4000:]
+    return case.load_run(prefix, 2)
+
+
+def test_two_workers_equal_one_worker_with_double_batch(horovod_job, single_process, tmp_path):
+    """Test that at ratio 1.0, 2 workers with batch b equal 1 worker with batch 2b and NumPy."""
+    options = dict(global_batch=8, classes=11, steps=3, ratio=1.0)
+    two = _two_workers(horovod_job, tmp_path / "two", **options)
+    single_process("partial_fc_steps.py", *_args(tmp_path / "one", **options))
+    one = case.load_run(tmp_path / "one", 1)
+    assert [len(r["bank_weight"]) for r in two["per_rank"]] == [6, 5]
+    ref.assert_close(two["losses"], one["losses"], RTOL)
+    for key in ("fc_embed_weight", "fc_embed_bias", "bank_weight", "bank_momentum"):
+        ref.assert_close(two[key], one[key], RTOL, err_msg=key)
+    weight, data, labels, centers = case.inputs(8, 11, 6, 3)
+    losses, backbone, _, bank_w, _ = ref.partial_fc_run(data, labels, weight, centers, two["sampled"],
+                                                        case.lr_of_step(LR), case.MARGINS)
+    ref.assert_close(two["losses"], losses, RTOL)
+    ref.assert_close(two["fc_embed_weight"], backbone, RTOL)
+    ref.assert_close(two["bank_weight"], bank_w, RTOL)
+
+
+def test_two_workers_sampled_softmax_matches_numpy(horovod_job, tmp_path):
+    """Test that at ratio 0.1 on 2 workers the loss is the softmax over exactly the union of
+    both ranks' sampled centers, and rows never sampled are bit-identical afterwards."""
+    classes = 400
+    run = _two_workers(horovod_job, tmp_path / "sampled", global_batch=8, classes=classes,
+                       steps=2, ratio=0.1)
+    weight, data, labels, centers = case.inputs(8, classes, 6, 2)
+    for rank_run in run["per_rank"]:
+        start, shard = int(rank_run["class_start"]), len(rank_run["bank_weight"])
+        for step, sampled in enumerate(rank_run["sampled"]):
+            positives = {int(y) for y in labels[step] if start <= y < start + shard}
+            assert positives <= set(sampled) and len(sampled) == max(20, len(positives))
+    losses, backbone, _, bank_w, bank_m = ref.partial_fc_run(data, labels, weight, centers, run["sampled"],
+                                                             case.lr_of_step(LR), case.MARGINS)
+    ref.assert_close(run["losses"], losses, RTOL)
+    ref.assert_close(run["fc_embed_weight"], backbone, RTOL)
+    ref.assert_close(run["bank_weight"], bank_w, RTOL)
+    never = np.setdiff1d(np.arange(classes), np.concatenate(run["sampled"]))
+    np.testing.assert_array_equal(run["bank_weight"][never], centers[never])
+
+
+def test_allgather_strategies_agree(horovod_job, tmp_path):
+    """Test that the native allgather and the zero-padded allreduce give the same training."""
+    native = _two_workers(horovod_job, tmp_path / "native", steps=2, allgather="native")
+    padded = _two_workers(horovod_job, tmp_path / "padded", steps=2, allgather="allreduce")
+    np.testing.assert_array_equal(native["losses"], padded["losses"])
+    np.testing.assert_array_equal(native["bank_weight"], padded["bank_weight"])
+    np.testing.assert_array_equal(native["fc_embed_weight"], padded["fc_embed_weight"])

@@ -1,0 +1,77 @@
+"""Worker: a few Partial FC steps of a tiny linear backbone on a fixed global batch.
+
+Runs alone (world size 1) or under horovodrun; rank r takes rows [r*b, (r+1)*b) of each
+global batch. Writes OUT.rank<r>.npz with the losses, the sampled global class ids of
+every step, the backbone parameters and this rank's bank (weight, momentum) afterwards.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from optimizer import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule  # noqa: E402
+from sample_fc import dist  # noqa: E402
+from sample_fc.margin import CombinedMargin  # noqa: E402
+from sample_fc.memory_bank import MemoryBank  # noqa: E402
+from sample_fc.module import SampleDistributeModule, numpy_params  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--global-batch", type=int, default=8)
+parser.add_argument("--classes", type=int, default=11)
+parser.add_argument("--embedding", type=int, default=6)
+parser.add_argument("--ratio", type=float, default=1.0)
+parser.add_argument("--steps", type=int, default=1)
+parser.add_argument("--lr", type=float, default=0.05)
+parser.add_argument("--allgather", default="native")
+parser.add_argument("--contexts", type=int, default=1)
+args = parser.parse_args()
+
+dist.init()
+rank, world = dist.rank(), dist.size()
+b = args.global_batch // world
+data_shape = (3, 4, 4)
+spec = np.random.default_rng(123)               # the test regenerates the same values
+init_weight = spec.standard_normal((args.embedding, int(np.prod(data_shape)))) * 0.3
+data = spec.standard_normal((args.steps, args.global_batch) + data_shape)
+labels = spec.integers(0, args.classes, size=(args.steps, args.global_batch))
+
+embeddings = mx.sym.FullyConnected(mx.sym.Flatten(mx.sym.var("data")), num_hidden=args.embedding,
+                                   name="fc_embed")
+schedule = WarmupMultiStepSchedule(args.lr, warmup_steps=0, steps=[2], factor=0.5)
+backbone_opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=args.lr, momentum=0.9, wd=5e-4,
+                                                     rescale_grad=1.0, lr_scheduler=schedule))
+bank = MemoryBank.for_rank(args.classes, rank, world, args.ratio, args.embedding, mx.cpu(), seed=7)
+contexts = [mx.cpu(i) for i in range(args.contexts)]
+module = SampleDistributeModule(embeddings, CombinedMargin(1.0, 0.5, 0.0, 8.0), bank,
+                                MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-4),
+                                backbone_opt, contexts, batch_size=b, data_shape=data_shape,
+                                allgather=args.allgather)
+module.init_params(arg_params={"fc_embed_weight": mx.nd.array(init_weight),
+                               "fc_embed_bias": mx.nd.zeros(args.embedding)}, aux_params={})
+module.broadcast_parameters()
+
+losses, sampled = [], []
+original_sample = bank.sample
+
+
+def recording_sample(all_labels):
+    target, index = original_sample(all_labels)
+    sampled.append(index + bank.class_start)
+    return target, index
+
+
+bank.sample = recording_sample
+for step in range(args.steps):
+    rows = slice(rank * b, (rank + 1) * b)
+    batch = mx.io.DataBatch(data=[mx.nd.array(data[step, rows])],
+                            label=[mx.nd.array(labels[step, rows], dtype="int64")])
+    losses.append(module.step(batch))
+
+np.savez(f"{args.out}.rank{rank}.npz", losses=np.array(losses), class_start=bank.class_start,
+         bank_weight=bank.weight.asnumpy(), bank_momentum=bank.momentum.asnumpy(),
+         sampled=np.array(sampled, dtype=object), **numpy_params(module))
+print(f"STEPS_OK rank={rank}", flush=True)

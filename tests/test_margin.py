@@ -1,0 +1,55 @@
+"""Tests for sample_fc.margin: the combined margin psi and its derivative."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import reference as ref
+from sample_fc.margin import CombinedMargin
+
+CASES = {"arcface": (1.0, 0.5, 0.0), "cosface": (1.0, 0.0, 0.4), "combined": (1.2, 0.3, 0.1)}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_psi_matches_numpy(name):
+    """Test that psi and its slope equal the NumPy formulas away from the clamp."""
+    m1, m2, m3 = CASES[name]
+    c = np.linspace(-0.999, 0.999, 2001)
+    value, slope = CombinedMargin(m1, m2, m3).psi_and_derivative(mx.nd.array(c, dtype="float64"))
+    np.testing.assert_allclose(value.asnumpy(), ref.psi(c, m1, m2, m3), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(slope.asnumpy(), ref.psi_slope(c, m1, m2, m3), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_psi_monotone_in_theta(name):
+    """Test that the target logit never increases as theta goes from 0 to pi."""
+    theta = np.linspace(0.0, np.pi, 4001)
+    value = CombinedMargin(*CASES[name]).psi(mx.nd.array(np.cos(theta), dtype="float64")).asnumpy()
+    assert np.all(np.diff(value) <= 1e-12)
+    assert value[0] > value[-1]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_slope_finite_at_the_ends(name):
+    """Test that d psi / dc is finite (and positive) at cos = 1 and cos = -1, in float32."""
+    _, slope = CombinedMargin(*CASES[name]).psi_and_derivative(mx.nd.array([1.0, -1.0, 0.0]))
+    slope = slope.asnumpy()
+    assert np.all(np.isfinite(slope)) and np.all(slope > 0), slope
+
+
+def test_continuation_is_continuous_and_finite_past_pi():
+    """Test that psi is continuous where m1*theta + m2 crosses pi (ArcFace, theta* = pi - 0.5)."""
+    margin = CombinedMargin(1.0, 0.5, 0.0)
+    theta_star = np.pi - 0.5
+    c = np.cos([theta_star - 1e-7, theta_star + 1e-7])
+    value = margin.psi(mx.nd.array(c, dtype="float64")).asnumpy()
+    assert abs(value[0] - value[1]) < 1e-6 and abs(value[0] + 1.0) < 1e-6
+
+
+def test_bad_margins_are_rejected():
+    """Test that invalid margins and unknown preset names raise errors naming the value."""
+    with pytest.raises(ValueError, match="m1=0"):
+        CombinedMargin(0.0, 0.5, 0.0)
+    with pytest.raises(ValueError, match="nan"):
+        CombinedMargin(1.0, float("nan"), 0.0)
+    with pytest.raises(ValueError, match="'sphereface'.*arcface"):
+        CombinedMargin.from_name("sphereface")

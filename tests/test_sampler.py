@@ -1,0 +1,98 @@
+"""Tests for sample_fc.sampler: positives kept, negatives uniform and distinct, shards exact."""
+import numpy as np
+import pytest
+
+from sample_fc.sampler import ClassCenterSampler, class_center_sample, num_sample_for, shard_range
+
+
+def test_positives_never_dropped_when_they_outnumber_num_sample():
+    """Test that every local positive is sampled even when there are more than num_sample."""
+    labels = np.arange(100, 160)                     # 60 distinct positives on a 100-class shard
+    remapped, index = class_center_sample(labels, 100, 10, class_start=100,
+                                          rng=np.random.default_rng(0))
+    assert len(index) == 60
+    np.testing.assert_array_equal(index[remapped], labels - 100)
+
+
+def test_negatives_distinct_off_positive_and_sorted():
+    """Test that the sampled set is sorted, distinct, of size num_sample, and holds all positives."""
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 1000, size=64)
+    remapped, index = class_center_sample(labels, 500, 120, class_start=250, rng=rng)
+    assert len(index) == 120 and len(np.unique(index)) == 120
+    assert np.all(np.diff(index) > 0) and index.min() >= 0 and index.max() < 500
+    on_shard = (labels >= 250) & (labels < 750)
+    assert np.all(remapped[~on_shard] == -1)
+    np.testing.assert_array_equal(index[remapped[on_shard]], labels[on_shard] - 250)
+
+
+@pytest.mark.parametrize("num_sample", [30, 70])   # sparse and dense branches
+def test_negatives_are_uniform(num_sample):
+    """Test that every non-positive class is drawn with the same frequency (chi-square bound)."""
+    rng = np.random.default_rng(2)
+    labels = np.array([3, 7, 7, 50])
+    counts = np.zeros(100)
+    trials = 4000
+    for _ in range(trials):
+        _, index = class_center_sample(labels, 100, num_sample, rng=rng)
+        counts[index] += 1
+    positives = [3, 7, 50]
+    assert np.all(counts[positives] == trials)
+    free = np.delete(counts, positives)
+    expected = trials * (num_sample - 3) / 97
+    chi2 = ((free - expected) ** 2 / expected).sum()
+    assert chi2 < 96 + 5 * np.sqrt(2 * 96), chi2   # mean 96 dof, 5 sigma
+
+
+def test_uneven_shards_cover_all_classes():
+    """Test that C=10 over W=3 gives shards 4,3,3 covering every class exactly once."""
+    shards = [shard_range(10, r, 3) for r in range(3)]
+    assert [n for _, n in shards] == [4, 3, 3]
+    covered = np.concatenate([np.arange(s, s + n) for s, n in shards])
+    np.testing.assert_array_equal(covered, np.arange(10))
+    with pytest.raises(ValueError, match=r"num_classes \(2\).*world size \(3\)"):
+        shard_range(2, 0, 3)
+
+
+def test_large_labels_round_trip_exactly():
+    """Test that labels up to 2**31 - 1 map to the right centers (no float32 rounding)."""
+    top = 2**31 - 1
+    start = top - 999
+    labels = np.array([top, top - 1, start, 5], dtype=np.int64)
+    remapped, index = class_center_sample(labels, 1000, 4, class_start=start,
+                                          rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(index[remapped[:3]] + start, labels[:3])
+    assert remapped[3] == -1
+    assert float(np.float32(top - 1)) != top - 1     # the failure mode this guards against
+
+
+def test_same_seed_same_sample_and_float_labels_rejected():
+    """Test that a sampler seeded the same draws the same sets, different ranks differ."""
+    labels = np.arange(8)
+    a, b, c = (ClassCenterSampler(0, 10000, 500, seed=4, rank=r) for r in (0, 0, 1))
+    np.testing.assert_array_equal(a(labels)[1], b(labels)[1])
+    assert not np.array_equal(a(labels)[1], c(labels)[1])
+    with pytest.raises(TypeError, match="float"):
+        a(labels.astype(np.float32))
+
+
+def test_num_sample_for():
+    """Test that num_sample is ceil(ratio * num_local) and bad ratios are rejected."""
+    assert num_sample_for(1001, 0.1) == 101 and num_sample_for(7, 1.0) == 7
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=str(bad)):
+            num_sample_for(100, bad)
+
+
+def test_sampler_speed_printed():
+    """Test that sampling 1.25M local classes with 512 positives works; prints the time (target <= 10 ms)."""
+    import time
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 1_250_000, size=512)
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        _, index = class_center_sample(labels, 1_250_000, 125_000, rng=rng)
+        times.append(time.perf_counter() - start)
+    assert len(index) == 125_000
+    print(f"\nsampler at 1.25M local classes, 512 positives: {np.median(times) * 1e3:.2f} ms (median of 10)")
