@@ -1,0 +1,120 @@
+"""Training checkpoints: complete-or-absent directories, the last K kept.
+
+Layout of one checkpoint, `<models_root>/step-00000300/`:
+    model-symbol.json, model-0300.params   backbone, loadable by mx.model.load_checkpoint
+    backbone.states                         backbone optimizer state (momentum)
+    bank-rank<r>.params                     every rank's bank shard (weight, momentum, metadata)
+    rank<r>.json                            every rank's sampler RNG and data position
+    state.json                              step, world size, class count, config
+    COMPLETE                                written last
+Every rank writes into `step-XXXXXXXX.partial`; after a barrier rank 0 writes COMPLETE and
+renames the directory, so a kill at any point leaves either the finished checkpoint or a
+`.partial` directory that resume ignores. For multi-node jobs `models_root` must be on a
+filesystem every node sees.
+"""
+import json
+import os
+import re
+import shutil
+
+import mxnet as mx
+
+from . import dist
+
+PATTERN = re.compile(r"^step-(\d{8})$")
+MODEL_PREFIX = "model"
+
+
+def checkpoint_path(models_root, step):
+    return os.path.join(models_root, f"step-{step:08d}")
+
+
+def model_prefix(checkpoint):
+    """The prefix for mx.model.load_checkpoint(prefix, step) inside a checkpoint."""
+    return os.path.join(checkpoint, MODEL_PREFIX)
+
+
+def list_checkpoints(models_root):
+    """[(step, path)] of complete checkpoints, oldest first."""
+    if not os.path.isdir(models_root):
+        return []
+    found = []
+    for name in os.listdir(models_root):
+        match = PATTERN.match(name)
+        path = os.path.join(models_root, name)
+        if match and os.path.isfile(os.path.join(path, "COMPLETE")):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(models_root):
+    """Path of the newest complete checkpoint under models_root, or None."""
+    found = list_checkpoints(models_root)
+    return found[-1][1] if found else None
+
+
+def _write_json(path, payload):
+    with open(path, "w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(models_root, step, module, symbol, train_state, rank_state, keep):
+    """Write checkpoint `step`. Every rank must call it (it has named barriers).
+
+    train_state: JSON-able dict, the same on all ranks (written by rank 0 to state.json).
+    rank_state: JSON-able dict of this rank (sampler RNG, data position).
+    keep: number of complete checkpoints to keep (older ones are deleted).
+    """
+    rank = dist.rank()
+    final = checkpoint_path(models_root, step)
+    partial = final + ".partial"
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+    dist.barrier(f"checkpoint.{step}.begin")
+
+    module.bank.save(os.path.join(partial, f"bank-rank{rank}.params"))
+    _write_json(os.path.join(partial, f"rank{rank}.json"), rank_state)
+    if rank == 0:
+        arg_params, aux_params = module.get_export_params()
+        mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
+                                 remove_amp_cast=False)
+        module.backbone.save_optimizer_states(os.path.join(partial, "backbone.states"))
+        _write_json(os.path.join(partial, "state.json"), dict(train_state, step=step))
+    dist.barrier(f"checkpoint.{step}.written")
+
+    if rank == 0:
+        _write_json(os.path.join(partial, "COMPLETE"), {"step": step})
+        _fsync_dir(partial)
+        if os.path.exists(final):            # re-saving a step, e.g. after resume
+            shutil.rmtree(final)
+        os.rename(partial, final)
+        _fsync_dir(models_root)
+        for _, old in list_checkpoints(models_root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier(f"checkpoint.{step}.done")
+    return final
+
+
+def read_state(checkpoint):
+    with open(os.path.join(checkpoint, "state.json")) as handle:
+        return json.load(handle)
+
+
+def read_rank_state(checkpoint, rank):
+    with open(os.path.join(checkpoint, f"rank{rank}.json")) as handle:
+        return json.load(handle)
+
+
+def bank_shard_paths(checkpoint, world_size):
+    return [os.path.join(checkpoint, f"bank-rank{r}.params") for r in range(world_size)]

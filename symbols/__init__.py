@@ -1,0 +1,32 @@
+"""Backbone symbols: get_symbol(name, ...) -> mx.sym.Symbol with input `data` and a
+single output `embeddings` (N, embedding_size).
+
+Networks: 'r18', 'r34', 'r50', 'r100' (IResNet, symbols/iresnet.py) and 'mbf'
+(MobileFaceNet, symbols/mobilefacenet.py). The symbols take images as the data iterator
+delivers them; they do no pixel normalization of their own.
+"""
+from .iresnet import UNITS as _IRESNET_UNITS, get_iresnet
+from .mobilefacenet import get_mobilefacenet
+
+NETWORKS = tuple(_IRESNET_UNITS) + ('mbf',)
+
+__all__ = ['NETWORKS', 'get_symbol']
+
+
+def get_symbol(name, embedding_size=512, image_size=112, dtype='float32', dropout=0.0):
+    """Build backbone `name` (one of NETWORKS).
+
+    embedding_size: width D of the output `embeddings` (N, D).
+    image_size:     side of the square input (N, 3, image_size, image_size); a positive
+                    multiple of 16 (both backbones downsample by 16: 112 -> 7x7).
+    dtype:          'float32' or 'float16'; a float16 backbone casts `data` to fp16 and
+                    its features back to fp32 before the embedding layer, so the
+                    output is float32 either way.
+    dropout:        drop probability in [0, 1) just before the embedding layer.
+    Raises ValueError naming the bad value and the valid choices.
+    """
+    if name == 'mbf':
+        return get_mobilefacenet(embedding_size, image_size, dtype, dropout)
+    if name in _IRESNET_UNITS:
+        return get_iresnet(name, embedding_size, image_size, dtype, dropout)
+    raise ValueError('unknown network %r; valid choices: %s' % (name, ', '.join(NETWORKS)))
