@@ -2,8 +2,8 @@
 single output `embeddings` (N, embedding_size).
 
 Networks: 'r18', 'r34', 'r50', 'r100' (IResNet, symbols/iresnet.py) and 'mbf'
-(MobileFaceNet, symbols/mobilefacenet.py). The symbols take images as the data iterator
-delivers them; they do no pixel normalization of their own.
+(MobileFaceNet, symbols/mobilefacenet.py). The symbols take raw RGB pixels 0..255, as the data
+iterators deliver them, and normalise them in the graph to (x - 127.5) / 128.
 """
 from .iresnet import UNITS as _IRESNET_UNITS, get_iresnet
 from .mobilefacenet import get_mobilefacenet

@@ -71,8 +71,11 @@ def embedding_head(features, embedding_size, dtype, dropout, fc_bias):
 
 
 def input_data(dtype):
-    """The `data` variable (N, 3, H, W), cast to float16 first for an fp16 backbone."""
+    """The `data` variable (N, 3, H, W) of raw RGB pixels 0..255, normalised in the graph
+    to (x - 127.5) / 128 (as insightface's MXNet models: exported models take raw pixels),
+    then cast to float16 for an fp16 backbone."""
     data = mx.sym.Variable('data')
+    data = (data - 127.5) * 0.0078125
     if dtype == 'float16':
         data = mx.sym.Cast(data=data, dtype='float16', name='data_fp16')
     return data

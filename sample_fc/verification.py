@@ -1,0 +1,109 @@
+"""Face verification on insightface .bin pair sets: embeddings, 10-fold accuracy, TAR@FAR.
+
+Protocol (as in insightface's verification): embeddings of each image and its horizontal
+mirror are summed and L2-normalised; a pair's distance is the squared L2 distance of its
+two embeddings (0..4). Accuracy is 10-fold: on each fold the threshold is the one that
+maximises accuracy on the other 9 folds, and accuracy is measured on the held-out fold.
+"""
+from dataclasses import dataclass
+
+import mxnet as mx
+import numpy as np
+
+THRESHOLDS = np.arange(0.0, 4.0, 0.01)
+
+
+@dataclass
+class VerificationResult:
+    accuracy: float        # mean 10-fold accuracy
+    accuracy_std: float
+    tar_at_far: float      # true accept rate at FAR <= far (threshold from all pairs)
+    far: float
+    embedding_norm: float  # mean norm of the un-normalised (flip-summed) embeddings
+
+    def line(self, name):
+        return (f"{name}: accuracy {self.accuracy:.4f} +- {self.accuracy_std:.4f}, "
+                f"TAR@FAR={self.far:g} {self.tar_at_far:.4f}, embedding norm {self.embedding_norm:.2f}")
+
+
+def pair_distances(embeddings):
+    """Squared L2 distances of pairs (2i, 2i+1) of L2-normalised embeddings."""
+    normalized = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    return np.sum((normalized[0::2] - normalized[1::2]) ** 2, axis=1)
+
+
+def _accuracy(threshold, distances, issame):
+    return np.mean((distances < threshold) == issame)
+
+
+def kfold_accuracy(distances, issame, folds=10, thresholds=THRESHOLDS):
+    """(mean, std) of k-fold accuracy; folds are contiguous blocks of pairs, unshuffled."""
+    issame = np.asarray(issame, dtype=bool)
+    if len(distances) != len(issame) or len(issame) < folds:
+        raise ValueError(f"need as many distances as issame flags and >= {folds} pairs, "
+                         f"got {len(distances)} and {len(issame)}")
+    fold_of = np.arange(len(issame)) * folds // len(issame)
+    scores = []
+    for fold in range(folds):
+        train, test = fold_of != fold, fold_of == fold
+        train_acc = [_accuracy(t, distances[train], issame[train]) for t in thresholds]
+        best = thresholds[int(np.argmax(train_acc))]
+        scores.append(_accuracy(best, distances[test], issame[test]))
+    return float(np.mean(scores)), float(np.std(scores))
+
+
+def tar_at_far(distances, issame, far=1e-3):
+    """True accept rate at the largest threshold whose false accept rate is <= far."""
+    issame = np.asarray(issame, dtype=bool)
+    genuine, impostor = np.sort(distances[issame]), np.sort(distances[~issame])
+    if len(genuine) == 0 or len(impostor) == 0:
+        raise ValueError("TAR@FAR needs both genuine and impostor pairs")
+    allowed = int(np.floor(far * len(impostor)))          # impostors we may accept
+    threshold = impostor[allowed] if allowed < len(impostor) else np.inf
+    return float(np.mean(genuine < threshold))
+
+
+def to_nchw(images_uint8):
+    """(N, H, W, 3) uint8 RGB -> (N, 3, H, W) float32 pixels 0..255, as training feeds them
+    (the backbone symbol normalises)."""
+    return images_uint8.transpose(0, 3, 1, 2).astype(np.float32)
+
+
+class Embedder:
+    """Embeds batches of images with a backbone symbol + params on one context."""
+
+    def __init__(self, symbol, arg_params, aux_params, ctx, image_size, batch_size=64):
+        self.batch_size, self.ctx = batch_size, ctx
+        self.module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=ctx)
+        self.module.bind(data_shapes=[("data", (batch_size, 3, image_size, image_size))],
+                         for_training=False)
+        self.module.set_params(arg_params, aux_params, allow_missing=False)
+
+    def __call__(self, images):
+        """Flip-summed embeddings (N, D) of images (N, 3, H, W), pixels 0..255."""
+        outputs = []
+        for start in range(0, len(images), self.batch_size):
+            chunk = images[start:start + self.batch_size]
+            padded = np.zeros((self.batch_size,) + chunk.shape[1:], dtype=np.float32)
+            padded[:len(chunk)] = chunk
+            total = 0
+            for view in (padded, padded[:, :, :, ::-1]):
+                self.module.forward(mx.io.DataBatch([mx.nd.array(view, ctx=self.ctx)]), is_train=False)
+                total = total + self.module.get_outputs()[0].asnumpy()
+            outputs.append(total[:len(chunk)])
+        return np.concatenate(outputs)
+
+
+def evaluate(embed, images_uint8, issame, far=1e-3):
+    """VerificationResult of `embed` (images -> embeddings) on a pair set."""
+    embeddings = embed(to_nchw(images_uint8))
+    distances = pair_distances(embeddings)
+    accuracy, std = kfold_accuracy(distances, issame)
+    return VerificationResult(accuracy, std, tar_at_far(distances, issame, far), far,
+                              float(np.linalg.norm(embeddings, axis=1).mean()))
+
+
+def raw_pixel_embed(images):
+    """The baseline 'embedding': centred flattened pixels, flip-summed like the model's."""
+    centred = images - 127.5
+    return (centred + centred[:, :, :, ::-1]).reshape(len(images), -1)
