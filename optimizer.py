@@ -58,6 +58,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         self._optimizer.set_wd_mult({})
         self._optimizer.set_lr_mult({})
 
+    def set_num_update(self, num_update):
+        """Restart the wrapped optimizer's update counts at num_update (resume)."""
+        inner = self._optimizer
+        inner.begin_num_update = inner.num_update = num_update
+        for counts in inner._all_index_update_counts.values():
+            counts.clear()
+
     def _sum_gradients(self, index, grad):
         if isinstance(index, (list, tuple)):
             dist.grouped_allreduce_sum_(grad, [f"backbone_grad.{i}" for i in index])

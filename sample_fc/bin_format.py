@@ -15,7 +15,8 @@ def write_bin(path, encoded_images, issame):
     """Write a verification .bin (pickle protocol 4, plain bytes and bools: deterministic)."""
     encoded_images, issame = list(encoded_images), [bool(x) for x in issame]
     if len(encoded_images) != 2 * len(issame):
-        raise ValueError(f"{len(encoded_images)} images for {len(issame)} pairs; expected {2 * len(issame)}")
+        raise ValueError(f"{len(encoded_images)} images for {len(issame)} pairs; "
+                         f"expected {2 * len(issame)}")
     for i, encoded in enumerate(encoded_images):
         if not isinstance(encoded, bytes):
             raise TypeError(f"image {i} is {type(encoded).__name__}; expected encoded bytes (JPEG or PNG)")

@@ -118,3 +118,45 @@ def read_rank_state(checkpoint, rank):
 
 def bank_shard_paths(checkpoint, world_size):
     return [os.path.join(checkpoint, f"bank-rank{r}.params") for r in range(world_size)]
+
+
+def resolve_resume(path):
+    """A checkpoint directory from --resume: a checkpoint itself, or the newest complete
+    checkpoint under a models root. Incomplete (.partial) checkpoints are never used."""
+    if os.path.isfile(os.path.join(path, "COMPLETE")):
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise FileNotFoundError(f"--resume {path}: no complete checkpoint (step-XXXXXXXX/ with a "
+                                f"COMPLETE file) there")
+    return latest
+
+
+def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_size):
+    """Load a checkpoint into a built module (and data iterator); returns its step.
+
+    Same world size: everything continues exactly (bank shard, sampler RNG, data position).
+    Different world size: the bank is re-split from all old shards and the data position
+    is carried over approximately (the same epoch, the same fraction of it).
+    """
+    state = read_state(checkpoint)
+    for key, want in (("num_classes", num_classes), ("embedding_size", embedding_size)):
+        if state[key] != want:
+            raise ValueError(f"checkpoint {checkpoint} was trained with {key}={state[key]}, "
+                             f"this run has {key}={want}")
+    step, old_world, rank = state["step"], state["world_size"], dist.rank()
+    _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(checkpoint), step)
+    module.backbone.set_params(arg_params, aux_params, allow_missing=False)
+    module.backbone.load_optimizer_states(os.path.join(checkpoint, "backbone.states"))
+    module.set_num_update(step)
+    if old_world == dist.size():
+        module.bank.load(bank_shard_paths(checkpoint, old_world)[rank])
+        rank_state = read_rank_state(checkpoint, rank)
+        module.bank.sampler.load_state_dict(rank_state["sampler"])
+        data_state = rank_state["data"]
+    else:
+        module.bank.load_resharded(bank_shard_paths(checkpoint, old_world))
+        data_state = dict(read_rank_state(checkpoint, 0)["data"])
+        data_state["batch_in_epoch"] = data_state["batch_in_epoch"] * old_world // dist.size()
+    data_iter.load_state_dict(data_state)
+    return step

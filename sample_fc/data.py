@@ -1,11 +1,13 @@
 """Training iterators: FaceRecordIter (insightface RecordIO) and SyntheticIter (benchmarks).
 
-Both yield mx.io.DataBatch with data=[(B, 3, H, W) float32 RGB, raw pixel values 0..255
-(the backbone normalises)] and label=[(B,) int64 identities], B being the per-rank batch,
-under the names 'data' and 'softmax_label'. Arrays are on the CPU; the module copies them
-to its context. Epochs are explicit: `reset()` moves to the next epoch (Module.fit calls it
-at the end of every epoch), and `state_dict()` / `load_state_dict()` resume at the next
-batch with the same images, labels and mirrors.
+Both yield mx.io.DataBatch with data=[(B, 3, H, W) RGB, raw pixel values 0..255 as float32
+(or float16 with dtype='float16'); the backbone normalises] and label=[(B,) int64
+identities], B being the per-rank batch, under the names 'data' and 'softmax_label'.
+Arrays are on the CPU; the module copies them to its context. Epochs are explicit: the
+iterator starts in epoch 0 and every `reset()` moves to the next epoch (Module.fit calls it
+at the end of each epoch; calling it before the first batch skips epoch 0).
+`state_dict()` / `load_state_dict()` resume at the next batch with the same images, labels
+and mirrors.
 """
 import collections
 import io
@@ -22,17 +24,25 @@ from .record_index import label_to_int, open_record, read_property
 DTYPES = ("float32", "float16")
 
 
+def _positive_int(x):
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1
+
+
 def _check_common(batch_size, data_shape, dtype, seed):
-    if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+    if not _positive_int(batch_size):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     shape = tuple(data_shape)
-    if len(shape) != 3 or shape[0] != 3 or not all(isinstance(x, (int, np.integer)) and x > 0 for x in shape):
+    if len(shape) != 3 or shape[0] != 3 or not all(_positive_int(x) for x in shape):
         raise ValueError(f"data_shape must be (3, height, width) with positive sizes, got {data_shape!r}")
-    if str(np.dtype(dtype)) not in DTYPES:
+    try:
+        name = str(np.dtype(dtype))
+    except TypeError:
+        name = None
+    if name not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if not (isinstance(seed, (int, np.integer)) and seed >= 0):
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return tuple(int(x) for x in shape), str(np.dtype(dtype))
+    return tuple(int(x) for x in shape), name
 
 
 class _EpochIter(mx.io.DataIter):
@@ -69,7 +79,8 @@ class _EpochIter(mx.io.DataIter):
         if set(state) != {"epoch", "batch_in_epoch", "seed"}:
             raise ValueError(f"state must have keys epoch, batch_in_epoch, seed; got {sorted(state)}")
         if state["seed"] != self.seed:
-            raise ValueError(f"state was saved with seed {state['seed']}, this iterator has seed {self.seed}")
+            raise ValueError(f"state was saved with seed {state['seed']}, "
+                             f"this iterator has seed {self.seed}")
         epoch, batch = int(state["epoch"]), int(state["batch_in_epoch"])
         last = getattr(self, "num_batches", None)
         if epoch < 0 or batch < 0 or (last is not None and batch > last):
@@ -97,23 +108,28 @@ class FaceRecordIter(_EpochIter):
                  shuffle=True, rand_mirror=True, seed=0, num_threads=2, prefetch=2, dtype="float32",
                  num_classes=None, path_imgidx=None):
         super().__init__(batch_size, data_shape, dtype, seed)
-        if not (isinstance(num_workers, (int, np.integer)) and num_workers >= 1 and 0 <= rank < num_workers):
-            raise ValueError(f"need 0 <= rank < num_workers, got rank={rank!r}, num_workers={num_workers!r}")
-        if num_threads < 1 or prefetch < 1:
-            raise ValueError(f"num_threads and prefetch must be >= 1, got {num_threads} and {prefetch}")
+        if not (_positive_int(num_workers) and isinstance(rank, (int, np.integer))
+                and 0 <= rank < num_workers):
+            raise ValueError(f"need 0 <= rank < num_workers, got rank={rank!r}, "
+                             f"num_workers={num_workers!r}")
+        if not (_positive_int(num_threads) and _positive_int(prefetch)):
+            raise ValueError(f"num_threads and prefetch must be >= 1, got {num_threads!r} and {prefetch!r}")
+        if num_classes is not None and not _positive_int(num_classes):
+            raise ValueError(f"num_classes must be None or a positive integer, got {num_classes!r}")
         self.rank, self.num_workers = int(rank), int(num_workers)
         self.shuffle, self.rand_mirror, self.prefetch = bool(shuffle), bool(rand_mirror), int(prefetch)
         self._reader, self._keys, self.identity_range = open_record(path_imgrec, path_imgidx)
-        prop = read_property(os.path.dirname(os.path.abspath(path_imgrec)))
+        folder = os.path.dirname(os.path.abspath(path_imgrec))
+        prop = read_property(folder)
         if num_classes is not None and prop is not None and num_classes != prop[0]:
-            raise ValueError(f"num_classes={num_classes} but {os.path.dirname(os.path.abspath(path_imgrec))}"
-                             f"/property says {prop[0]}")
+            raise ValueError(f"num_classes={num_classes} but {folder}/property says {prop[0]}")
         self.num_classes = num_classes if num_classes is not None else (prop[0] if prop else None)
         self.num_images = len(self._keys)
         self.num_batches = self.num_images // self.num_workers // batch_size
         if self.num_batches == 0:
-            raise ValueError(f"{path_imgrec}: {self.num_images} images over {self.num_workers} workers give "
-                             f"{self.num_images // self.num_workers} per rank, fewer than batch_size={batch_size}")
+            raise ValueError(f"{path_imgrec}: {self.num_images} images over {self.num_workers} workers "
+                             f"give {self.num_images // self.num_workers} per rank, "
+                             f"fewer than batch_size={batch_size}")
         self._lock = threading.Lock()  # one reader handle, shared by the decode threads
         self._pool = ThreadPoolExecutor(max_workers=int(num_threads), thread_name_prefix="FaceRecordIter")
         self._num_chunks = int(num_threads)
@@ -140,8 +156,8 @@ class FaceRecordIter(_EpochIter):
             data = np.empty((self.batch_size,) + self.data_shape, dtype=np.float32)
             labels = np.empty(self.batch_size, dtype=np.int64)
             bounds = np.linspace(0, self.batch_size, self._num_chunks + 1).astype(int)
-            futures = [self._pool.submit(self._load, self._shard[lo + a:lo + b], self._mirror[lo + a:lo + b],
-                                         data[a:b], labels[a:b])
+            futures = [self._pool.submit(self._load, self._shard[lo + a:lo + b],
+                                         self._mirror[lo + a:lo + b], data[a:b], labels[a:b])
                        for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
             self._pending.append((data, labels, futures))
             self._next_to_schedule += 1
@@ -194,15 +210,15 @@ class SyntheticIter(_EpochIter):
     def __init__(self, batch_size, num_classes, data_shape=(3, 112, 112), seed=0, rank=0,
                  dtype="float32", num_batches=None):
         super().__init__(batch_size, data_shape, dtype, seed)
-        if not (isinstance(num_classes, (int, np.integer)) and num_classes >= 1):
+        if not _positive_int(num_classes):
             raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
-        if num_batches is not None and not (isinstance(num_batches, (int, np.integer)) and num_batches >= 1):
+        if num_batches is not None and not _positive_int(num_batches):
             raise ValueError(f"num_batches must be None or a positive integer, got {num_batches!r}")
         if not (isinstance(rank, (int, np.integer)) and rank >= 0):
             raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
         self.num_classes, self.rank, self.num_batches = int(num_classes), int(rank), num_batches
-        pixels = np.random.default_rng((self.seed, self.rank)).uniform(0, 255, (batch_size,) + self.data_shape)
-        self._data = mx.nd.array(pixels, dtype=self.dtype)
+        rng = np.random.default_rng((self.seed, self.rank))
+        self._data = mx.nd.array(rng.uniform(0, 255, (batch_size,) + self.data_shape), dtype=self.dtype)
 
     def _start_epoch(self, epoch, batch):
         self.epoch, self.batch_in_epoch = epoch, batch

@@ -30,17 +30,20 @@ def identity_template(seed, stream, index):
     """The fixed look of identity `index` of `stream` (TRAIN or VAL): a dict of numbers."""
     rng = np.random.default_rng((seed, stream, index, 0))
     u = rng.uniform
+    # lengths are in template units: the image spans [-1, 1] at view scale 1, y points down
     t = {"skin": SKIN_DARK + (SKIN_LIGHT - SKIN_DARK) * u() + u(-18, 18, 3),
-         "hair": HAIR[rng.integers(len(HAIR))] + u(-20, 20, 3), "iris": IRIS[rng.integers(len(IRIS))] + u(-15, 15, 3),
+         "hair": HAIR[rng.integers(len(HAIR))] + u(-20, 20, 3),
+         "iris": IRIS[rng.integers(len(IRIS))] + u(-15, 15, 3),
          "cy": u(0.0, 0.1), "face_a": u(0.5, 0.66), "face_b": u(0.68, 0.82), "jaw": u(0.0, 0.35),
          "hair_scale": u(1.03, 1.18), "hair_len": u(-0.3, 0.8), "hairline": u(0.35, 0.75),
          "wave": (u(0, 0.08), u(3, 9), u(0, 2 * np.pi)), "ear_y": u(-0.1, 0.05), "ear_r": u(0.08, 0.13),
          "eye_y": u(-0.24, -0.1), "eye_dx": u(0.2, 0.3), "eye_rx": u(0.08, 0.13), "eye_ratio": u(0.4, 0.65),
          "iris_r": u(0.35, 0.5), "brow_gap": u(0.04, 0.1), "brow_w": u(1.0, 1.5), "brow_t": u(0.02, 0.05),
-         "brow_tilt": u(-0.35, 0.35), "nose_y": u(0.04, 0.16), "nose_len": u(0.15, 0.3), "nose_w": u(0.05, 0.1),
-         "mouth_y": u(0.3, 0.42), "mouth_w": u(0.13, 0.26), "mouth_t": u(0.03, 0.06), "smile": u(-0.6, 1.2),
-         "lip": u(0.5, 0.8), "glasses": rng.random() < 0.25, "frame": u(0, 120, 3), "beard": rng.random() < 0.2,
-         "blush": (u(0, 0.35), u(-0.35, 0.35), u(-0.05, 0.3), u(0.08, 0.18)), "texture": (u(2, 9), u(2, 9), u(0, 6.3), u(0, 0.1))}
+         "brow_tilt": u(-0.35, 0.35), "nose_y": u(0.04, 0.16), "nose_len": u(0.15, 0.3),
+         "nose_w": u(0.05, 0.1), "mouth_y": u(0.3, 0.42), "mouth_w": u(0.13, 0.26), "mouth_t": u(0.03, 0.06),
+         "smile": u(-0.6, 1.2), "lip": u(0.5, 0.8), "glasses": rng.random() < 0.25, "frame": u(0, 120, 3),
+         "beard": rng.random() < 0.2, "blush": (u(0, 0.35), u(-0.35, 0.35), u(-0.05, 0.3), u(0.08, 0.18)),
+         "texture": (u(2, 9), u(2, 9), u(0, 6.3), u(0, 0.1))}
     t["moles"] = u(-1, 1, (rng.integers(0, 4), 2)) * [0.4, 0.45] + [0, t["cy"]]
     return t
 
@@ -49,8 +52,9 @@ def draw_views(rng, n):
     """Random view parameters for n images: a dict of arrays with first dimension n."""
     u = rng.uniform
     return {"scale": u(0.95, 1.25, n), "angle": np.clip(rng.normal(0, 0.17, n), -0.35, 0.35),
-            "tx": u(-0.12, 0.12, n), "ty": u(-0.12, 0.12, n), "yaw": u(-1, 1, n), "smile": rng.normal(0, 0.4, n),
-            "blink": u(0.45, 1.1, n), "brow_raise": rng.normal(0, 0.02, n), "mouth_open": u(0, 1, n) ** 2,
+            "tx": u(-0.12, 0.12, n), "ty": u(-0.12, 0.12, n), "yaw": u(-1, 1, n),
+            "smile": rng.normal(0, 0.4, n), "blink": u(0.45, 1.1, n), "brow_raise": rng.normal(0, 0.02, n),
+            "mouth_open": u(0, 1, n) ** 2,
             "bg": u(0, 255, (2, n, 3)), "bg_angle": u(0, 2 * np.pi, n), "bright": u(0.7, 1.3, n),
             "gains": u(0.85, 1.15, (n, 3)), "light": u(0, 0.5, n), "light_angle": u(0, 2 * np.pi, n),
             "contrast": u(0.75, 1.2, n), "soft": u(0.6, 2.0, n), "noise": u(2, 10, n),
@@ -80,7 +84,8 @@ class _Canvas:
         du, dv = self.U - _col(views["tx"]), self.V - _col(views["ty"])
         self.X, self.Y = (cos * du + sin * dv) / s, (cos * dv - sin * du) / s  # inverse similarity
         self.soft = _col(views["soft"] * (2.0 / size) / views["scale"])  # edge ramp in template units
-        ramp = _unit(0.5 + 0.5 * (_col(np.cos(views["bg_angle"])) * self.U + _col(np.sin(views["bg_angle"])) * self.V))
+        bg_cos, bg_sin = _col(np.cos(views["bg_angle"])), _col(np.sin(views["bg_angle"]))
+        ramp = _unit(0.5 + 0.5 * (bg_cos * self.U + bg_sin * self.V))
         bg0, bg1 = views["bg"][0][:, :, None, None], views["bg"][1][:, :, None, None]
         self.img = bg0 + (bg1 - bg0) * ramp[:, None]  # (n, 3, H, W): channels first, fast broadcasting
 
@@ -114,7 +119,8 @@ class _Canvas:
         if alpha != 1.0:
             mask = mask * alpha
         sub = self.img[:, :, rows, cols]
-        diff = (color(X, Y) if callable(color) else np.asarray(color, dtype=np.float32).reshape(-1, 3, 1, 1)) - sub
+        color = color(X, Y) if callable(color) else np.asarray(color, dtype=np.float32).reshape(-1, 3, 1, 1)
+        diff = color - sub
         diff *= mask[:, None]
         sub += diff
         return mask
@@ -128,18 +134,22 @@ def render_views(t, views, size):
     c = _Canvas(v, size)
     cy, fa, fb, yaw, yaw_n = t["cy"], t["face_a"], t["face_b"], _col(v["yaw"]), v["yaw"]
     # head: hair behind, ears, skin with a faint identity texture, blush, moles, fringe, beard
-    c.paint(t["hair"], lambda X, Y: c.ellipse(X, Y, 0, cy - 0.05, fa * t["hair_scale"], fb * t["hair_scale"])
-            * c.edge(cy + t["hair_len"] - Y))
+    hs = t["hair_scale"]
+    c.paint(t["hair"],
+            lambda X, Y: c.ellipse(X, Y, 0, cy - 0.05, fa * hs, fb * hs) * c.edge(cy + t["hair_len"] - Y))
+    ear_y, ear_r = cy + t["ear_y"], t["ear_r"]
     for side in (-1, 1):
-        c.paint(t["skin"] * 0.9, lambda X, Y: c.ellipse(X, Y, side * fa, cy + t["ear_y"], t["ear_r"], 1.5 * t["ear_r"]),
-                (side * fa, cy + t["ear_y"]), 1.6 * t["ear_r"])
+        c.paint(t["skin"] * 0.9, lambda X, Y: c.ellipse(X, Y, side * fa, ear_y, ear_r, 1.5 * ear_r),
+                (side * fa, ear_y), 1.6 * ear_r)
     fx, fy, phase, amp = t["texture"]
-    face = c.paint(lambda X, Y: t["skin"][:, None, None] * (1 + amp * np.sin(fx * X + fy * Y + phase))[:, None],
+    skin = lambda X, Y: t["skin"][:, None, None] * (1 + amp * np.sin(fx * X + fy * Y + phase))[:, None]
+    face = c.paint(skin,
                    lambda X, Y: c.ellipse(X, Y, 0, cy, fa * (1 - t["jaw"] * _unit((Y - cy) / fb)), fb))
     alpha, bx, by, br = t["blush"]
     c.paint((200, 70, 70), lambda X, Y: c.ellipse(X, Y, bx, cy + by, br, 0.7 * br), (bx, cy + by), br, alpha)
     for mole_x, mole_y in t["moles"]:
-        c.paint((60, 35, 25), lambda X, Y: c.ellipse(X, Y, mole_x, mole_y, 0.02, 0.02), (mole_x, mole_y), 0.03)
+        c.paint((60, 35, 25), lambda X, Y: c.ellipse(X, Y, mole_x, mole_y, 0.02, 0.02),
+                (mole_x, mole_y), 0.03)
     amp_w, freq_w, phase_w = t["wave"]
     hairline = cy - t["hairline"] * fb
     c.paint(t["hair"], lambda X, Y: face * c.edge(hairline + amp_w * np.sin(freq_w * X + phase_w) - Y))
@@ -153,29 +163,37 @@ def render_views(t, views, size):
         sclera = c.paint((235, 235, 228), lambda X, Y: c.ellipse(X, Y, ex, ey, rx, ry), box, 1.1 * rx)
         inside = _unit(2 * sclera)
         c.paint(t["iris"], lambda X, Y: c.ellipse(X, Y, ex, ey, iris_r, iris_r) * inside, box, 1.1 * rx)
-        c.paint((10, 10, 10), lambda X, Y: c.ellipse(X, Y, ex, ey, 0.4 * iris_r, 0.4 * iris_r) * inside, box, 1.1 * rx)
-        brow_y = ey - rx * t["eye_ratio"] - t["brow_gap"] - _col(v["brow_raise"])
-        c.paint(t["hair"] * 0.85, lambda X, Y: c.ellipse(X, Y, ex, brow_y, rx * t["brow_w"], t["brow_t"], side * t["brow_tilt"]),
-                (box[0], ey - rx * t["eye_ratio"] - t["brow_gap"]), rx * t["brow_w"] + 0.06)
+        pupil_r = 0.4 * iris_r
+        c.paint((10, 10, 10), lambda X, Y: c.ellipse(X, Y, ex, ey, pupil_r, pupil_r) * inside, box, 1.1 * rx)
+        brow_y0 = ey - rx * t["eye_ratio"] - t["brow_gap"]
+        brow_y, brow_w = brow_y0 - _col(v["brow_raise"]), rx * t["brow_w"]
+        c.paint(t["hair"] * 0.85,
+                lambda X, Y: c.ellipse(X, Y, ex, brow_y, brow_w, t["brow_t"], side * t["brow_tilt"]),
+                (box[0], brow_y0), brow_w + 0.06)
         if t["glasses"]:
             c.paint(t["frame"], lambda X, Y: _unit(c.ellipse(X, Y, ex, ey, 1.6 * rx, 1.25 * rx)
-                                                   - c.ellipse(X, Y, ex, ey, 1.45 * rx, 1.1 * rx)), box, 1.7 * rx)
+                                                   - c.ellipse(X, Y, ex, ey, 1.45 * rx, 1.1 * rx)),
+                    box, 1.7 * rx)
     if t["glasses"]:
-        c.paint(t["frame"], lambda X, Y: c.ellipse(X, Y, 0.06 * yaw, ey - 0.02, t["eye_dx"] - 1.5 * rx, 0.015),
+        bridge = t["eye_dx"] - 1.5 * rx
+        c.paint(t["frame"], lambda X, Y: c.ellipse(X, Y, 0.06 * yaw, ey - 0.02, bridge, 0.015),
                 (0.06 * yaw_n, ey), t["eye_dx"])
     # nose shadow and nostrils, mouth bent by the smile and opened by the view
     ny, nl, nw = cy + t["nose_y"], t["nose_len"], t["nose_w"]
     c.paint(t["skin"] * 0.75, lambda X, Y: c.ellipse(X, Y, 0.09 * yaw, ny - nl / 2, nw / 2, nl / 2),
             (0.09 * yaw_n, ny - nl / 2), nl / 2 + 0.02, 0.5)
     for side in (-1, 1):
-        c.paint(t["skin"] * 0.45, lambda X, Y: c.ellipse(X, Y, side * 0.6 * nw + 0.1 * yaw, ny, 0.35 * nw, 0.2 * nw),
+        c.paint(t["skin"] * 0.45,
+                lambda X, Y: c.ellipse(X, Y, side * 0.6 * nw + 0.1 * yaw, ny, 0.35 * nw, 0.2 * nw),
                 (side * 0.6 * nw + 0.1 * yaw_n, ny), 0.4 * nw + 0.02)
     mouth_x, mouth_y, mw = 0.08 * yaw, cy + t["mouth_y"], t["mouth_w"]
     bent = lambda X, Y: Y + (t["smile"] + _col(v["smile"])) * (X - mouth_x) ** 2 / mw
     mouth_t = t["mouth_t"] * (1 + _col(v["mouth_open"]))
     box = (0.08 * yaw_n, mouth_y)
-    c.paint(t["skin"] * t["lip"] + [40, 0, 0], lambda X, Y: c.ellipse(X, bent(X, Y), mouth_x, mouth_y, mw, mouth_t), box, 1.2 * mw)
-    c.paint((60, 20, 20), lambda X, Y: c.ellipse(X, bent(X, Y), mouth_x, mouth_y, 0.9 * mw, 0.2 * mouth_t), box, 1.2 * mw)
+    c.paint(t["skin"] * t["lip"] + [40, 0, 0],
+            lambda X, Y: c.ellipse(X, bent(X, Y), mouth_x, mouth_y, mw, mouth_t), box, 1.2 * mw)
+    c.paint((60, 20, 20),
+            lambda X, Y: c.ellipse(X, bent(X, Y), mouth_x, mouth_y, 0.9 * mw, 0.2 * mouth_t), box, 1.2 * mw)
     return _finish(c, v, size)
 
 
@@ -194,7 +212,7 @@ def _finish(c, v, size):
     img *= light[:, None]
     img *= v["gains"][:, :, None, None] * contrast
     noise = np.random.default_rng(v["noise_seed"]).standard_normal(light.shape, dtype=np.float32)
-    img += (noise * _col(v["noise"]) + (128 * (1 - contrast[:, 0]) + 0.5))[:, None]  # +0.5: round on truncation
+    img += (noise * _col(v["noise"]) + (128 * (1 - contrast[:, 0]) + 0.5))[:, None]  # +0.5: rounds
     np.maximum(img, 0, out=img)
     np.minimum(img, 255, out=img)
     return np.ascontiguousarray(img.astype(np.uint8).transpose(0, 2, 3, 1))
@@ -206,10 +224,11 @@ def raw_pixel_accuracy(bin_path, folds=10):
     K-fold: the threshold maximising accuracy on the other folds is scored on each fold.
     """
     images, issame = load_bin(bin_path)
-    x = images.reshape(len(images), -1).astype(np.float64)
-    x -= x.mean(axis=1, keepdims=True)
-    x /= np.linalg.norm(x, axis=1, keepdims=True) + 1e-12
-    sims = np.sum(x[0::2] * x[1::2], axis=1)
+    sims = np.empty(len(issame))
+    for i in range(len(issame)):  # pair by pair: float copies of all images would be large
+        a, b = (images[2 * i + j].reshape(-1).astype(np.float64) for j in (0, 1))
+        a, b = a - a.mean(), b - b.mean()
+        sims[i] = a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12)
     accs = []
     for test in np.array_split(np.arange(len(sims)), folds):
         train = np.setdiff1d(np.arange(len(sims)), test)
@@ -221,9 +240,9 @@ def raw_pixel_accuracy(bin_path, folds=10):
 def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_val_identities=100,
               num_pairs=600, image_size=112, quality=95, progress=True):
     """Write out_dir/train.rec, train.idx, property and demo_val.bin; return a summary dict."""
-    for name, value, low in (("seed", seed, 0), ("num_identities", num_identities, 1), ("image_size", image_size, 16),
-                             ("images_per_identity", images_per_identity, 1), ("num_val_identities", num_val_identities, 2),
-                             ("num_pairs", num_pairs, 2)):
+    for name, value, low in (("seed", seed, 0), ("num_identities", num_identities, 1),
+                             ("images_per_identity", images_per_identity, 1), ("image_size", image_size, 16),
+                             ("num_val_identities", num_val_identities, 2), ("num_pairs", num_pairs, 2)):
         if not (isinstance(value, (int, np.integer)) and value >= low):
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     os.makedirs(out_dir, exist_ok=True)
@@ -231,7 +250,8 @@ def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_v
     with RecordWriter(os.path.join(out_dir, "train"), image_size) as writer:
         for k in range(num_identities):
             views = draw_views(np.random.default_rng((seed, TRAIN, k, 1)), images_per_identity)
-            writer.add_identity([encode_jpeg(p, quality) for p in render_views(identity_template(seed, TRAIN, k), views, image_size)])
+            pixels = render_views(identity_template(seed, TRAIN, k), views, image_size)
+            writer.add_identity([encode_jpeg(p, quality) for p in pixels])
             bar.update(images_per_identity)
         writer.finish()
     # Pairs of held-out identities: half the same identity (two views), half two different ones.
@@ -247,13 +267,15 @@ def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_v
     for v in np.unique(slots):
         where = np.nonzero(slots == v)[0]
         views = draw_views(np.random.default_rng((seed, VAL, int(v), 1)), len(where))
-        for slot, pixels in zip(where, render_views(identity_template(seed, VAL, int(v)), views, image_size)):
+        rendered = render_views(identity_template(seed, VAL, int(v)), views, image_size)
+        for slot, pixels in zip(where, rendered):
             encoded[slot] = encode_jpeg(pixels, quality)
         bar.update(len(where))
     bin_path = os.path.join(out_dir, "demo_val.bin")
     write_bin(bin_path, encoded, issame)
-    return {"out_dir": out_dir, "num_images": num_identities * images_per_identity, "num_classes": num_identities,
-            "val_identities": sorted(int(x) for x in np.unique(slots)), "num_pairs": num_pairs,
+    return {"out_dir": out_dir, "num_images": num_identities * images_per_identity,
+            "num_classes": num_identities, "val_identities": sorted(int(x) for x in np.unique(slots)),
+            "num_pairs": num_pairs,
             "raw_pixel_accuracy": raw_pixel_accuracy(bin_path)}
 
 
@@ -263,15 +285,19 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="same seed -> byte-identical files")
     parser.add_argument("--num-identities", type=int, default=200, help="training identities")
     parser.add_argument("--images-per-identity", type=int, default=40, help="training images per identity")
-    parser.add_argument("--num-val-identities", type=int, default=100, help="held-out identities for demo_val.bin")
-    parser.add_argument("--num-pairs", type=int, default=600, help="verification pairs (half same, half different)")
+    parser.add_argument("--num-val-identities", type=int, default=100,
+                        help="held-out identities for demo_val.bin")
+    parser.add_argument("--num-pairs", type=int, default=600,
+                        help="verification pairs (half same, half different)")
     parser.add_argument("--image-size", type=int, default=112, help="side of the square images")
     args = parser.parse_args(argv)
     summary = make_demo(args.out, args.seed, args.num_identities, args.images_per_identity,
                         args.num_val_identities, args.num_pairs, args.image_size)
-    print(f"wrote {args.out}: {summary['num_images']} training images of {summary['num_classes']} identities, "
+    print(f"wrote {args.out}: {summary['num_images']} training images of {summary['num_classes']} "
+          f"identities, "
           f"{summary['num_pairs']} pairs of {len(summary['val_identities'])} held-out identities")
-    print(f"raw-pixel cosine baseline on demo_val.bin: {summary['raw_pixel_accuracy']:.4f} (10-fold accuracy)")
+    print(f"raw-pixel cosine baseline on demo_val.bin: {summary['raw_pixel_accuracy']:.4f} "
+          f"(10-fold accuracy)")
 
 
 if __name__ == "__main__":

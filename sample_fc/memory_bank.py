@@ -98,6 +98,29 @@ class MemoryBank:
         self.weight[:] = weight.as_in_context(self.ctx)
         self.momentum[:] = momentum.as_in_context(self.ctx)
 
+    def load_resharded(self, paths):
+        """Fill this bank from the shards of a run with any world size (`paths`, one per
+        old rank): every class's center and momentum row lands in its new place."""
+        stop = self.class_start + self.num_local
+        covered = 0
+        for path in paths:
+            meta, weight, momentum = read_shard(path)
+            if (meta["num_classes"], meta["embedding_size"]) != (self.num_classes, self.embedding_size):
+                raise ValueError(f"bank checkpoint {path} has num_classes={meta['num_classes']}, "
+                                 f"embedding_size={meta['embedding_size']}; this run expects "
+                                 f"num_classes={self.num_classes}, embedding_size={self.embedding_size}")
+            old_start, old_stop = meta["class_start"], meta["class_start"] + meta["num_local"]
+            lo, hi = max(old_start, self.class_start), min(old_stop, stop)
+            if lo >= hi:
+                continue
+            rows = slice(lo - self.class_start, hi - self.class_start)
+            self.weight[rows] = weight[lo - old_start:hi - old_start].as_in_context(self.ctx)
+            self.momentum[rows] = momentum[lo - old_start:hi - old_start].as_in_context(self.ctx)
+            covered += hi - lo
+        if covered != self.num_local:
+            raise ValueError(f"the shards {paths} cover {covered} of this rank's {self.num_local} "
+                             f"classes [{self.class_start}, {stop}); a shard is missing or overlaps")
+
 
 def read_shard(path):
     """(metadata dict, weight, momentum) of a saved bank shard, on the CPU."""

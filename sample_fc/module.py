@@ -72,6 +72,12 @@ class SampleDistributeModule:
         dist.broadcast_parameters(params, root_rank=root_rank, prefix="backbone")
         self.backbone.set_params(arg_params, aux_params)
 
+    def set_num_update(self, num_update):
+        """Continue counting updates from `num_update` (resume): the lr schedule of both
+        optimizers follows, since MXNet's optimizer starts its counts at begin_num_update."""
+        self.num_update = num_update
+        self.backbone_optimizer.set_num_update(num_update)
+
     def get_export_params(self):
         """(arg_params, aux_params) of the backbone on the CPU, for mx.model.save_checkpoint."""
         return self.backbone.get_params()

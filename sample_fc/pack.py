@@ -94,7 +94,8 @@ class Progress:
         if (self.live and now - self._last > 0.2) or (self.enabled and self.done >= self.total):
             self._last = now
             filled = int(30 * self.done / max(self.total, 1))
-            sys.stderr.write(f"\r{self.what} [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+            bar = "#" * filled + "." * (30 - filled)
+            sys.stderr.write(f"\r{self.what} [{bar}] {self.done}/{self.total}")
             if self.done >= self.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
@@ -108,9 +109,12 @@ def list_identities(images_dir):
                    if not n.startswith(".") and os.path.isdir(os.path.join(images_dir, n)))
     if not names:
         raise ValueError(f"{images_dir} has no identity subfolders (expected DIR/<identity>/<image>.jpg)")
-    return [(name, sorted(os.path.join(images_dir, name, f) for f in os.listdir(os.path.join(images_dir, name))
-                          if f.lower().endswith(IMAGE_EXTENSIONS)))
-            for name in names]
+    listing = []
+    for name in names:
+        folder = os.path.join(images_dir, name)
+        listing.append((name, sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                                     if f.lower().endswith(IMAGE_EXTENSIONS))))
+    return listing
 
 
 def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=95, progress=True):
@@ -154,7 +158,8 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", required=True, help="folder with one subfolder of images per identity")
-    parser.add_argument("--out", required=True, help="output prefix: writes PREFIX.rec, PREFIX.idx, property")
+    parser.add_argument("--out", required=True,
+                        help="output prefix: writes PREFIX.rec, PREFIX.idx and property beside them")
     parser.add_argument("--image-size", type=int, default=112, help="side of the square output images")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable images instead of failing")
     parser.add_argument("--quality", type=int, default=95, help="JPEG quality of the packed images")
@@ -162,7 +167,8 @@ def main(argv=None):
     summary = pack_folder(args.images, args.out, args.image_size, args.skip_bad, args.quality)
     print(f"wrote {summary['rec']}: {summary['num_images']} images, {summary['num_identities']} identities")
     if summary["skipped"]:
-        print(f"skipped {len(summary['skipped'])} unreadable images:", *summary["skipped"], sep="\n  ", file=sys.stderr)
+        print(f"skipped {len(summary['skipped'])} unreadable images:", *summary["skipped"],
+              sep="\n  ", file=sys.stderr)
     if summary["empty_identities"]:
         print(f"{len(summary['empty_identities'])} identities have no images:",
               *summary["empty_identities"], sep="\n  ", file=sys.stderr)

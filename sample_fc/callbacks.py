@@ -1,0 +1,86 @@
+"""Batch-end callbacks: progress, checkpoints, verification. The loop alone decides when
+to stop; callbacks only observe (and, for checkpoints and verification, make every rank
+take part in the same named collectives).
+"""
+import datetime
+import json
+import os
+import time
+
+from . import dist
+
+
+class ProgressLogger:
+    """Every `frequent` steps (rank 0): step, global samples/s, mean loss, lr, ETA.
+
+    The same scalars go to a tensorboardX SummaryWriter when one is given.
+    """
+
+    def __init__(self, frequent, max_update, logger, writer=None):
+        self.frequent, self.max_update, self.logger, self.writer = frequent, max_update, logger, writer
+        self._reset(time.perf_counter())
+
+    def _reset(self, now):
+        self._since, self._losses, self._samples, self._steps = now, [], 0, 0
+
+    def __call__(self, info):
+        self._losses.append(info.loss)
+        self._samples += info.global_batch
+        self._steps += 1
+        if info.step % self.frequent and info.step != self.max_update:
+            return
+        now = time.perf_counter()
+        elapsed = max(now - self._since, 1e-9)
+        speed = self._samples / elapsed
+        loss = sum(self._losses) / len(self._losses)
+        eta = datetime.timedelta(seconds=int((self.max_update - info.step) * elapsed / self._steps))
+        self.logger.info("step %d/%d  %.1f samples/s  loss %.4f  lr %.6f  eta %s",
+                         info.step, self.max_update, speed, loss, info.lr, eta)
+        if self.writer is not None:
+            for name, value in (("loss", loss), ("lr", info.lr), ("samples_per_s", speed)):
+                self.writer.add_scalar(name, value, info.step)
+        self._reset(now)
+
+
+class PeriodicCallback:
+    """Call `action(step)` on every rank every `period` steps (0 = never)."""
+
+    def __init__(self, period, action):
+        self.period, self.action = period, action
+
+    def __call__(self, info):
+        if self.period and info.step % self.period == 0:
+            self.action(info.step)
+
+
+class VerificationRunner:
+    """Evaluate pair sets on rank 0 while the other ranks wait at a named barrier.
+
+    targets: {name: (images uint8 (2P, H, W, 3), issame)}; evaluate_fn(images, issame) ->
+    VerificationResult, run on rank 0 only. Keeps the best mean accuracy and writes it,
+    with its step, to `<models_root>/best.json`.
+    """
+
+    def __init__(self, targets, evaluate_fn, logger, models_root=None, writer=None):
+        self.targets, self.evaluate_fn, self.logger = targets, evaluate_fn, logger
+        self.models_root, self.writer = models_root, writer
+        self.best_accuracy, self.best_step, self.last = -1.0, None, {}
+
+    def __call__(self, step):
+        if dist.rank() == 0 and self.targets:
+            self.last = {name: self.evaluate_fn(images, issame)
+                         for name, (images, issame) in self.targets.items()}
+            for name, result in self.last.items():
+                self.logger.info("step %d  %s", step, result.line(name))
+                if self.writer is not None:
+                    self.writer.add_scalar(f"verification/{name}", result.accuracy, step)
+            mean = sum(r.accuracy for r in self.last.values()) / len(self.last)
+            if mean > self.best_accuracy:
+                self.best_accuracy, self.best_step = mean, step
+                if self.models_root:
+                    with open(os.path.join(self.models_root, "best.json"), "w") as handle:
+                        json.dump({"step": step, "mean_accuracy": mean,
+                                   "accuracy": {n: r.accuracy for n, r in self.last.items()}},
+                                  handle, indent=2)
+        dist.barrier(f"verification.{step}")
+        return self.last

@@ -1,0 +1,246 @@
+"""Tests for sample_fc.data: FaceRecordIter (sharding, epochs, resume, errors) and SyntheticIter."""
+import io
+import re
+
+import mxnet as mx
+import numpy as np
+import pytest
+from PIL import Image
+
+from sample_fc.data import FaceRecordIter, SyntheticIter
+
+SIZE = 16
+
+
+def make_image(key, rng):
+    """A random 16x16 image whose first row (mirror-invariant) encodes its record key."""
+    pixels = rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+    pixels[0] = (key % 256, key // 256, 255)
+    return pixels
+
+
+def png(pixels):
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_dataset(folder, labels, header=True, num_classes=None, label_of=float):
+    """Write train.rec/.idx with mx.recordio directly, as insightface's tools do.
+
+    With header: images at keys 1..N, identity records after them, header record 0 last.
+    Without: a plain file, images at keys 0..N-1. Returns {key: (pixels, label)}.
+    """
+    rng = np.random.default_rng(1)
+    rec = mx.recordio.MXIndexedRecordIO(str(folder / "train.idx"), str(folder / "train.rec"), "w")
+    first_key = 1 if header else 0
+    truth = {}
+    for i, label in enumerate(labels):
+        key = first_key + i
+        pixels = make_image(key, rng)
+        rec.write_idx(key, mx.recordio.pack(mx.recordio.IRHeader(0, label_of(label), key, 0), png(pixels)))
+        truth[key] = (pixels, label)
+    if header:
+        start = first_key + len(labels)
+        ids = sorted(set(labels))
+        for j, identity in enumerate(ids):
+            keys = [k for k, (_, lab) in truth.items() if lab == identity]
+            identity_header = mx.recordio.IRHeader(0, (min(keys), max(keys) + 1), start + j, 0)
+            rec.write_idx(start + j, mx.recordio.pack(identity_header, b""))
+        rec.write_idx(0, mx.recordio.pack(mx.recordio.IRHeader(0, (start, start + len(ids)), 0, 0), b""))
+    rec.close()
+    if num_classes is not None:
+        (folder / "property").write_text(f"{num_classes},{SIZE},{SIZE}")
+    return truth
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rec")
+    labels = [i // 6 for i in range(48)]  # 8 identities x 6 images
+    return folder, write_dataset(folder, labels, num_classes=8)
+
+
+def batch_keys(batch):
+    """Record keys of a batch, read back from the first row of each image."""
+    first_row = batch.data[0].asnumpy()[:, :, 0, 0].astype(np.int64)
+    return list(first_row[:, 0] + 256 * first_row[:, 1])
+
+
+def epoch_keys(it):
+    return [k for batch in it for k in batch_keys(batch)]
+
+
+def test_images_labels_and_mirrors_match_records(dataset):
+    """Test that every yielded image is its record's image or its mirror, with its integer label."""
+    folder, truth = dataset
+    it = FaceRecordIter(str(folder / "train.rec"), batch_size=8, data_shape=(3, SIZE, SIZE), num_threads=2)
+    assert (it.num_images, it.num_classes, it.num_batches) == (48, 8, 6)
+    mirrored = 0
+    for batch in it:
+        data, labels = batch.data[0].asnumpy(), batch.label[0].asnumpy()
+        assert data.dtype == np.float32 and labels.dtype == np.int64
+        for key, image, label in zip(batch_keys(batch), data, labels):
+            reference, reference_label = truth[key]
+            hwc = image.transpose(1, 2, 0)
+            flipped = np.array_equal(hwc, reference[:, ::-1])
+            assert flipped or np.array_equal(hwc, reference), f"key {key} differs from its record"
+            mirrored += flipped
+            assert label == reference_label
+    assert 0 < mirrored < 48
+
+
+def test_two_ranks_disjoint_cover_and_reshuffle(dataset):
+    """Test that two ranks get disjoint shards covering all images, reshuffled alike every epoch."""
+    folder, truth = dataset
+    ranks = [FaceRecordIter(str(folder / "train.rec"), batch_size=4, data_shape=(3, SIZE, SIZE), rank=r,
+                            num_workers=2, seed=3) for r in range(2)]
+    shards = []
+    for epoch in range(2):
+        keys = [epoch_keys(it) for it in ranks]
+        assert len(keys[0]) == len(keys[1]) == 24  # 48 images / 2 ranks, 6 batches of 4 each
+        assert not set(keys[0]) & set(keys[1])
+        assert set(keys[0]) | set(keys[1]) == set(truth)
+        shards.append(keys)
+        for it in ranks:
+            it.reset()
+    assert set(shards[0][0]) != set(shards[1][0])  # the partition changes with the epoch
+    assert shards[0][0] != sorted(shards[0][0])  # and the order is shuffled
+
+
+def test_tail_dropped_so_ranks_have_equal_batches(tmp_path):
+    """Test that with N not divisible by workers*batch each rank yields floor(N/W/B) batches,
+    the few tail images are skipped in an epoch and show up in later epochs."""
+    truth = write_dataset(tmp_path, [i % 5 for i in range(50)])
+    ranks = [FaceRecordIter(str(tmp_path / "train.rec"), batch_size=4, data_shape=(3, SIZE, SIZE), rank=r,
+                            num_workers=2) for r in range(2)]
+    seen = set()
+    for epoch in range(6):
+        keys = [epoch_keys(it) for it in ranks]
+        assert [len(k) for k in keys] == [24, 24]  # floor(50 / 2 / 4) = 6 batches of 4 per rank
+        assert len(set(keys[0]) | set(keys[1])) == 48
+        seen |= set(keys[0]) | set(keys[1])
+        for it in ranks:
+            it.reset()
+    assert seen == set(truth)
+
+
+def test_resume_gives_identical_next_batches(dataset):
+    """Test that load_state_dict resumes with the same data and labels as an uninterrupted run."""
+    folder, _ = dataset
+    make = lambda: FaceRecordIter(str(folder / "train.rec"), batch_size=4, data_shape=(3, SIZE, SIZE),
+                                  rank=1, num_workers=2, seed=5, prefetch=3)
+    reference, interrupted = make(), make()
+    reference.reset()  # epoch 1
+    interrupted.reset()
+    for _ in range(2):
+        next(reference)
+        next(interrupted)
+    state = interrupted.state_dict()
+    assert state == {"epoch": 1, "batch_in_epoch": 2, "seed": 5}
+    interrupted.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    batches = []
+    for it in (reference, resumed):  # the rest of epoch 1 (4 batches), then all of epoch 2
+        out = [next(it) for _ in range(4)]
+        it.reset()
+        out += list(it)
+        batches.append(out)
+    assert len(batches[0]) == len(batches[1]) == 4 + 6
+    for a, b in zip(*batches):
+        np.testing.assert_array_equal(a.data[0].asnumpy(), b.data[0].asnumpy())
+        np.testing.assert_array_equal(a.label[0].asnumpy(), b.label[0].asnumpy())
+
+
+def test_resize_to_data_shape(dataset):
+    """Test that images of another size are resized like Pillow's bilinear resize."""
+    folder, truth = dataset
+    it = FaceRecordIter(str(folder / "train.rec"), batch_size=8, data_shape=(3, 12, 10), rand_mirror=False,
+                        shuffle=False)
+    batch = next(it)
+    assert batch.data[0].shape == (8, 3, 12, 10)
+    expected = np.asarray(Image.fromarray(truth[1][0]).resize((10, 12), Image.BILINEAR))
+    np.testing.assert_array_equal(batch.data[0].asnumpy()[0].transpose(1, 2, 0), expected)
+
+
+def test_provide_data_and_label_match_synthetic(dataset):
+    """Test that FaceRecordIter and SyntheticIter describe and yield the same names, shapes, dtypes."""
+    folder, _ = dataset
+    iters = [FaceRecordIter(str(folder / "train.rec"), batch_size=4, data_shape=(3, SIZE, SIZE)),
+             SyntheticIter(batch_size=4, num_classes=8, data_shape=(3, SIZE, SIZE))]
+    for it in iters:
+        (data_desc,), (label_desc,) = it.provide_data, it.provide_label
+        assert (data_desc.name, data_desc.shape) == ("data", (4, 3, SIZE, SIZE))
+        assert np.dtype(data_desc.dtype) == np.float32
+        assert (label_desc.name, label_desc.shape) == ("softmax_label", (4,))
+        assert np.dtype(label_desc.dtype) == np.int64
+        batch = next(it)
+        assert batch.data[0].shape == (4, 3, SIZE, SIZE) and batch.data[0].dtype == np.float32
+        assert batch.label[0].shape == (4,) and batch.label[0].dtype == np.int64
+
+
+def test_synthetic_labels_large_int64_and_reproducible():
+    """Test that SyntheticIter draws exact int64 labels in [0, C) for C above 2**24, reproducibly."""
+    num_classes = 20_000_000
+    make = lambda: SyntheticIter(batch_size=64, num_classes=num_classes, data_shape=(3, 8, 8), seed=2, rank=1,
+                                 num_batches=3)
+    it = make()
+    labels = [b.label[0].asnumpy() for b in it]
+    assert len(labels) == 3 and all(l.dtype == np.int64 for l in labels)
+    flat = np.concatenate(labels)
+    assert flat.min() >= 0 and flat.max() < num_classes and flat.max() > 2 ** 24
+    assert not np.array_equal(labels[0], labels[1])
+    np.testing.assert_array_equal(next(make()).label[0].asnumpy(), labels[0])
+    it.reset()
+    assert not np.array_equal(next(it).label[0].asnumpy(), labels[0])  # a new epoch draws new labels
+
+
+def test_plain_rec_without_header(tmp_path):
+    """Test that a .rec without header record 0 is read with every indexed key as an image."""
+    truth = write_dataset(tmp_path, [3, 1, 4, 1, 5, 9, 2, 6], header=False)
+    it = FaceRecordIter(str(tmp_path / "train.rec"), batch_size=8, data_shape=(3, SIZE, SIZE), shuffle=False,
+                        rand_mirror=False)
+    assert it.num_images == 8 and it.identity_range is None and it.num_classes is None
+    batch = next(it)
+    assert batch_keys(batch) == list(range(8))
+    assert list(batch.label[0].asnumpy()) == [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def test_array_labels_use_first_element(tmp_path):
+    """Test that an image label stored as an array gives its first element as the identity."""
+    write_dataset(tmp_path, [0, 1, 2, 3], label_of=lambda lab: [lab, 0.25, 7.0])
+    it = FaceRecordIter(str(tmp_path / "train.rec"), batch_size=4, data_shape=(3, SIZE, SIZE), shuffle=False)
+    assert list(next(it).label[0].asnumpy()) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("bad_label, expected", [(2.5, "record key 3: label 2.5"),
+                                                 (-1.0, "record key 3: label -1.0"),
+                                                 (8.0, "record key 3: label 8 outside [0, 8)")])
+def test_bad_labels_name_the_record(tmp_path, bad_label, expected):
+    """Test that non-integer, negative and out-of-range labels raise errors naming key and value."""
+    labels = [0, 1, 2, 3]
+    write_dataset(tmp_path, labels, num_classes=8, label_of=lambda lab: bad_label if lab == 2 else float(lab))
+    it = FaceRecordIter(str(tmp_path / "train.rec"), batch_size=4, data_shape=(3, SIZE, SIZE), shuffle=False)
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        next(it)
+
+
+def test_clear_errors_for_files_sizes_and_classes(tmp_path):
+    """Test that missing files, a shard smaller than a batch and a num_classes clash name the values."""
+    with pytest.raises(FileNotFoundError, match="nowhere.rec"):
+        FaceRecordIter(str(tmp_path / "nowhere.rec"), batch_size=4)
+    write_dataset(tmp_path, [0, 0, 1, 1, 2, 2], num_classes=3)
+    (tmp_path / "train.idx").rename(tmp_path / "moved.idx")
+    with pytest.raises(FileNotFoundError, match="train.idx"):
+        FaceRecordIter(str(tmp_path / "train.rec"), batch_size=4)
+    (tmp_path / "moved.idx").rename(tmp_path / "train.idx")
+    with pytest.raises(ValueError, match="6 images over 2 workers give 3 per rank, fewer than batch_size=4"):
+        FaceRecordIter(str(tmp_path / "train.rec"), batch_size=4, num_workers=2, rank=1)
+    with pytest.raises(ValueError, match="num_classes=5 but .*property says 3"):
+        FaceRecordIter(str(tmp_path / "train.rec"), batch_size=2, num_classes=5)
+    with pytest.raises(ValueError, match="rank=2, num_workers=2"):
+        FaceRecordIter(str(tmp_path / "train.rec"), batch_size=2, num_workers=2, rank=2)
+    it = FaceRecordIter(str(tmp_path / "train.rec"), batch_size=2, seed=1)
+    with pytest.raises(ValueError, match="seed 7, this iterator has seed 1"):
+        it.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 7})

@@ -1,0 +1,111 @@
+"""Tests for sample_fc.pack: folder -> insightface .rec/.idx/property, checked with mx.recordio."""
+import io
+
+import mxnet as mx
+import numpy as np
+import pytest
+from PIL import Image
+
+from sample_fc.data import FaceRecordIter
+from sample_fc.pack import main, pack_folder
+
+NAMES = ["alice", "bob", "carol"]  # sorted -> ids 0, 1, 2
+
+
+def smooth_image(seed, size=32):
+    """A smooth random colour image (JPEG keeps it within a few grey levels)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size] / size
+    amplitude, fx, fy, phase = rng.uniform([40, 1, 1, 0], [80, 4, 4, 6], size=(3, 4)).T
+    channels = [128 + amplitude[c] * np.sin(fx[c] * x + fy[c] * y + phase[c]) for c in range(3)]
+    return np.clip(np.stack(channels, axis=-1), 0, 255).astype(np.uint8)
+
+
+def open_record(folder):
+    """The packed dataset in folder, opened with mxnet.recordio directly."""
+    return mx.recordio.MXIndexedRecordIO(str(folder / "train.idx"), str(folder / "train.rec"), "r")
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    """3 identities x 4 images (PNG and JPEG, 32x32), listed in reverse to check sorting."""
+    source = {}
+    for ident, name in reversed(list(enumerate(NAMES))):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for j in range(4):
+            pixels = smooth_image(10 * ident + j)
+            path = tmp_path / "images" / name / f"{j}.{'png' if j % 2 else 'jpg'}"
+            Image.fromarray(pixels).save(path, **({"quality": 100} if path.suffix == ".jpg" else {}))
+            source[str(path)] = (np.asarray(Image.open(path).convert("RGB")), ident)
+    (tmp_path / "images" / "bob" / "notes.txt").write_text("not an image")
+    return tmp_path / "images", source
+
+
+def test_pack_matches_insightface_layout(image_folder, tmp_path):
+    """Test that packing writes header, image and identity records and property as insightface does."""
+    images, source = image_folder
+    summary = pack_folder(str(images), str(tmp_path / "out" / "train"), image_size=32, progress=False)
+    assert (summary["num_images"], summary["num_identities"], summary["skipped"]) == (12, 3, [])
+    assert (tmp_path / "out" / "property").read_text() == "3,32,32"
+    rec = open_record(tmp_path / "out")
+    assert sorted(rec.keys) == list(range(16))
+    header, payload = mx.recordio.unpack(rec.read_idx(0))
+    assert header.flag == 2 and list(header.label) == [13, 16] and payload == b""
+    for identity in range(3):
+        header, _ = mx.recordio.unpack(rec.read_idx(13 + identity))
+        assert list(header.label) == [1 + 4 * identity, 5 + 4 * identity]
+    expected = [source[p] for p in sorted(source)]  # alice/0..3, bob/0..3, carol/0..3
+    for key in range(1, 13):
+        header, encoded = mx.recordio.unpack(rec.read_idx(key))
+        pixels, ident = expected[key - 1]
+        assert header.flag == 0 and header.label == ident
+        decoded = np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB")).astype(int)
+        assert np.abs(decoded - pixels).mean() < 1.5 and np.abs(decoded - pixels).max() < 12  # JPEG q95
+
+    it = FaceRecordIter(str(tmp_path / "out" / "train.rec"), batch_size=12, data_shape=(3, 32, 32),
+                        shuffle=False, rand_mirror=False)
+    assert it.num_classes == 3 and it.num_images == 12
+    batch = next(it)
+    assert list(batch.label[0].asnumpy()) == [0] * 4 + [1] * 4 + [2] * 4
+    for key in range(1, 13):
+        _, encoded = mx.recordio.unpack(rec.read_idx(key))
+        np.testing.assert_array_equal(batch.data[0].asnumpy()[key - 1].transpose(1, 2, 0),
+                                      np.asarray(Image.open(io.BytesIO(encoded)).convert("RGB")))
+
+
+def test_pack_resizes_to_image_size(image_folder, tmp_path):
+    """Test that images of another size are stored at image_size and property says so."""
+    images, _ = image_folder
+    pack_folder(str(images), str(tmp_path / "small" / "train"), image_size=20, progress=False)
+    assert (tmp_path / "small" / "property").read_text() == "3,20,20"
+    rec = open_record(tmp_path / "small")
+    _, encoded = mx.recordio.unpack(rec.read_idx(5))
+    assert Image.open(io.BytesIO(encoded)).size == (20, 20)
+
+
+def test_unreadable_image_error_or_skip(image_folder, tmp_path, capsys):
+    """Test that a corrupt image fails naming its path, and --skip-bad skips and reports it."""
+    images, _ = image_folder
+    bad = images / "bob" / "1.png"
+    bad.write_bytes(b"definitely not a png")
+    with pytest.raises(OSError, match="bob/1.png"):
+        pack_folder(str(images), str(tmp_path / "fail" / "train"), image_size=32, progress=False)
+    assert not (tmp_path / "fail" / "train.rec").exists()  # no partial dataset left behind
+    main(["--images", str(images), "--out", str(tmp_path / "skip" / "train"), "--image-size", "32",
+          "--skip-bad"])
+    captured = capsys.readouterr()
+    assert "11 images, 3 identities" in captured.out
+    assert "skipped 1 unreadable images" in captured.err and str(bad) in captured.err
+    rec = open_record(tmp_path / "skip")
+    header, _ = mx.recordio.unpack(rec.read_idx(0))
+    assert list(header.label) == [12, 15]
+    assert list(mx.recordio.unpack(rec.read_idx(13))[0].label) == [5, 8]  # bob keeps 3 images
+
+
+def test_missing_or_empty_folder_errors(tmp_path):
+    """Test that a missing images folder or one without identity subfolders names the path."""
+    with pytest.raises(FileNotFoundError, match="no_such_dir"):
+        pack_folder(str(tmp_path / "no_such_dir"), str(tmp_path / "x"), progress=False)
+    (tmp_path / "flat").mkdir()
+    with pytest.raises(ValueError, match="has no identity subfolders"):
+        pack_folder(str(tmp_path / "flat"), str(tmp_path / "x"), progress=False)
