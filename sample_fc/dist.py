@@ -5,6 +5,10 @@ collective calls in the same order with the same `name`; shapes and dtypes that 
 match across ranks are stated per function. A rank that skips a call hangs the others
 until Horovod's stall check or the job's timeout ends the run.
 """
+# Pillow's JPEG decoder must be loaded before horovod.mxnet: Horovod loads its library
+# with RTLD_GLOBAL, and the libjpeg symbols of libmxnet.so it drags in would otherwise
+# bind to Pillow's decoder and break it ("broken data stream when reading image file").
+from PIL import Image  # noqa: F401  (import order matters, see above)
 import horovod.mxnet as hvd
 import mxnet as mx
 
