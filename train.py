@@ -26,17 +26,19 @@ from sample_fc.module import SampleDistributeModule
 from sample_fc.verification import Embedder, evaluate, raw_pixel_embed
 
 
-def parse_args(argv):
+def make_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="demo", choices=default.DATASETS)
-    parser.add_argument("--network", default=None, choices=default.NETWORKS, help="default: the dataset's")
+    parser.add_argument("--network", "--net", default=None, choices=default.NETWORKS,
+                        help="default: the dataset's (write --net under a plain horovodrun, whose "
+                             "parser mistakes --network for its --network-interface)")
     parser.add_argument("--loss", default="arcface", choices=default.LOSSES)
     parser.add_argument("--models-root", default=None, help="output dir (default models/<dataset>_<network>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (repeatable); see default.py")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="a checkpoint dir, or a models root whose newest complete checkpoint to use")
-    return parser.parse_args(argv)
+    return parser
 
 
 def build_config(args):
@@ -84,6 +86,7 @@ def setup_logger(rank, models_root):
     logger = logging.getLogger("sample_fc")
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.handlers.clear()
+    logger.propagate = False
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", "%H:%M:%S")
     handlers = [logging.StreamHandler(sys.stdout)]
     if rank == 0:
@@ -95,8 +98,12 @@ def setup_logger(rank, models_root):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    cfg = build_config(args)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = build_config(args)
+    except ValueError as error:
+        parser.error(str(error))          # exits 2 with the message, on every rank
     dist.init()
     rank, world = dist.rank(), dist.size()
     models_root = args.models_root or os.path.join("models", f"{cfg.dataset}_{cfg.network}")
@@ -131,7 +138,10 @@ def main(argv=None):
                                              cfg.embedding_size)
         logger.info("resumed from %s at step %d", resume_from, step)
 
+    saved_steps = set()
+
     def save(step):
+        saved_steps.add(step)
         checkpoint.save_checkpoint(
             models_root, step, module, symbol,
             train_state={"world_size": world, "num_classes": cfg.num_classes,
@@ -156,7 +166,7 @@ def main(argv=None):
         callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer))
     module.fit(train_iter, cfg.max_update, callbacks)
 
-    if not (cfg.ckpt_period and module.num_update % cfg.ckpt_period == 0):   # always end saved
+    if module.num_update not in saved_steps:      # a run always ends with a checkpoint
         save(module.num_update)
     if not cfg.verbose or module.num_update % cfg.verbose:
         verify(module.num_update)
@@ -165,6 +175,10 @@ def main(argv=None):
         logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
                     name, verify.last[name].accuracy, baseline.accuracy)
     logger.info("done: %d steps, checkpoints in %s", module.num_update, models_root)
+    mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod
+    if hasattr(train_iter, "close"):
+        train_iter.close()
+    dist.shutdown()
     return 0
 
 

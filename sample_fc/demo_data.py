@@ -1,7 +1,7 @@
 """A synthetic face-like dataset for demos: train.rec/.idx/property + an open-set demo_val.bin.
 
     python -m sample_fc.demo_data --out DIR [--seed 0] [--num-identities 200]
-        [--images-per-identity 40] [--num-val-identities 100] [--num-pairs 600] [--image-size 112]
+        [--images-per-identity 40] [--num-val-identities 100] [--num-pairs 600] [--image-size 32]
 
 Each identity is a procedural face template (skin tone and texture, face shape and jaw,
 hair colour and style, eyes, brows, nose, mouth, optional glasses / beard / moles / blush).
@@ -238,7 +238,7 @@ def raw_pixel_accuracy(bin_path, folds=10):
 
 
 def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_val_identities=100,
-              num_pairs=600, image_size=112, quality=95, progress=True):
+              num_pairs=600, image_size=32, quality=95, progress=True):
     """Write out_dir/train.rec, train.idx, property and demo_val.bin; return a summary dict."""
     for name, value, low in (("seed", seed, 0), ("num_identities", num_identities, 1),
                              ("images_per_identity", images_per_identity, 1), ("image_size", image_size, 16),
@@ -289,7 +289,7 @@ def main(argv=None):
                         help="held-out identities for demo_val.bin")
     parser.add_argument("--num-pairs", type=int, default=600,
                         help="verification pairs (half same, half different)")
-    parser.add_argument("--image-size", type=int, default=112, help="side of the square images")
+    parser.add_argument("--image-size", type=int, default=32, help="side of the square images")
     args = parser.parse_args(argv)
     summary = make_demo(args.out, args.seed, args.num_identities, args.images_per_identity,
                         args.num_val_identities, args.num_pairs, args.image_size)

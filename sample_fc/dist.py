@@ -21,6 +21,12 @@ def init():
         hvd.init()
 
 
+def shutdown():
+    """Stop Horovod's background thread (every rank, after its last collective)."""
+    if hvd.is_initialized():
+        hvd.shutdown()
+
+
 def rank():
     return hvd.rank()
 

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 CONTROLLERS = ("gloo", "mpi")
 
@@ -27,10 +26,25 @@ class JobResult:
         return self.stdout + self.stderr
 
 
-def horovodrun_path():
-    """The horovodrun next to the running interpreter (the project's venv), else on PATH."""
-    beside = Path(sys.executable).parent / "horovodrun"
-    return str(beside) if beside.exists() else "horovodrun"
+def horovodrun_main():
+    """`python -m sample_fc.launch ARGS` = `horovodrun ARGS`, without abbreviation matching.
+
+    horovodrun's argparse (Python >= 3.11) also scans the training command's arguments and
+    rejects `--network` as an ambiguous abbreviation of its --network-interface(s). With
+    abbreviations off, the command's options pass through untouched; horovodrun's own
+    options must then be spelled in full (-np, -H, --gloo, --mpi ...).
+    """
+    import argparse
+    original_init = argparse.ArgumentParser.__init__
+
+    def init_without_abbrev(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        original_init(self, *args, **kwargs)
+
+    argparse.ArgumentParser.__init__ = init_without_abbrev
+    from horovod.runner.launch import run_commandline
+    sys.argv[0] = "horovodrun"
+    return run_commandline()
 
 
 def horovodrun_command(argv, num_proc=2, controller="gloo", hosts=None):
@@ -38,7 +52,7 @@ def horovodrun_command(argv, num_proc=2, controller="gloo", hosts=None):
     if controller not in CONTROLLERS:
         raise ValueError(f"controller must be one of {CONTROLLERS}, got {controller!r}")
     hosts = hosts or f"localhost:{num_proc}"
-    return [horovodrun_path(), "-np", str(num_proc), "-H", hosts, f"--{controller}"] + list(argv)
+    return [sys.executable, "-m", "sample_fc.launch", "-np", str(num_proc), "-H", hosts, f"--{controller}"] + list(argv)
 
 
 def single_thread_env(extra=None):
@@ -66,3 +80,7 @@ def run_job(argv, num_proc=2, controller="gloo", timeout_s=300, env=None, cwd=No
         stdout, stderr = proc.communicate()
         timed_out = True
     return JobResult(proc.returncode, stdout, stderr, timed_out, time.monotonic() - start)
+
+
+if __name__ == "__main__":
+    sys.exit(horovodrun_main())

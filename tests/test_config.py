@@ -76,7 +76,8 @@ def test_dataset_presets_hold_the_dataset_facts():
     assert demo.rec == 'data/demo/train.rec' and demo.val_targets == ['demo_val']
     assert demo.max_update <= 1000 and demo.lr_steps[-1] < demo.max_update
     assert (demo.context, demo.bank_context, demo.allgather) == ('auto', 'same', 'native')
-    assert (demo.lr, demo.momentum, demo.wd, demo.lr_factor) == (0.1, 0.9, 5e-4, 0.1)
+    emore = default.get_config(dataset='emore')
+    assert (emore.lr, emore.momentum, emore.wd, emore.lr_factor) == (0.1, 0.9, 5e-4, 0.1)
     assert (demo.max_nonfinite_steps, demo.collective_timeout_s) == (5, 60)
 
 
@@ -350,3 +351,15 @@ def test_format_config_lists_every_key():
     assert len({line.index(line.split()[1]) for line in lines}) == 1  # values aligned
     cfg = default.get_config()
     assert len(format_config(cfg).splitlines()) == len(cfg)
+
+
+def test_demo_preset_matches_the_demo_data_generator():
+    """Test that the demo preset's class count, image size and image count are what
+    `python -m sample_fc.demo_data` writes by default (so ./horovodrun.sh needs no flags)."""
+    import inspect
+    from sample_fc.demo_data import make_demo
+    defaults = {k: p.default for k, p in inspect.signature(make_demo).parameters.items()}
+    demo = default.get_config()
+    assert demo.num_classes == defaults['num_identities']
+    assert demo.image_size == defaults['image_size']
+    assert demo.num_images == defaults['num_identities'] * defaults['images_per_identity']

@@ -1,0 +1,105 @@
+"""Pack a pairs list into an insightface verification .bin.
+
+    python -m sample_fc.make_bin --pairs pairs.txt --out mine.bin [--image-size 112] [--root DIR]
+
+pairs.txt has one pair per line, `path1 path2 1|0` (1: same identity); blank lines and
+lines starting with # are skipped. Relative paths are taken from --root, by default the
+pairs file's folder. With --image-size S every image is resized to SxS (bilinear). An
+image is stored as its original file bytes when it is a JPEG or PNG that needs no resize,
+otherwise re-encoded as JPEG, quality 95. Without --image-size all images must already
+share one size (a .bin is read back as one array). Errors name the line and the path.
+"""
+import argparse
+import io
+import os
+import sys
+
+from PIL import Image
+
+from .bin_format import write_bin
+
+JPEG_QUALITY = 95
+KEPT_FORMATS = ("JPEG", "PNG")
+
+
+def read_pairs(pairs_file, root=None):
+    """[(line number, path1, path2, issame)] with paths resolved against root (default: the
+    pairs file's folder). ValueError naming the line for a malformed one."""
+    root = os.path.dirname(os.path.abspath(pairs_file)) if root is None else root
+    pairs = []
+    with open(pairs_file) as handle:
+        for number, line in enumerate(handle, start=1):
+            fields = line.split()
+            if not fields or fields[0].startswith("#"):
+                continue
+            if len(fields) != 3 or fields[2] not in ("0", "1"):
+                raise ValueError(f"{pairs_file}:{number}: expected 'path1 path2 1|0', got {line.strip()!r}")
+            first, second = (os.path.join(root, p) for p in fields[:2])
+            pairs.append((number, first, second, fields[2] == "1"))
+    if not pairs:
+        raise ValueError(f"{pairs_file}: no pairs")
+    return pairs
+
+
+def encode_image(path, image_size=None):
+    """(bytes for the .bin, (width, height) stored): the file itself if it is a JPEG or PNG
+    of the right size, else the (resized) image as JPEG quality 95."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    image = Image.open(io.BytesIO(data))
+    image.load()                                  # decode now: a broken file fails here
+    target = None if image_size is None else (image_size, image_size)
+    if image.format in KEPT_FORMATS and target in (None, image.size):
+        return data, image.size
+    image = image.convert("RGB")
+    if target is not None and image.size != target:
+        image = image.resize(target, Image.BILINEAR)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    return buffer.getvalue(), image.size
+
+
+def make_bin(pairs_file, out, image_size=None, root=None):
+    """Write the .bin for `pairs_file`; returns the number of pairs."""
+    if image_size is not None and image_size <= 0:
+        raise ValueError(f"--image-size must be positive, got {image_size}")
+    encoded, images, issame = {}, [], []
+    first = None                          # (path, size, line) of the first image
+    for number, *paths, same in read_pairs(pairs_file, root):
+        for path in paths:
+            if path not in encoded:
+                try:
+                    encoded[path], size = encode_image(path, image_size)
+                except OSError as err:     # missing, unreadable, or not an image
+                    raise ValueError(f"{pairs_file}:{number}: image {path}: {err}") from err
+                first = first or (path, size, number)
+                if size != first[1]:
+                    raise ValueError(
+                        f"{pairs_file}:{number}: image {path} is {size[0]}x{size[1]} but "
+                        f"{first[0]} (line {first[2]}) is {first[1][0]}x{first[1][1]}; "
+                        f"pass --image-size to resize all")
+            images.append(encoded[path])
+        issame.append(same)
+    write_bin(out, images, issame)
+    return len(issame)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m sample_fc.make_bin", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", required=True, help="pairs file: lines 'path1 path2 1|0'")
+    parser.add_argument("--out", required=True, help="the .bin to write")
+    parser.add_argument("--image-size", type=int, default=None, help="resize every image to SxS")
+    parser.add_argument("--root", default=None,
+                        help="folder relative image paths start from (default: the pairs file's)")
+    args = parser.parse_args(argv)
+    try:
+        count = make_bin(args.pairs, args.out, args.image_size, args.root)
+    except (OSError, ValueError) as err:
+        parser.exit(1, f"{parser.prog}: error: {err}\n")
+    print(f"wrote {args.out}: {count} pairs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

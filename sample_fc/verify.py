@@ -1,0 +1,76 @@
+"""Verification accuracy of a trained backbone on insightface .bin pair sets.
+
+    python -m sample_fc.verify --model models/demo_mbf --bin data/lfw.bin [--bin ...]
+
+Prints, per .bin, the line training's verification prints (10-fold accuracy +- std,
+TAR@FAR=1e-3, mean embedding norm), computed the same way: verification.Embedder +
+verification.evaluate, images loaded with bin_format.load_bin at the model's input size,
+and by default batches of the model's training batch size. --baseline adds the raw-pixel
+baseline line. Exits 1 with a message naming the path for a missing file or a bad model.
+"""
+import argparse
+import os
+import pickle
+import sys
+
+import mxnet as mx
+
+from .bin_format import load_bin
+from .model_io import add_model_arguments, batch_size_or_default, load_model
+from .verification import Embedder, evaluate, raw_pixel_embed
+
+
+def make_parser():
+    parser = argparse.ArgumentParser(prog="python -m sample_fc.verify", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser)
+    parser.add_argument("--bin", action="append", required=True, metavar="FILE",
+                        help="a verification .bin (repeatable)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also print the raw-pixel cosine baseline of each .bin")
+    return parser
+
+
+def bin_name(path):
+    """'data/lfw.bin' -> 'lfw', the name training's log uses for a target."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def verify(model, bin_paths, batch_size, ctx, baseline=False):
+    """[(name, VerificationResult)] for each .bin, plus (name + ' raw-pixel baseline', ...)
+    after it when `baseline`."""
+    embed = Embedder(model.symbol, model.arg_params, model.aux_params, ctx, model.image_size,
+                     batch_size=batch_size)
+    results = []
+    for path in bin_paths:
+        try:
+            images, issame = load_bin(path, model.image_size)
+        except (pickle.UnpicklingError, EOFError, TypeError) as err:
+            raise ValueError(f"{path}: not a verification .bin ({err})") from err
+        results.append((bin_name(path), evaluate(embed, images, issame)))
+        if baseline:
+            results.append((bin_name(path) + " raw-pixel baseline",
+                            evaluate(raw_pixel_embed, images, issame)))
+    return results
+
+
+def main(argv=None):
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        missing = [path for path in args.bin if not os.path.isfile(path)]
+        if missing:
+            raise FileNotFoundError(f"--bin {missing[0]}: no such file")
+        model = load_model(args.model, args.image_size)
+        batch_size = batch_size_or_default(args.batch_size, model)
+        print(f"model {model.prefix}-{model.epoch:04d}.params, input {model.image_size}x"
+              f"{model.image_size}, batch size {batch_size}, context {args.context}", flush=True)
+        for name, result in verify(model, args.bin, batch_size, args.context, args.baseline):
+            print(result.line(name), flush=True)
+    except (OSError, ValueError, mx.base.MXNetError) as err:
+        parser.exit(1, f"{parser.prog}: error: {err}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Tests for the command-line tools sample_fc.make_bin, .verify, .embed and model_io."""
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+from PIL import Image
+
+import symbols
+from sample_fc import embed, make_bin, model_io
+from sample_fc.bin_format import load_bin
+from sample_fc.launch import single_thread_env
+from sample_fc.verification import Embedder, evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+SIZE, DIM, STEP, TRAIN_BATCH = 32, 16, 300, 8
+
+
+def random_backbone(network, embedding_size, image_size, seed=0):
+    """(symbol, arg_params, aux_params) of a randomly initialised backbone that behaves like a
+    trained one in inference mode: He-initialised weights, hidden BatchNorms with non-trivial
+    statistics, and the final BatchNorm's statistics taken from a batch of random pixels (so
+    embeddings vary from image to image with components of order 1)."""
+    symbol = symbols.get_symbol(network, embedding_size=embedding_size, image_size=image_size)
+    module = mx.mod.Module(symbol, data_names=("data",), label_names=None)
+    module.bind(data_shapes=[("data", (8, 3, image_size, image_size))], for_training=False)
+    mx.random.seed(seed)
+    module.init_params(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
+    arg_params, aux_params = module.get_params()
+    rng = np.random.default_rng(seed)
+    for name, value in aux_params.items():
+        stats = rng.normal(0, 0.1, value.shape) if name.endswith("mean") else rng.uniform(0.5, 2, value.shape)
+        aux_params[name] = mx.nd.array(stats)
+    aux_params["embeddings_moving_mean"] = mx.nd.zeros((embedding_size,))
+    aux_params["embeddings_moving_var"] = mx.nd.ones((embedding_size,))
+    module.set_params(arg_params, aux_params)
+    pixels = rng.uniform(0, 255, (8, 3, image_size, image_size)).astype(np.float32)
+    module.forward(mx.io.DataBatch([mx.nd.array(pixels)]), is_train=False)
+    features = module.get_outputs()[0].asnumpy()
+    aux_params["embeddings_moving_mean"] = mx.nd.array(features.mean(axis=0))
+    aux_params["embeddings_moving_var"] = mx.nd.array(features.var(axis=0) + 1e-3)
+    return symbol, arg_params, aux_params
+
+
+def tiny_model(folder, seed=0):
+    """A random mbf (D=16, 32x32) saved as a training checkpoint is: folder/model-0300.params
+    and a state.json naming the training batch size."""
+    symbol, arg_params, aux_params = random_backbone("mbf", DIM, SIZE, seed)
+    os.makedirs(folder, exist_ok=True)
+    mx.model.save_checkpoint(os.path.join(folder, "model"), STEP, symbol, arg_params, aux_params)
+    with open(os.path.join(folder, "state.json"), "w") as handle:
+        json.dump({"step": STEP, "config": {"batch_size": TRAIN_BATCH, "image_size": SIZE}}, handle)
+    return symbol, arg_params, aux_params
+
+
+def face_like(rng, side, base=None):
+    """A smooth random RGB image (side x side), or a noisy copy of `base` (a 4x4x3 grid)."""
+    grid = rng.integers(0, 256, (4, 4, 3)) if base is None else base + rng.normal(0, 25, base.shape)
+    image = Image.fromarray(np.clip(grid, 0, 255).astype(np.uint8)).resize((side, side), Image.BILINEAR)
+    return image, grid
+
+
+def write_faces(folder, count, seed=0):
+    """`count` random images: even ones 32x32 PNG, odd ones 40x40 JPEG; returns file names."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    names = []
+    for i in range(count):
+        names.append(f"face{i:02d}." + ("png" if i % 2 == 0 else "jpg"))
+        face_like(rng, SIZE if i % 2 == 0 else 40)[0].save(os.path.join(folder, names[-1]))
+    return names
+
+
+def write_pairs(folder, pairs, seed=0):
+    """pairs.txt of `pairs` pairs under folder/faces, odd pairs 'same' (the second image a
+    noisy, larger copy of the first), even ones of two unrelated images."""
+    rng = np.random.default_rng(seed)
+    (folder / "faces").mkdir()
+    lines = []
+    for i in range(pairs):
+        first, grid = face_like(rng, SIZE)
+        second, _ = face_like(rng, 40, base=grid if i % 2 else None)
+        first.save(folder / "faces" / f"{i:02d}a.png")
+        second.save(folder / "faces" / f"{i:02d}b.jpg")
+        lines.append(f"faces/{i:02d}a.png faces/{i:02d}b.jpg {i % 2}")
+    (folder / "pairs.txt").write_text("# a comment\n\n" + "\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A models root with one complete checkpoint, 40 images, and a 20-pair .bin of them."""
+    root = tmp_path_factory.mktemp("tools")
+    checkpoint = root / "models" / f"step-{STEP:08d}"
+    symbol, arg_params, aux_params = tiny_model(str(checkpoint))
+    (checkpoint / "COMPLETE").write_text("{}")
+    write_pairs(root, 20)
+    bin_path = root / "pairs.bin"
+    assert make_bin.make_bin(str(root / "pairs.txt"), str(bin_path), image_size=SIZE) == 20
+    return dict(root=root, models=root / "models", checkpoint=checkpoint, bin=bin_path,
+                symbol=symbol, arg_params=arg_params, aux_params=aux_params)
+
+
+def run_tool(module, *args):
+    return subprocess.run([sys.executable, "-m", module] + [str(a) for a in args], cwd=str(REPO),
+                          capture_output=True, text=True, timeout=120, env=single_thread_env())
+
+
+def test_make_bin_round_trips_images_and_flags(workspace):
+    """Test that make_bin keeps a JPEG/PNG of the right size byte for byte, resizes the others
+    to --image-size, and stores the issame flags in order."""
+    with open(workspace["bin"], "rb") as handle:
+        encoded, flags = pickle.load(handle)
+    assert encoded[0] == (workspace["root"] / "faces" / "00a.png").read_bytes()
+    assert Image.open(io.BytesIO(encoded[1])).format == "JPEG"
+    images, issame = load_bin(str(workspace["bin"]))
+    assert images.shape == (40, SIZE, SIZE, 3)
+    assert issame.tolist() == flags == [i % 2 == 1 for i in range(20)]
+
+
+def test_make_bin_errors_name_the_line_and_path(tmp_path, capsys):
+    """Test that make_bin exits 1 naming the line and path of a missing image, a malformed
+    line, and images of different sizes without --image-size."""
+    write_faces(str(tmp_path), 2)
+    cases = {"face00.png missing.png 1\n": ["pairs.txt:1", "missing.png"],
+             "face00.png face01.jpg 1\nface00.png 2\n": ["pairs.txt:2", "face00.png 2"],
+             "face00.png face01.jpg 0\n": ["pairs.txt:1", "face01.jpg", "--image-size"]}
+    for text, wanted in cases.items():
+        (tmp_path / "pairs.txt").write_text(text)
+        with pytest.raises(SystemExit) as stop:
+            make_bin.main(["--pairs", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "x.bin")])
+        assert stop.value.code == 1
+        message = capsys.readouterr().err
+        assert all(w in message for w in wanted), message
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_model_spec_resolves_checkpoints_and_infers_image_size(workspace, tmp_path):
+    """Test that --model accepts a prefix, a prefix with epoch, a checkpoint dir and a models
+    root (newest complete checkpoint, never .partial or incomplete ones), and that the input
+    size is inferred from the params."""
+    for name in ("step-00000100", "step-00000200", "step-00000300.partial", "step-00000400"):
+        (tmp_path / name).mkdir()
+    for name in ("step-00000100", "step-00000200"):
+        (tmp_path / name / "COMPLETE").write_text("{}")
+    assert model_io.resolve_prefix(str(tmp_path)) == str(tmp_path / "step-00000200" / "model")
+    prefix = str(workspace["checkpoint"] / "model")
+    for spec in (prefix, prefix + f",{STEP}", str(workspace["checkpoint"]), str(workspace["models"])):
+        model = model_io.load_model(spec)
+        assert (model.prefix, model.epoch, model.image_size) == (prefix, STEP, SIZE)
+        assert model.config["batch_size"] == TRAIN_BATCH
+    with pytest.raises(ValueError, match="do not fit 64x64"):
+        model_io.load_model(prefix, image_size=64)
+    with pytest.raises(FileNotFoundError, match="model-0007.params"):
+        model_io.load_model(prefix + ",7")
+
+
+def test_verify_prints_what_evaluate_with_embedder_gives(workspace):
+    """Test that `python -m sample_fc.verify` prints exactly the line of verification.evaluate
+    with an Embedder of the same params and training's batch size, plus the baseline."""
+    result = run_tool("sample_fc.verify", "--model", workspace["models"], "--bin", workspace["bin"],
+                      "--baseline")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert f"batch size {TRAIN_BATCH}" in lines[0]
+    images, issame = load_bin(str(workspace["bin"]), SIZE)
+    embedder = Embedder(workspace["symbol"], workspace["arg_params"], workspace["aux_params"],
+                        mx.cpu(), SIZE, batch_size=TRAIN_BATCH)
+    assert lines[1] == evaluate(embedder, images, issame).line("pairs")
+    assert lines[2].startswith("pairs raw-pixel baseline: accuracy ")
+
+
+def test_verify_errors_name_the_bad_path(workspace, tmp_path):
+    """Test that verify exits 1 naming the path for a missing .bin and a bad model prefix."""
+    missing_bin = tmp_path / "nope.bin"
+    result = run_tool("sample_fc.verify", "--model", workspace["models"], "--bin", missing_bin)
+    assert result.returncode == 1 and str(missing_bin) in result.stderr, result.stderr
+    bad_prefix = tmp_path / "no_model"
+    result = run_tool("sample_fc.verify", "--model", bad_prefix, "--bin", workspace["bin"])
+    assert result.returncode == 1 and str(bad_prefix) in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_embed_rows_equal_normalised_embedder_outputs(workspace, tmp_path):
+    """Test that embed writes, for the images of a folder (recursive, sorted), the L2-normalised
+    Embedder outputs (flip-summed, or not with --no-flip) and their paths in row order."""
+    folder = tmp_path / "images"
+    (folder / "sub").mkdir(parents=True)
+    names = write_faces(str(folder / "sub"), 3, seed=1) + write_faces(str(folder), 2, seed=2)
+    (folder / "notes.txt").write_text("not an image")
+    embedder = Embedder(workspace["symbol"], workspace["arg_params"], workspace["aux_params"],
+                        mx.cpu(), SIZE, batch_size=2)
+    for flip in (True, False):
+        out = tmp_path / f"emb{flip}.npy"
+        embed.main(["--model", str(workspace["models"]), "--images", str(folder), "--out", str(out),
+                    "--batch-size", "2"] + ([] if flip else ["--no-flip"]))
+        paths = (tmp_path / f"emb{flip}.txt").read_text().splitlines()
+        assert paths == sorted(names[3:] + ["sub/" + n for n in names[:3]])
+        pixels = np.stack([embed.read_image(str(folder / p), SIZE) for p in paths])
+        pixels = pixels.transpose(0, 3, 1, 2).astype(np.float32)
+        want = embedder(pixels) if flip else embed.forward_unflipped(embedder, pixels)
+        want /= np.linalg.norm(want, axis=1, keepdims=True)
+        got = np.load(out)
+        assert got.shape == (5, DIM) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    flipped, plain = np.load(tmp_path / "embTrue.npy"), np.load(tmp_path / "embFalse.npy")
+    assert np.abs(flipped - plain).max() > 1e-3
+
+
+def test_embed_errors_name_the_bad_path(workspace, tmp_path, capsys):
+    """Test that embed exits 1 naming a missing folder and an undecodable image."""
+    missing = tmp_path / "missing"
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "bad.jpg").write_bytes(b"not a jpeg")
+    for folder, wanted in ((missing, str(missing)), (tmp_path / "broken", "bad.jpg")):
+        with pytest.raises(SystemExit) as stop:
+            embed.main(["--model", str(workspace["models"]), "--images", str(folder),
+                        "--out", str(tmp_path / "e.npy")])
+        assert stop.value.code == 1
+        assert wanted in capsys.readouterr().err
+
+
+def test_tools_do_not_import_horovod():
+    """Test that importing the tools loads neither Horovod nor sample_fc.dist."""
+    code = ("import sys, sample_fc.verify, sample_fc.embed, sample_fc.export, sample_fc.make_bin; "
+            "bad = [m for m in sys.modules if m.startswith(('horovod', 'sample_fc.dist'))]; "
+            "assert not bad, bad")
+    result = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True,
+                            text=True, timeout=120, env=single_thread_env())
+    assert result.returncode == 0, result.stderr[-3000:]
