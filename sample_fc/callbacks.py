@@ -24,6 +24,8 @@ class ProgressLogger:
         self._since, self._losses, self._samples, self._steps = now, [], 0, 0
 
     def __call__(self, info):
+        if info.skipped:                  # the module already warned; nothing was trained
+            return
         self._losses.append(info.loss)
         self._samples += info.global_batch
         self._steps += 1
@@ -49,7 +51,7 @@ class PeriodicCallback:
         self.period, self.action = period, action
 
     def __call__(self, info):
-        if self.period and info.step % self.period == 0:
+        if self.period and info.step % self.period == 0 and not info.skipped:
             self.action(info.step)
 
 

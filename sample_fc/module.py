@@ -27,18 +27,25 @@ class StepInfo:
     global_batch: int
     seconds: float         # wall time of this step
     module: "SampleDistributeModule"
+    skipped: bool = False  # non-finite loss or gradients on some rank: nothing was updated
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with non-finite loss or gradients."""
 
 
 class SampleDistributeModule:
     def __init__(self, symbol, margin, memory_bank, memory_optimizer, backbone_optimizer, context,
                  batch_size, data_shape=(3, 112, 112), work_load_list=None, allgather="native",
-                 logger=None):
+                 max_nonfinite_steps=5, logger=None):
         self.contexts = context if isinstance(context, (list, tuple)) else [context]
         self.margin, self.bank, self.memory_optimizer = margin, memory_bank, memory_optimizer
         self.backbone_optimizer = backbone_optimizer
         self.batch_size, self.allgather_strategy = batch_size, allgather
         self.logger = logger or logging.getLogger("sample_fc")
         self.num_update = 0
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.nonfinite_in_a_row = self.nonfinite_total = 0
         self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
                                       context=self.contexts, work_load_list=work_load_list)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))],
@@ -124,12 +131,43 @@ class SampleDistributeModule:
         self.backbone.update()
         self._pending_bank_update = None
 
+    def step_is_finite(self, loss):
+        """True when the loss and every gradient of this step are finite on every rank."""
+        _, _, _, grad_weight_rows = self._pending_bank_update
+        sums = [loss.reshape(-1), mx.nd.sum(grad_weight_rows).reshape(-1)]
+        for per_device in self.backbone._exec_group.grad_arrays:
+            sums.extend(mx.nd.sum(g).as_in_context(loss.context).reshape(-1) for g in per_device)
+        local_bad = 0.0 if np.isfinite(mx.nd.add_n(*sums).asscalar()) else 1.0
+        return dist.allreduce_max(mx.nd.array([local_bad]), "step.nonfinite").asscalar() == 0.0
+
     def step(self, data_batch):
-        """One full training step; returns the global mean loss as a float."""
+        """One full training step; returns (global mean loss, skipped).
+
+        A step whose loss or gradients are non-finite on any rank changes nothing on any
+        rank (BatchNorm statistics included); after max_nonfinite_steps such steps in a
+        row NonFiniteError is raised.
+        """
+        aux_before = [[a.copy() for a in per_device] for per_device in self.backbone._exec_group.aux_arrays]
         self.forward(data_batch)
         loss = self.backward_all()
-        self.update()
-        return float(loss.asscalar())
+        if self.step_is_finite(loss):
+            self.update()
+            self.nonfinite_in_a_row = 0
+            return float(loss.asscalar()), False
+        for saved, live in zip(aux_before, self.backbone._exec_group.aux_arrays):
+            for source, target in zip(saved, live):
+                source.copyto(target)
+        self._pending_bank_update = None
+        self.nonfinite_in_a_row += 1
+        self.nonfinite_total += 1
+        self.logger.warning("non-finite loss or gradients after update %d: step skipped "
+                            "(%d in a row, %d in total)", self.num_update, self.nonfinite_in_a_row,
+                            self.nonfinite_total)
+        if self.nonfinite_in_a_row >= self.max_nonfinite_steps:
+            raise NonFiniteError(f"{self.nonfinite_in_a_row} consecutive steps with non-finite loss or "
+                                 f"gradients (max_nonfinite_steps={self.max_nonfinite_steps}); stopping "
+                                 f"at update {self.num_update}, the last checkpoint is intact")
+        return float(loss.asscalar()), True
 
     # ---- loop -------------------------------------------------------------------------
     def fit(self, train_iter, max_update, batch_end_callbacks=()):
@@ -145,9 +183,9 @@ class SampleDistributeModule:
                 train_iter.reset()
                 continue
             start = time.perf_counter()
-            loss = self.step(batch)
+            loss, skipped = self.step(batch)
             info = StepInfo(self.num_update, loss, self.memory_optimizer.lr_schedule(self.num_update),
-                            global_batch, time.perf_counter() - start, self)
+                            global_batch, time.perf_counter() - start, self, skipped)
             for callback in batch_end_callbacks:
                 callback(info)
         return self

@@ -67,3 +67,29 @@ def test_allgather_strategies_agree(horovod_job, tmp_path):
     np.testing.assert_array_equal(native["losses"], padded["losses"])
     np.testing.assert_array_equal(native["bank_weight"], padded["bank_weight"])
     np.testing.assert_array_equal(native["fc_embed_weight"], padded["fc_embed_weight"])
+
+
+def test_nan_on_one_rank_skips_the_step_on_every_rank(horovod_job, tmp_path):
+    """Test that a NaN in one rank's features makes every rank skip that step: the result
+    equals the NumPy reference trained on the other steps only."""
+    run = _two_workers(horovod_job, tmp_path / "nan", steps=3, nan_step=1, nan_rank=1)
+    assert np.isnan(run["losses"][1]) and np.isfinite(run["losses"][[0, 2]]).all()
+    weight, data, labels, centers = case.inputs(8, 11, 6, 3)
+    kept = [0, 2]
+    losses, backbone, bias, bank_w, bank_m = ref.partial_fc_run(
+        data[kept], labels[kept], weight, centers, [run["sampled"][t] for t in kept],
+        case.lr_of_step(LR), case.MARGINS)
+    ref.assert_close(run["losses"][kept], losses, RTOL)
+    ref.assert_close(run["fc_embed_weight"], backbone, RTOL)
+    ref.assert_close(run["fc_embed_bias"], bias, RTOL)
+    ref.assert_close(run["bank_weight"], bank_w, RTOL)
+    ref.assert_close(run["bank_momentum"], bank_m, RTOL)
+
+
+def test_consecutive_nonfinite_steps_stop_every_rank(horovod_job, tmp_path):
+    """Test that reaching max_nonfinite_steps ends the job non-zero with a clear message."""
+    result = horovod_job("partial_fc_steps.py", *_args(tmp_path / "stop", steps=2, nan_step=0,
+                                                         nan_rank=0, max_nonfinite=1))
+    assert result.returncode != 0
+    assert "1 consecutive steps with non-finite loss or gradients" in result.output
+    assert "STEPS_OK" not in result.stdout

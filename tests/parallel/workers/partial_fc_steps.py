@@ -28,6 +28,9 @@ parser.add_argument("--steps", type=int, default=1)
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--allgather", default="native")
 parser.add_argument("--contexts", type=int, default=1)
+parser.add_argument("--nan-step", type=int, default=-1, help="put a NaN into this step's data ...")
+parser.add_argument("--nan-rank", type=int, default=0, help="... of this rank")
+parser.add_argument("--max-nonfinite", type=int, default=5)
 args = parser.parse_args()
 
 dist.init()
@@ -49,7 +52,7 @@ contexts = [mx.cpu(i) for i in range(args.contexts)]
 module = SampleDistributeModule(embeddings, CombinedMargin(1.0, 0.5, 0.0, 8.0), bank,
                                 MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-4),
                                 backbone_opt, contexts, batch_size=b, data_shape=data_shape,
-                                allgather=args.allgather)
+                                allgather=args.allgather, max_nonfinite_steps=args.max_nonfinite)
 module.init_params(arg_params={"fc_embed_weight": mx.nd.array(init_weight),
                                "fc_embed_bias": mx.nd.zeros(args.embedding)}, aux_params={})
 module.broadcast_parameters()
@@ -67,9 +70,13 @@ def recording_sample(all_labels):
 bank.sample = recording_sample
 for step in range(args.steps):
     rows = slice(rank * b, (rank + 1) * b)
-    batch = mx.io.DataBatch(data=[mx.nd.array(data[step, rows])],
+    rank_data = data[step, rows].copy()
+    if step == args.nan_step and rank == args.nan_rank:
+        rank_data[0, 0, 0, 0] = np.nan
+    batch = mx.io.DataBatch(data=[mx.nd.array(rank_data)],
                             label=[mx.nd.array(labels[step, rows], dtype="int64")])
-    losses.append(module.step(batch))
+    loss, skipped = module.step(batch)
+    losses.append(np.nan if skipped else loss)
 
 np.savez(f"{args.out}.rank{rank}.npz", losses=np.array(losses), class_start=bank.class_start,
          bank_weight=bank.weight.asnumpy(), bank_momentum=bank.momentum.asnumpy(),
