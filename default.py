@@ -76,7 +76,7 @@ def _base_config():
     cfg.ckpt_keep = 3                    # keep the N most recent checkpoints, delete older ones
     cfg.tensorboard = False              # write tensorboardX event files to the output dir
     cfg.max_nonfinite_steps = 5          # stop with an error after N consecutive steps with NaN/Inf loss
-    cfg.collective_timeout_s = 60        # seconds a rank waits for a collective before failing
+    cfg.collective_timeout_s = 60        # stall limit: ranks waiting this long in a collective others miss end the job
     return cfg
 
 

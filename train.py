@@ -23,7 +23,7 @@ from sample_fc.data import FaceRecordIter, SyntheticIter
 from sample_fc.margin import CombinedMargin
 from sample_fc.memory_bank import MemoryBank
 from sample_fc.module import SampleDistributeModule
-from sample_fc.verification import Embedder, evaluate, raw_pixel_embed
+from sample_fc.verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 
 def make_parser():
@@ -104,7 +104,7 @@ def main(argv=None):
         cfg = build_config(args)
     except ValueError as error:
         parser.error(str(error))          # exits 2 with the message, on every rank
-    dist.init()
+    dist.init(stall_shutdown_s=cfg.collective_timeout_s)
     rank, world = dist.rank(), dist.size()
     models_root = args.models_root or os.path.join("models", f"{cfg.dataset}_{cfg.network}")
     os.makedirs(models_root, exist_ok=True)
@@ -151,17 +151,16 @@ def main(argv=None):
             keep=cfg.ckpt_keep)
         logger.info("step %d: checkpoint saved", step)
 
-    def evaluate_backbone(images, issame):
+    def embed_images(images):
         arg_params, aux_params = module.get_export_params()
         embed = Embedder(symbol, arg_params, aux_params, ctx, cfg.image_size, batch_size=cfg.batch_size)
-        return evaluate(embed, images, issame)
+        return embed(to_nchw(images))
 
     writer = None
     if cfg.tensorboard and rank == 0:
         from tensorboardX import SummaryWriter
         writer = SummaryWriter(os.path.join(models_root, "tensorboard"))
-    verify = VerificationRunner(load_targets(cfg, logger) if rank == 0 else {}, evaluate_backbone,
-                                logger, models_root, writer)
+    verify = VerificationRunner(load_targets(cfg, logger), embed_images, logger, models_root, writer)
     callbacks = [PeriodicCallback(cfg.ckpt_period, save), PeriodicCallback(cfg.verbose, verify)]
     if rank == 0:
         callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer))
@@ -171,7 +170,7 @@ def main(argv=None):
         save(module.num_update)
     if not cfg.verbose or module.num_update % cfg.verbose:
         verify(module.num_update)
-    for name, (images, issame) in verify.targets.items():
+    for name, (images, issame) in (verify.targets.items() if rank == 0 else ()):
         baseline = evaluate(raw_pixel_embed, images, issame)
         logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
                     name, verify.last[name].accuracy, baseline.accuracy)

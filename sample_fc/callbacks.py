@@ -7,7 +7,11 @@ import json
 import os
 import time
 
+import mxnet as mx
+import numpy as np
+
 from . import dist
+from .verification import score
 
 
 class ProgressLogger:
@@ -56,33 +60,44 @@ class PeriodicCallback:
 
 
 class VerificationRunner:
-    """Evaluate pair sets on rank 0 while the other ranks wait at a named barrier.
+    """Verification on pair sets, split across all ranks (no rank idles at a barrier).
 
-    targets: {name: (images uint8 (2P, H, W, 3), issame)}; evaluate_fn(images, issame) ->
-    VerificationResult, run on rank 0 only. Keeps the best mean accuracy and writes it,
-    with its step, to `<models_root>/best.json`.
+    targets: {name: (images uint8 (2P, H, W, 3), issame)}, the same on every rank;
+    embed_fn(images uint8) -> embeddings (n, D) NumPy. Rank r embeds images r, r+W, ...;
+    the embeddings are allgathered (named "verification.<name>.<step>") and every rank
+    scores the whole set. Rank 0 logs, and keeps the best mean accuracy with its step in
+    `<models_root>/best.json`.
     """
 
-    def __init__(self, targets, evaluate_fn, logger, models_root=None, writer=None):
-        self.targets, self.evaluate_fn, self.logger = targets, evaluate_fn, logger
+    def __init__(self, targets, embed_fn, logger, models_root=None, writer=None):
+        self.targets, self.embed_fn, self.logger = targets, embed_fn, logger
         self.models_root, self.writer = models_root, writer
         self.best_accuracy, self.best_step, self.last = -1.0, None, {}
 
+    def _embed_all(self, name, images, step):
+        rank, world = dist.rank(), dist.size()
+        mine = self.embed_fn(images[rank::world]).astype(np.float32)
+        gathered = dist.allgather(mx.nd.array(mine), f"verification.{name}.{step}").asnumpy()
+        order = np.concatenate([np.arange(r, len(images), world) for r in range(world)])
+        embeddings = np.empty_like(gathered)
+        embeddings[order] = gathered
+        return embeddings
+
     def __call__(self, step):
-        if dist.rank() == 0 and self.targets:
-            self.last = {name: self.evaluate_fn(images, issame)
-                         for name, (images, issame) in self.targets.items()}
-            for name, result in self.last.items():
-                self.logger.info("step %d  %s", step, result.line(name))
-                if self.writer is not None:
-                    self.writer.add_scalar(f"verification/{name}", result.accuracy, step)
-            mean = sum(r.accuracy for r in self.last.values()) / len(self.last)
-            if mean > self.best_accuracy:
-                self.best_accuracy, self.best_step = mean, step
-                if self.models_root:
-                    with open(os.path.join(self.models_root, "best.json"), "w") as handle:
-                        json.dump({"step": step, "mean_accuracy": mean,
-                                   "accuracy": {n: r.accuracy for n, r in self.last.items()}},
-                                  handle, indent=2)
-        dist.barrier(f"verification.{step}")
+        self.last = {name: score(self._embed_all(name, images, step), issame)
+                     for name, (images, issame) in self.targets.items()}
+        if dist.rank() != 0 or not self.last:
+            return self.last
+        for name, result in self.last.items():
+            self.logger.info("step %d  %s", step, result.line(name))
+            if self.writer is not None:
+                self.writer.add_scalar(f"verification/{name}", result.accuracy, step)
+        mean = sum(r.accuracy for r in self.last.values()) / len(self.last)
+        if mean > self.best_accuracy:
+            self.best_accuracy, self.best_step = mean, step
+            if self.models_root:
+                with open(os.path.join(self.models_root, "best.json"), "w") as handle:
+                    json.dump({"step": step, "mean_accuracy": mean,
+                               "accuracy": {n: r.accuracy for n, r in self.last.items()}},
+                              handle, indent=2)
         return self.last

@@ -10,7 +10,8 @@ Layout of one checkpoint, `<models_root>/step-00000300/`:
 Every rank writes into `step-XXXXXXXX.partial`; after a barrier rank 0 writes COMPLETE and
 renames the directory, so a kill at any point leaves either the finished checkpoint or a
 `.partial` directory that resume ignores. For multi-node jobs `models_root` must be on a
-filesystem every node sees.
+filesystem every node sees. Finding and reading checkpoints needs no Horovod (the tools
+use this module without it); saving and restoring import sample_fc.dist when called.
 """
 import json
 import os
@@ -18,8 +19,6 @@ import re
 import shutil
 
 import mxnet as mx
-
-from . import dist
 
 PATTERN = re.compile(r"^step-(\d{8})$")
 MODEL_PREFIX = "model"
@@ -35,7 +34,7 @@ def model_prefix(checkpoint):
 
 
 def list_checkpoints(models_root):
-    """[(step, path)] of complete checkpoints, oldest first."""
+    """[(step, path)] of complete checkpoints (with a COMPLETE file), oldest first."""
     if not os.path.isdir(models_root):
         return []
     found = []
@@ -75,6 +74,7 @@ def save_checkpoint(models_root, step, module, symbol, train_state, rank_state, 
     rank_state: JSON-able dict of this rank (sampler RNG, data position).
     keep: number of complete checkpoints to keep (older ones are deleted).
     """
+    from . import dist
     rank = dist.rank()
     final = checkpoint_path(models_root, step)
     partial = final + ".partial"
@@ -139,6 +139,7 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     Different world size: the bank is re-split from all old shards and the data position
     is carried over approximately (the same epoch, the same fraction of it).
     """
+    from . import dist
     state = read_state(checkpoint)
     for key, want in (("num_classes", num_classes), ("embedding_size", embedding_size)):
         if state[key] != want:

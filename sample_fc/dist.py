@@ -5,6 +5,8 @@ collective calls in the same order with the same `name`; shapes and dtypes that 
 match across ranks are stated per function. A rank that skips a call hangs the others
 until Horovod's stall check or the job's timeout ends the run.
 """
+import os
+
 # Pillow's JPEG decoder must be loaded before horovod.mxnet: Horovod loads its library
 # with RTLD_GLOBAL, and the libjpeg symbols of libmxnet.so it drags in would otherwise
 # bind to Pillow's decoder and break it ("broken data stream when reading image file").
@@ -15,8 +17,16 @@ import mxnet as mx
 ALLGATHER_STRATEGIES = ("native", "allreduce")
 
 
-def init():
-    """Initialise Horovod (idempotent). Call once per process before anything below."""
+def init(stall_shutdown_s=None):
+    """Initialise Horovod (idempotent). Call once per process before anything below.
+
+    stall_shutdown_s: when some ranks have waited this long in a collective that others
+    have not joined, Horovod shuts the job down (its stall inspector) instead of hanging.
+    Values given to horovodrun (--stall-check-*) or in the environment take precedence.
+    """
+    if stall_shutdown_s:
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(stall_shutdown_s) // 2)))
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall_shutdown_s)))
     if not hvd.is_initialized():
         hvd.init()
 

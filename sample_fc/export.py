@@ -105,9 +105,12 @@ def export_onnx(symbol, arg_params, aux_params, image_size, batch_size, path):
             f"{op} (nodes {', '.join(names[:5])})" for op, names in sorted(missing.items())))
     params = fixed_gamma_params(symbol, arg_params)
     params.update(aux_params)
-    with _raw_initializers():
-        export_model(symbol, params, in_shapes=[(batch_size, 3, image_size, image_size)],
-                     in_types=[np.float32], onnx_file_path=path)
+    try:
+        with _raw_initializers():
+            export_model(symbol, params, in_shapes=[(batch_size, 3, image_size, image_size)],
+                         in_types=[np.float32], onnx_file_path=path)
+    except NotImplementedError as err:      # a supported op with unsupported attributes
+        raise ValueError(f"mxnet.onnx cannot convert this symbol: {err}") from err
     model = onnx.load(path)
     initializers = {tensor.name for tensor in model.graph.initializer}
     inputs = [value for value in model.graph.input if value.name not in initializers]
@@ -130,7 +133,8 @@ def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, batch_s
     module.bind(data_shapes=[("data", shape)], for_training=False)
     module.set_params(arg_params, aux_params, allow_missing=False)
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = int(os.environ.get("OMP_NUM_THREADS", "0"))   # 0: ORT's default
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    options.intra_op_num_threads = int(threads) if threads.isdigit() else 0   # 0: ORT's default
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     max_abs = reference_max = 0.0
     for _ in range(batches):

@@ -4,12 +4,12 @@
 PREFIX-symbol.json and PREFIX-EPOCH.params (EPOCH printed with at least 4 digits). PREFIX
 may also be a directory:
     a checkpoint dir `step-XXXXXXXX/`     its `model` prefix (sample_fc.checkpoint layout)
-    a models root                          its newest complete checkpoint (one with COMPLETE)
+    a models root                          its newest complete checkpoint (one with COMPLETE),
+                                           or with EPOCH the complete step-<EPOCH>/
 Without EPOCH the largest one found for the prefix is used.
 
-Nothing here imports Horovod: sample_fc.checkpoint does (through dist), so the few lines
-that find checkpoints are repeated here (same layout: step-XXXXXXXX/ with COMPLETE and the
-`model` prefix; `.partial` directories are never used).
+Checkpoints are found with sample_fc.checkpoint (which needs no Horovod for that);
+`.partial` directories are never used.
 """
 import argparse
 import json
@@ -20,8 +20,7 @@ from typing import Optional
 
 import mxnet as mx
 
-CHECKPOINT_DIR = re.compile(r"^step-(\d{8})$")     # as sample_fc.checkpoint.PATTERN
-CHECKPOINT_PREFIX = "model"                          # as sample_fc.checkpoint.MODEL_PREFIX
+from .checkpoint import MODEL_PREFIX, list_checkpoints, model_prefix
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
 
 
@@ -85,33 +84,28 @@ def parse_model_spec(spec):
     return spec, None
 
 
-def latest_complete_checkpoint(models_root):
-    """Newest step-XXXXXXXX/ under models_root that has a COMPLETE file, or None."""
-    found = []
-    for name in os.listdir(models_root):
-        match = CHECKPOINT_DIR.match(name)
-        path = os.path.join(models_root, name)
-        if match and os.path.isfile(os.path.join(path, "COMPLETE")):
-            found.append((int(match.group(1)), path))
-    return max(found)[1] if found else None
-
-
-def resolve_prefix(path):
-    """A load_checkpoint prefix from a prefix, a checkpoint dir or a models root."""
+def resolve_prefix(path, epoch=None):
+    """A load_checkpoint prefix from a prefix, a checkpoint dir or a models root (there the
+    checkpoint of step `epoch`, or the newest)."""
     if os.path.isfile(path + "-symbol.json"):
         return path
     if not os.path.isdir(path):
         raise FileNotFoundError(f"--model {path}: neither {path}-symbol.json nor a directory exists")
     if path.rstrip(os.sep).endswith(".partial"):
         raise ValueError(f"--model {path}: an incomplete checkpoint (.partial); use a complete one")
-    inside = os.path.join(path, CHECKPOINT_PREFIX)
+    inside = model_prefix(path)
     if os.path.isfile(inside + "-symbol.json"):
         return inside
-    latest = latest_complete_checkpoint(path)
-    if latest is None:
-        raise FileNotFoundError(f"--model {path}: no {CHECKPOINT_PREFIX}-symbol.json there and no "
+    checkpoints = dict(list_checkpoints(path))
+    if not checkpoints:
+        raise FileNotFoundError(f"--model {path}: no {MODEL_PREFIX}-symbol.json there and no "
                                 f"complete checkpoint (step-XXXXXXXX/ with a COMPLETE file) under it")
-    return os.path.join(latest, CHECKPOINT_PREFIX)
+    if epoch is None:
+        return model_prefix(checkpoints[max(checkpoints)])
+    if epoch not in checkpoints:
+        raise FileNotFoundError(f"--model {path},{epoch}: no complete checkpoint step-{epoch:08d}/ "
+                                f"there (complete: {', '.join(map(str, sorted(checkpoints)))})")
+    return model_prefix(checkpoints[epoch])
 
 
 def available_epochs(prefix):
@@ -164,7 +158,7 @@ def infer_image_size(symbol, arg_params, aux_params):
 def load_model(spec, image_size=None):
     """LoadedModel from a --model spec; errors (FileNotFoundError, ValueError) name the path."""
     path, epoch = parse_model_spec(spec)
-    prefix = resolve_prefix(path)
+    prefix = resolve_prefix(path, epoch)
     if epoch is None:
         epochs = available_epochs(prefix)
         if not epochs:

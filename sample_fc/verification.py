@@ -96,7 +96,11 @@ class Embedder:
 
 def evaluate(embed, images_uint8, issame, far=1e-3):
     """VerificationResult of `embed` (images -> embeddings) on a pair set."""
-    embeddings = embed(to_nchw(images_uint8))
+    return score(embed(to_nchw(images_uint8)), issame, far)
+
+
+def score(embeddings, issame, far=1e-3):
+    """VerificationResult of the (un-normalised) embeddings of a pair set's images."""
     distances = pair_distances(embeddings)
     accuracy, std = kfold_accuracy(distances, issame)
     return VerificationResult(accuracy, std, tar_at_far(distances, issame, far), far,

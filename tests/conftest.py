@@ -51,3 +51,31 @@ def single_process():
         assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
         return result
     return run
+
+
+TINY_TRAIN = ["--dataset", "demo", "--network", "mbf", "--set", "num_classes=16",
+              "--set", "image_size=32", "--set", "embedding_size=32", "--set", "batch_size=8",
+              "--set", "verbose=0", "--set", "frequent=4", "--set", "lr=2.0",
+              "--set", "lr_steps=[1000]", "--set", "data_threads=1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """A tiny demo set (16 identities x 8 images, 32 px): path of its train.rec."""
+    from sample_fc.demo_data import make_demo
+    folder = tmp_path_factory.mktemp("tiny_demo")
+    make_demo(str(folder), seed=1, num_identities=16, images_per_identity=8, num_val_identities=10,
+              num_pairs=40, image_size=32, progress=False)
+    return str(folder / "train.rec")
+
+
+def run_train(models_root, rec, *extra, num_proc=2, timeout_s=300, script=None, script_args=()):
+    """train.py (or a wrapper `script` from tests/parallel/workers) on the tiny settings,
+    under horovodrun, bounded in time; a hang fails the test."""
+    from sample_fc.launch import run_job
+    entry = [str(WORKERS / script), *map(str, script_args), "--"] if script else [str(REPO / "train.py")]
+    argv = [sys.executable, *entry, "--models-root", str(models_root), "--set", f"rec={rec}",
+            *TINY_TRAIN, *map(str, extra)]
+    result = run_job(argv, num_proc=num_proc, timeout_s=timeout_s, cwd=str(REPO))
+    assert not result.timed_out, f"train.py hung and was killed after {timeout_s}s:\n{result.output[-3000:]}"
+    return result

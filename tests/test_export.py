@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import mxnet as mx
-import numpy as np
 import onnx
 import pytest
 

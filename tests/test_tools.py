@@ -149,8 +149,12 @@ def test_model_spec_resolves_checkpoints_and_infers_image_size(workspace, tmp_pa
     for name in ("step-00000100", "step-00000200"):
         (tmp_path / name / "COMPLETE").write_text("{}")
     assert model_io.resolve_prefix(str(tmp_path)) == str(tmp_path / "step-00000200" / "model")
+    assert model_io.resolve_prefix(str(tmp_path), 100) == str(tmp_path / "step-00000100" / "model")
+    with pytest.raises(FileNotFoundError, match="step-00000300/"):
+        model_io.resolve_prefix(str(tmp_path), 300)
     prefix = str(workspace["checkpoint"] / "model")
-    for spec in (prefix, prefix + f",{STEP}", str(workspace["checkpoint"]), str(workspace["models"])):
+    for spec in (prefix, prefix + f",{STEP}", str(workspace["checkpoint"]), str(workspace["models"]),
+                 str(workspace["models"]) + f",{STEP}"):
         model = model_io.load_model(spec)
         assert (model.prefix, model.epoch, model.image_size) == (prefix, STEP, SIZE)
         assert model.config["batch_size"] == TRAIN_BATCH

@@ -7,33 +7,14 @@ import sys
 
 import mxnet as mx
 import numpy as np
-import pytest
 
-from conftest import REPO
+from conftest import REPO, run_train
 from sample_fc.checkpoint import list_checkpoints, model_prefix
-from sample_fc.demo_data import make_demo
-from sample_fc.launch import run_job, single_thread_env
+from sample_fc.launch import single_thread_env
 from sample_fc.memory_bank import read_shard
 
-TINY = ["--set", "image_size=32", "--set", "embedding_size=32", "--set", "batch_size=8",
-        "--set", "verbose=0", "--set", "frequent=4", "--set", "lr=2.0", "--set", "lr_steps=[1000]",
-        "--set", "data_threads=1"]
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_demo")
-    make_demo(str(folder), seed=1, num_identities=16, images_per_identity=8, num_val_identities=10,
-              num_pairs=40, image_size=32, progress=False)
-    return str(folder / "train.rec")
-
-
 def train(models_root, rec, *extra, num_proc=2, timeout_s=300):
-    argv = [sys.executable, str(REPO / "train.py"), "--dataset", "demo", "--network", "mbf",
-            "--models-root", str(models_root), "--set", f"rec={rec}", "--set", "num_classes=16"] + TINY
-    argv += [str(a) for a in extra]
-    result = run_job(argv, num_proc=num_proc, timeout_s=timeout_s, cwd=str(REPO))
-    assert not result.timed_out, f"train.py hung:\n{result.output[-3000:]}"
+    result = run_train(models_root, rec, *extra, num_proc=num_proc, timeout_s=timeout_s)
     assert result.returncode == 0, result.output[-5000:]
     return result
 

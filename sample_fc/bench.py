@@ -1,0 +1,288 @@
+"""Benchmark of sample_fc on this machine: head step vs its NumPy bound, sampler, data, end to end.
+
+    python -m sample_fc.bench [--quick] [--json OUT] [--markdown OUT] [--parts head,sampler,data,e2e]
+
+Every measurement runs in a process of its own, bounded in time (world size 2 through
+sample_fc.launch.run_job = horovodrun); a case that fails, hangs or would not fit in memory
+is reported with an `error` or `skipped` field and the report goes on. `--quick` runs tiny
+shapes in about a minute; the full run is what BENCHMARKS.md describes. The workers are
+this module too: `python -m sample_fc.bench --worker {head,sampler,data} ...` (internal).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import bench_report
+from .launch import JobResult, run_job, single_thread_env
+from .sampler import num_sample_for, shard_range
+
+REPO = str(Path(__file__).resolve().parents[1])   # train.py and optimizer.py live here
+PARTS = ("head", "sampler", "data", "e2e")
+BASELINE_MB = 400        # RSS of a worker after importing mxnet + horovod (measured ~300-350)
+STEP_PEAK_FACTOR = 2.5   # measured peak of a step's buffers / head_memory_mb's buffers (+ margin)
+MEMORY_HEADROOM = 0.9    # run a case only if it needs at most this share of MemAvailable
+
+
+@dataclass(frozen=True)
+class Plan:
+    classes: tuple
+    ratios: tuple
+    worlds: tuple
+    warmup: int                 # head steps before timing (the first builds oneDNN primitives)
+    min_steps: int
+    max_steps: int
+    budget_s: float             # per case: timed steps stop after about this much time ...
+    bound_repeats: int          # ... at least min_steps of them
+    head_timeout_s: int
+    sampler_repeats: int
+    demo: dict                  # make_demo options (image size added per size)
+    data_sizes: tuple
+    data_batch: int
+    data_batches: int
+    e2e: tuple                  # (network, image_size, batch_per_rank, steps, frequent)
+    e2e_classes: int
+    e2e_timeout_s: int
+    batch_per_rank: int = 128
+    embedding_size: int = 512
+    sampler_local: int = 1_250_000
+    sampler_positives: int = 512
+    sampler_ratio: float = 0.1
+    data_threads: int = 2       # = default.py's data_threads
+
+
+QUICK = Plan(classes=(20_000,), ratios=(0.1,), worlds=(1, 2), warmup=2, min_steps=3, max_steps=5,
+             budget_s=2.0, bound_repeats=3, head_timeout_s=120, sampler_repeats=10,
+             demo={"num_identities": 16, "images_per_identity": 16, "num_val_identities": 4,
+                   "num_pairs": 20},
+             data_sizes=(32, 112), data_batch=32, data_batches=8,
+             e2e=(("mbf", 32, 8, 6, 2),), e2e_classes=1000, e2e_timeout_s=150)
+FULL = Plan(classes=(100_000, 1_000_000, 4_000_000), ratios=(1.0, 0.1), worlds=(1, 2), warmup=2,
+            min_steps=3, max_steps=20, budget_s=40.0, bound_repeats=5, head_timeout_s=1800,
+            sampler_repeats=50, demo={}, data_sizes=(32, 112), data_batch=128, data_batches=40,
+            e2e=(("mbf", 112, 64, 8, 2), ("r50", 112, 16, 8, 2)), e2e_classes=100_000,
+            e2e_timeout_s=1800)
+HEADLINE_DATA_SIZE = 112       # the size of real training data (and of the full e2e runs)
+
+
+# ---- running a measurement in a bounded process --------------------------------------------
+def worker_env(world):
+    """Each rank gets cores // world BLAS/OpenMP threads (the whole machine at world 1)."""
+    threads = str(max(1, (os.cpu_count() or 1) // world))
+    env = single_thread_env({"OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
+                             "MKL_NUM_THREADS": threads})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_bounded(argv, num_proc, timeout_s, env):
+    """Run argv on num_proc local workers (horovodrun when > 1); kill it after timeout_s."""
+    if num_proc > 1:
+        return run_job(argv, num_proc=num_proc, timeout_s=timeout_s, env=env, cwd=REPO)
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=REPO, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    return JobResult(proc.returncode, stdout, stderr, timed_out, time.monotonic() - start)
+
+
+def run_worker(kind, options, world, timeout_s, folder):
+    """Run `--worker kind` on `world` ranks; (list of per-rank records, None) or (None, error)."""
+    prefix = os.path.join(folder, f"{kind}-{len(os.listdir(folder))}")
+    argv = [sys.executable, "-m", "sample_fc.bench", "--worker", kind, "--out", prefix]
+    for key, value in options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    result = run_bounded(argv, world, timeout_s, worker_env(world))
+    if result.timed_out:
+        return None, f"timed out after {timeout_s} s: {result.output[-1500:]}"
+    paths = [f"{prefix}.rank{r}.json" for r in range(world)]
+    if result.returncode != 0 or not all(os.path.exists(p) for p in paths):
+        return None, f"exit code {result.returncode}: {result.output[-1500:]}"
+    records = []
+    for path in paths:
+        with open(path) as handle:
+            records.append(json.load(handle))
+    return records, None
+
+
+# ---- the parts of the report ---------------------------------------------------------------
+def head_record(plan, classes, ratio, world, folder):
+    record = {"classes": classes, "ratio": ratio, "world": world}
+    global_batch = plan.batch_per_rank * world
+    per_rank = [head_memory_mb(plan, classes, ratio, world, r) for r in range(world)]
+    need_mb = sum(BASELINE_MB + bank + STEP_PEAK_FACTOR * buffers for bank, buffers, _ in per_rank)
+    available_mb = bench_report.meminfo_kb()["MemAvailable"] * 1024 / 1e6
+    if need_mb > MEMORY_HEADROOM * available_mb:
+        record["skipped"] = (f"needs about {need_mb / 1e3:.1f} GB (bank + step buffers, all ranks), "
+                             f"MemAvailable is {available_mb / 1e3:.1f} GB")
+        return record
+    options = {"classes": classes, "ratio": ratio, "batch": plan.batch_per_rank,
+               "dim": plan.embedding_size, "warmup": plan.warmup, "min_steps": plan.min_steps,
+               "max_steps": plan.max_steps, "budget_s": plan.budget_s, "repeats": plan.bound_repeats}
+    start = time.monotonic()
+    ranks, error = run_worker("head", options, world, plan.head_timeout_s, folder)
+    record["seconds"] = round(time.monotonic() - start, 1)
+    if error:
+        record["error"] = error
+        return record
+    first = ranks[0]
+    bound_ms = sum(first["bound"].values())
+    ratios = [r["peak_rss_mb"] / (r["baseline_rss_mb"] + bank + buffers)
+              for r, (bank, buffers, _) in zip(ranks, per_rank)]
+    record.update({
+        "ms_per_step": first["ms_per_step"], "samples_per_s": global_batch / first["ms_per_step"] * 1e3,
+        "bound_ms": bound_ms, "ratio_to_bound": first["ms_per_step"] / bound_ms,
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in ranks),
+        "peak_rss_mb_per_rank": [r["peak_rss_mb"] for r in ranks],
+        "stages": first["stages"], "stage_sum_ms": sum(first["stages"].values()),
+        "bound": first["bound"], "num_sampled": first["num_sampled"], "steps": first["steps"],
+        "threads_per_rank": int(worker_env(world)["OMP_NUM_THREADS"]),
+        "bank_mb": per_rank[0][0], "buffers_mb": per_rank[0][1],
+        "baseline_rss_mb": first["baseline_rss_mb"], "rss_ratio": max(ratios),
+        "bank_init_s": first["bank_init_s"]})
+    return record
+
+
+def head_memory_mb(plan, classes, ratio, world, rank):
+    """(bank MB, buffers MB, K) of one rank of a head case."""
+    _, num_local = shard_range(classes, rank, world)
+    num_sampled = num_sample_for(num_local, ratio)
+    bank, buffers = bench_report.head_memory_mb(num_local, num_sampled, plan.batch_per_rank * world,
+                                                plan.embedding_size)
+    return bank, buffers, num_sampled
+
+
+def sampler_record(plan, folder):
+    options = {"classes": plan.sampler_local, "positives": plan.sampler_positives,
+               "ratio": plan.sampler_ratio, "repeats": plan.sampler_repeats}
+    ranks, error = run_worker("sampler", options, 1, 120, folder)
+    return {"error": error} if error else ranks[0]["sampler_ms"]
+
+
+def data_record(plan, folder, world=2):
+    by_size = {}
+    for size in plan.data_sizes:
+        demo = os.path.join(folder, f"demo{size}")
+        argv = [sys.executable, "-m", "sample_fc.demo_data", "--out", demo, "--image-size", str(size)]
+        for key, value in plan.demo.items():
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+        made = run_bounded(argv, 1, 600, worker_env(1))
+        if made.returncode != 0:
+            by_size[str(size)] = f"make_demo failed: {made.output[-800:]}"
+            continue
+        options = {"rec": os.path.join(demo, "train.rec"), "image_size": size, "batch": plan.data_batch,
+                   "batches": plan.data_batches, "threads": plan.data_threads}
+        ranks, error = run_worker("data", options, world, 300, folder)
+        by_size[str(size)] = error or sum(r["images_per_s"] for r in ranks) / len(ranks)
+    headline = by_size.get(str(HEADLINE_DATA_SIZE))
+    return {"headline_size": HEADLINE_DATA_SIZE,
+            "headline": headline if isinstance(headline, float) else None,
+            "by_size": by_size, "world": world, "batch_size": plan.data_batch,
+            "threads_per_rank": plan.data_threads}
+
+
+def e2e_records(plan, world=2):
+    from .bench_pipeline import e2e_case
+    return [e2e_case(REPO, run_job, worker_env(world), network, size, batch, plan.e2e_classes,
+                     steps, frequent, world, plan.e2e_timeout_s)
+            for network, size, batch, steps, frequent in plan.e2e]
+
+
+# ---- command lines -------------------------------------------------------------------------
+def worker_main(argv):
+    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench --worker")
+    parser.add_argument("--worker", required=True, choices=("head", "sampler", "data"))
+    parser.add_argument("--out", required=True, help="result prefix: OUT.rank<r>.json")
+    for name in ("classes", "batch", "dim", "warmup", "min-steps", "max-steps", "repeats",
+                 "positives", "image-size", "batches", "threads"):
+        parser.add_argument(f"--{name}", type=int)
+    parser.add_argument("--ratio", type=float)
+    parser.add_argument("--budget-s", type=float)
+    parser.add_argument("--rec")
+    args = parser.parse_args(argv)
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)        # optimizer.py, as for train.py
+    if args.worker == "head":
+        from .bench_head import head_case, write_result
+        record = head_case(args.classes, args.ratio, args.batch, args.dim, args.warmup, args.min_steps,
+                           args.max_steps, args.budget_s, args.repeats)
+    elif args.worker == "sampler":
+        from .bench_head import sampler_case, write_result
+        record = sampler_case(args.classes, args.positives, args.ratio, args.repeats)
+    else:
+        from .bench_head import write_result
+        from .bench_pipeline import data_case
+        record = data_case(args.rec, args.image_size, args.batch, args.batches, args.threads)
+    write_result(args.out, record)
+    if args.worker != "sampler":
+        from . import dist
+        dist.shutdown()
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        return worker_main(argv)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, about a minute")
+    parser.add_argument("--json", metavar="OUT", help="write the report as JSON")
+    parser.add_argument("--markdown", metavar="OUT", help="write the report as Markdown tables")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+    args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"--parts: unknown {unknown}; choose from {', '.join(PARTS)}")
+    plan, mode = (QUICK, "quick") if args.quick else (FULL, "full")
+    report = {"head": [], "sampler_ms": None, "data_images_per_s": None, "e2e": [],
+              "machine": bench_report.machine_info(REPO, mode)}
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sample_fc_bench_") as folder:
+        if "head" in parts:
+            for classes in plan.classes:
+                for ratio in plan.ratios:
+                    for world in plan.worlds:
+                        report["head"].append(head_record(plan, classes, ratio, world, folder))
+                        _progress(report["head"][-1], start)
+        if "sampler" in parts:
+            report["sampler_ms"] = sampler_record(plan, folder)
+            _progress({"sampler_ms": report["sampler_ms"]}, start)
+        if "data" in parts:
+            report["data_images_per_s"] = data_record(plan, folder)
+            _progress({"data_images_per_s": report["data_images_per_s"]["by_size"]}, start)
+        if "e2e" in parts:
+            report["e2e"] = e2e_records(plan)
+            _progress({"e2e": [{k: r.get(k) for k in ("network", "samples_per_s", "error")}
+                               for r in report["e2e"]]}, start)
+    report["machine"].update({"load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                              "total_seconds": round(time.monotonic() - start, 1)})
+    text = bench_report.markdown(report)
+    for path, content in ((args.json, json.dumps(report, indent=2) + "\n"), (args.markdown, text)):
+        if path:
+            with open(path, "w") as handle:
+                handle.write(content)
+    print(text)
+    return 0
+
+
+def _progress(record, start):
+    shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in record.items()
+             if k not in ("stages", "bound", "peak_rss_mb_per_rank")}
+    print(f"[bench {time.monotonic() - start:6.1f}s] {json.dumps(shown)[:400]}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

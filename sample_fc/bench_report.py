@@ -1,0 +1,165 @@
+"""The benchmark report: machine facts, the memory model of a head case, the Markdown tables.
+
+Pure Python (no mxnet import), so the orchestrator stays light.
+"""
+import datetime
+import importlib.metadata
+import math
+import os
+import platform
+import subprocess
+
+FLOAT32 = 4
+MB = 1e6
+
+
+def meminfo_kb():
+    """{field: kB} of /proc/meminfo (MemTotal, MemAvailable, ...)."""
+    fields = {}
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            name, value = line.split(":", 1)
+            fields[name] = int(value.split()[0])
+    return fields
+
+
+def _version(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model():
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _git_commit(repo):
+    try:
+        head = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{head}{'+dirty' if dirty else ''}" if head else None
+
+
+def machine_info(repo, mode):
+    memory = meminfo_kb()
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(),
+            "memory_gb": round(memory["MemTotal"] * 1024 / 1e9, 1),
+            "mem_available_gb_at_start": round(memory["MemAvailable"] * 1024 / 1e9, 1),
+            "python": platform.python_version(), "mxnet": _version("mxnet"),
+            "numpy": _version("numpy"), "horovod": _version("horovod"),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "commit": _git_commit(repo), "mode": mode,
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+# ---- memory of one head case, per rank -----------------------------------------------------
+def head_memory_mb(num_local, num_sampled, global_batch, embedding_size):
+    """(bank MB, buffers MB): weight + momentum of the shard; the arrays a step must hold at
+    once: sampled weight, momentum and gradient rows (3 K x D) plus cosine and probabilities
+    (2 B x K), all float32."""
+    bank = 2 * num_local * embedding_size * FLOAT32 / MB
+    buffers = (3 * num_sampled * embedding_size + 2 * global_batch * num_sampled) * FLOAT32 / MB
+    return bank, buffers
+
+
+# ---- Markdown ------------------------------------------------------------------------------
+def _num(value, digits=1):
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _classes(count):
+    return f"{count / 1e6:g}M" if count >= 1e6 else f"{count / 1e3:g}k"
+
+
+def head_table(records):
+    stages = []
+    for record in records:
+        stages += [name for name in record.get("stages", {}) if name not in stages]
+    lines = ["| classes | ratio | world | ms/step | samples/s | bound ms | x bound | peak RSS MB/rank "
+             "| RSS / (base+bank+buffers) | " + " | ".join(f"{s} %" for s in stages) + " |",
+             "|" + "---|" * (9 + len(stages))]
+    for r in records:
+        head = f"| {_classes(r['classes'])} | {r['ratio']:g} | {r['world']} "
+        if "ms_per_step" not in r:
+            note = r.get("error") or r.get("skipped") or "not run"
+            lines.append(head + f"| {'skipped' if 'skipped' in r else 'error'}: "
+                         f"{note.splitlines()[0][:160]} |" + " |" * (7 + len(stages)))
+            continue
+        shares = [100 * r["stages"].get(s, 0.0) / r["ms_per_step"] for s in stages]
+        lines.append(head + f"| {_num(r['ms_per_step'])} | {_num(r['samples_per_s'], 0)} "
+                     f"| {_num(r['bound_ms'])} | {_num(r['ratio_to_bound'], 2)} "
+                     f"| {' / '.join(_num(x, 0) for x in r['peak_rss_mb_per_rank'])} "
+                     f"| {_num(r['rss_ratio'], 2)} | " + " | ".join(_num(x, 0) for x in shares) + " |")
+    return lines
+
+
+def targets(report):
+    """[(target, measured, verdict)] for the targets of BENCHMARKS.md that this report covers."""
+    rows = []
+    head = {(r["classes"], r["ratio"], r["world"]): r for r in report["head"]}
+    case = head.get((1_000_000, 0.1, 1))
+    if case and "ratio_to_bound" in case:
+        rows.append(("head 1M, ratio 0.1, world 1 <= 1.5x NumPy bound",
+                     f"{case['ratio_to_bound']:.2f}x", case["ratio_to_bound"] <= 1.5))
+    if isinstance(report["sampler_ms"], (int, float)):
+        rows.append(("sampler <= 10 ms at 1.25M local classes", f"{report['sampler_ms']:.2f} ms",
+                     report["sampler_ms"] <= 10))
+    case = head.get((4_000_000, 0.1, 2))
+    if case:
+        fits = "rss_ratio" in case
+        measured = (f"peak {max(case['peak_rss_mb_per_rank']) / 1e3:.1f} GB/rank, "
+                    f"{case['rss_ratio']:.2f}x" if fits else (case.get("error") or case.get("skipped", ""))[:80])
+        rows.append(("4M, 2 workers: fits in 24 GB, peak RSS <= 1.15x bank + buffers", measured,
+                     fits and case["rss_ratio"] <= 1.15))
+    data = report["data_images_per_s"] or {}
+    mbf = [r for r in report["e2e"] if r["network"] == "mbf" and "samples_per_s" in r]
+    loader = (data.get("by_size") or {}).get(str(mbf[0]["image_size"])) if mbf else None
+    if mbf and isinstance(loader, (int, float)):
+        need = mbf[0]["samples_per_s"] / mbf[0]["world"]
+        rows.append((f"data loading >= 2x mbf consumption per rank ({mbf[0]['image_size']} px)",
+                     f"{loader:.0f} img/s vs {need:.1f} img/s = {loader / need:.1f}x", loader >= 2 * need))
+    return rows
+
+
+def markdown(report):
+    """The report as Markdown tables."""
+    m = report["machine"]
+    lines = [f"# sample_fc benchmark ({m['mode']}{', noisy' if m['mode'] == 'quick' else ''})", "",
+             f"{m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; Python {m['python']}, mxnet "
+             f"{m['mxnet']}, numpy {m['numpy']}, horovod {m['horovod']}; {m['date']}, commit "
+             f"{m['commit']}; load average {m['load_average_at_start']} at start, "
+             f"{m.get('load_average_at_end')} at end.", "",
+             "## Head step (no backbone), per-rank batch 128, D 512", ""]
+    lines += head_table(report["head"])
+    sampler = report["sampler_ms"]
+    lines += ["", "## Sampler, 1.25M local classes, 512 positives, ratio 0.1", "",
+              f"{sampler:.2f} ms (median)" if isinstance(sampler, (int, float)) else f"error: {sampler}"]
+    data = report["data_images_per_s"] or {}
+    lines += ["", "## Data loader (FaceRecordIter on the demo set), images/s per rank, 2 ranks", "",
+              "| image size | images/s per rank |", "|---|---|"]
+    for size, value in (data.get("by_size") or {}).items():
+        shown = _num(value, 0) if isinstance(value, (int, float)) else f"error: {str(value)[:120]}"
+        lines.append(f"| {size} px{' (headline)' if int(size) == data.get('headline_size') else ''} "
+                     f"| {shown} |")
+    lines += ["", "## End to end (train.py, synthetic data, 2 workers)", "",
+              "| network | image | batch/rank | world | samples/s (global) |", "|---|---|---|---|---|"]
+    for r in report["e2e"]:
+        shown = _num(r.get("samples_per_s"), 1) if "samples_per_s" in r else \
+            f"error: {r.get('error', '').splitlines()[0][:120]}"
+        lines.append(f"| {r['network']} | {r['image_size']} | {r['batch_per_rank']} | {r['world']} | {shown} |")
+    rows = targets(report)
+    if rows:
+        lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+        lines += [f"| {name} | {measured} | {'yes' if ok else 'NO'} |" for name, measured, ok in rows]
+    return "\n".join(lines) + "\n"

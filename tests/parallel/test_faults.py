@@ -1,0 +1,130 @@
+"""Fault injection under 2 Gloo workers: bad input, a failing or killed rank, NaN, a kill
+during checkpointing. Every case must end quickly with a clear message and leave the
+checkpoint directory usable. Each test prints the observed time to exit."""
+import os
+import shutil
+
+import mxnet as mx
+import pytest
+
+from conftest import run_train
+from sample_fc.checkpoint import list_checkpoints, model_prefix
+
+EXIT_BOUND_S = 60       # a failing job must be over within this after the fault
+
+
+def _fails(result, *messages):
+    assert result.returncode != 0, result.output[-3000:]
+    for message in messages:
+        assert message in result.output, f"{message!r} not in output:\n{result.output[-4000:]}"
+    print(f"\nexit code {result.returncode} after {result.seconds:.1f} s")
+    assert result.seconds < EXIT_BOUND_S + 30      # + start-up of two MXNet processes
+
+
+def _copy_data(tiny_data, tmp_path):
+    folder = tmp_path / "data"
+    shutil.copytree(os.path.dirname(tiny_data), folder)
+    return folder
+
+
+def test_missing_rec(tmp_path):
+    """Test that a missing .rec is named in the error."""
+    _fails(run_train(tmp_path / "m", tmp_path / "nowhere" / "train.rec"), "nowhere/train.rec")
+
+
+def test_missing_idx(tiny_data, tmp_path):
+    """Test that a missing .idx next to the .rec is named in the error."""
+    folder = _copy_data(tiny_data, tmp_path)
+    os.remove(folder / "train.idx")
+    _fails(run_train(tmp_path / "m", folder / "train.rec"), "train.idx")
+
+
+def test_property_mismatch(tiny_data, tmp_path):
+    """Test that num_classes disagreeing with the dataset's property names both values."""
+    _fails(run_train(tmp_path / "m", tiny_data, "--set", "num_classes=20"), "num_classes=20", "says 16")
+
+
+def test_label_out_of_range(tiny_data, tmp_path):
+    """Test that a label >= num_classes fails while reading, naming the record and the label."""
+    folder = _copy_data(tiny_data, tmp_path)
+    (folder / "property").write_text("12,32,32")
+    _fails(run_train(tmp_path / "m", folder / "train.rec", "--set", "num_classes=12"),
+           "outside [0, 12)", "record key")
+
+
+def test_unreadable_image(tiny_data, tmp_path):
+    """Test that an image that cannot be decoded fails with its record key."""
+    import mxnet.recordio as recordio
+    folder = _copy_data(tiny_data, tmp_path)
+    reader = recordio.MXIndexedRecordIO(str(folder / "train.idx"), str(folder / "train.rec"), "r")
+    offset = reader.idx[5]
+    reader.close()
+    with open(folder / "train.rec", "r+b") as handle:     # keep the record header, garble the JPEG
+        handle.seek(offset + 8 + 24 + 4)
+        handle.write(b"\x00" * 64)
+    _fails(run_train(tmp_path / "m", folder / "train.rec", "--set", "max_update=40"),
+           "record key 5", "cannot decode image")
+
+
+def test_shard_smaller_than_batch(tiny_data, tmp_path):
+    """Test that a per-rank shard smaller than one batch is refused with the sizes."""
+    _fails(run_train(tmp_path / "m", tiny_data, "--set", "batch_size=100"), "fewer than batch_size=100")
+
+
+def test_fewer_classes_than_workers(tiny_data, tmp_path):
+    """Test that num_classes < world size is refused."""
+    _fails(run_train(tmp_path / "m", tiny_data, "--set", "synthetic=true", "--set", "num_classes=1"),
+           "num_classes (1) must be >= world size (2)")
+
+
+def test_bad_sample_ratio(tiny_data, tmp_path):
+    """Test that sample_ratio outside (0, 1] is refused, naming the value."""
+    _fails(run_train(tmp_path / "m", tiny_data, "--set", "sample_ratio=1.5"), "sample_ratio", "1.5")
+
+
+def test_resume_with_other_embedding_size(tiny_data, tmp_path):
+    """Test that resuming a checkpoint with a different embedding size names both sizes."""
+    assert run_train(tmp_path / "a", tiny_data, "--set", "max_update=2").returncode == 0
+    _fails(run_train(tmp_path / "b", tiny_data, "--set", "max_update=4", "--set", "embedding_size=64",
+                     "--resume", tmp_path / "a"), "embedding_size=32", "embedding_size=64")
+
+
+def _assert_checkpoints_usable(root, steps):
+    assert [s for s, _ in list_checkpoints(root)] == steps
+    for step, path in list_checkpoints(root):
+        mx.model.load_checkpoint(model_prefix(path), step)
+
+
+@pytest.mark.parametrize("kind, message", [("raise", "injected fault on rank 1"),
+                                           ("sigkill", "INJECTING sigkill")])
+def test_rank_failure_mid_training_ends_the_job(tiny_data, tmp_path, kind, message):
+    """Test that one rank raising or being SIGKILLed mid-training ends the whole job quickly,
+    non-zero, with the completed checkpoint intact."""
+    result = run_train(tmp_path / "m", tiny_data, "--set", "max_update=40", "--set", "ckpt_period=4",
+                       script="faulty_train.py", script_args=(kind, 6, 1))
+    _fails(result, message)
+    _assert_checkpoints_usable(tmp_path / "m", [4])
+
+
+def test_nan_on_one_rank_is_skipped(tiny_data, tmp_path):
+    """Test that NaN features on one rank skip that step on all ranks and training goes on."""
+    result = run_train(tmp_path / "m", tiny_data, "--set", "max_update=8",
+                       script="faulty_train.py", script_args=("nan", 3, 1))
+    assert result.returncode == 0, result.output[-3000:]
+    assert "non-finite loss or gradients after update 3: step skipped" in result.output
+    _assert_checkpoints_usable(tmp_path / "m", [8])
+
+
+def test_kill_during_checkpoint_save_then_resume(tiny_data, tmp_path):
+    """Test that a SIGKILL while saving leaves the previous checkpoint loadable, and that
+    --resume ignores the partial one and finishes the run."""
+    root = tmp_path / "m"
+    result = run_train(root, tiny_data, "--set", "max_update=8", "--set", "ckpt_period=4",
+                       script="faulty_train.py", script_args=("kill_in_save", 8, 1))
+    _fails(result, "INJECTING SIGKILL in checkpoint save")
+    _assert_checkpoints_usable(root, [4])
+    assert (root / "step-00000008.partial").is_dir()
+    result = run_train(root, tiny_data, "--set", "max_update=8", "--set", "ckpt_period=4", "--resume", root)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "at step 4" in result.output
+    _assert_checkpoints_usable(root, [4, 8])

@@ -1,0 +1,44 @@
+"""Worker: train.py's main() with one injected fault (tests only).
+
+    faulty_train.py KIND STEP RANK -- <train.py arguments>
+KIND: raise | sigkill (at update STEP on rank RANK), nan (NaN in RANK's batch at update STEP),
+kill_in_save (SIGKILL on RANK right after it writes its bank shard for checkpoint STEP).
+"""
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+import train  # noqa: E402
+from sample_fc import dist  # noqa: E402
+from sample_fc.memory_bank import MemoryBank  # noqa: E402
+from sample_fc.module import SampleDistributeModule  # noqa: E402
+
+kind, step, on_rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+train_args = sys.argv[sys.argv.index("--") + 1:]
+original_forward, original_save = SampleDistributeModule.forward, MemoryBank.save
+
+
+def faulty_forward(self, data_batch, is_train=True):
+    if dist.rank() == on_rank and self.num_update == step:
+        print(f"INJECTING {kind} on rank {on_rank} at update {step}", flush=True)
+        if kind == "raise":
+            raise RuntimeError(f"injected fault on rank {on_rank} at update {step}")
+        if kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "nan":
+            data_batch.data[0][0, 0, 0, 0] = float("nan")
+    return original_forward(self, data_batch, is_train)
+
+
+def faulty_save(self, path):
+    original_save(self, path)
+    if dist.rank() == on_rank and f"step-{step:08d}.partial" in path:
+        print(f"INJECTING SIGKILL in checkpoint save on rank {on_rank}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+SampleDistributeModule.forward = faulty_forward
+MemoryBank.save = faulty_save
+sys.exit(train.main(train_args))
