@@ -18,10 +18,12 @@ from sample_fc.module import SampleDistributeModule  # noqa: E402
 kind, step, on_rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 train_args = sys.argv[sys.argv.index("--") + 1:]
 original_forward, original_save = SampleDistributeModule.forward, MemoryBank.save
+injected = []
 
 
 def faulty_forward(self, data_batch, is_train=True):
-    if dist.rank() == on_rank and self.num_update == step:
+    if dist.rank() == on_rank and self.num_update == step and not injected:
+        injected.append(kind)
         print(f"INJECTING {kind} on rank {on_rank} at update {step}", flush=True)
         if kind == "raise":
             raise RuntimeError(f"injected fault on rank {on_rank} at update {step}")
