@@ -3,30 +3,25 @@
     python -m sample_fc.bench [--quick] [--json OUT] [--markdown OUT] [--parts head,sampler,data,e2e]
 
 Every measurement runs in a process of its own, bounded in time (world size 2 through
-sample_fc.launch.run_job = horovodrun); a case that fails, hangs or would not fit in memory
-is reported with an `error` or `skipped` field and the report goes on. `--quick` runs tiny
+sample_fc.launch.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
+not fit in memory is reported with an `error` or `skipped` field and the report goes on. `--quick` runs tiny
 shapes in about a minute; the full run is what BENCHMARKS.md describes. The workers are
 this module too: `python -m sample_fc.bench --worker {head,sampler,data} ...` (internal).
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from . import bench_report
-from .launch import JobResult, run_job, single_thread_env
+from .bench_jobs import REPO, e2e_case, make_demo_set, run_worker, worker_env, write_result
 from .sampler import num_sample_for, shard_range
 
-REPO = str(Path(__file__).resolve().parents[1])   # train.py and optimizer.py live here
 PARTS = ("head", "sampler", "data", "e2e")
-BASELINE_MB = 400        # RSS of a worker after importing mxnet + horovod (measured ~300-350)
-STEP_PEAK_FACTOR = 2.5   # measured peak of a step's buffers / head_memory_mb's buffers (+ margin)
-MEMORY_HEADROOM = 0.9    # run a case only if it needs at most this share of MemAvailable
+BASELINE_MB = 300        # RSS of a worker besides bank and step (measured 160-350 MB)
 
 
 @dataclass(frozen=True)
@@ -56,7 +51,7 @@ class Plan:
     data_threads: int = 2       # = default.py's data_threads
 
 
-QUICK = Plan(classes=(20_000,), ratios=(0.1,), worlds=(1, 2), warmup=2, min_steps=3, max_steps=5,
+QUICK = Plan(classes=(20_000,), ratios=(0.1,), worlds=(1, 2), warmup=2, min_steps=7, max_steps=9,
              budget_s=2.0, bound_repeats=3, head_timeout_s=120, sampler_repeats=10,
              demo={"num_identities": 16, "images_per_identity": 16, "num_val_identities": 4,
                    "num_pairs": 20},
@@ -70,62 +65,20 @@ FULL = Plan(classes=(100_000, 1_000_000, 4_000_000), ratios=(1.0, 0.1), worlds=(
 HEADLINE_DATA_SIZE = 112       # the size of real training data (and of the full e2e runs)
 
 
-# ---- running a measurement in a bounded process --------------------------------------------
-def worker_env(world):
-    """Each rank gets cores // world BLAS/OpenMP threads (the whole machine at world 1)."""
-    threads = str(max(1, (os.cpu_count() or 1) // world))
-    env = single_thread_env({"OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
-                             "MKL_NUM_THREADS": threads})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    return env
-
-
-def run_bounded(argv, num_proc, timeout_s, env):
-    """Run argv on num_proc local workers (horovodrun when > 1); kill it after timeout_s."""
-    if num_proc > 1:
-        return run_job(argv, num_proc=num_proc, timeout_s=timeout_s, env=env, cwd=REPO)
-    start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=REPO, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        stdout, stderr = proc.communicate()
-        timed_out = True
-    return JobResult(proc.returncode, stdout, stderr, timed_out, time.monotonic() - start)
-
-
-def run_worker(kind, options, world, timeout_s, folder):
-    """Run `--worker kind` on `world` ranks; (list of per-rank records, None) or (None, error)."""
-    prefix = os.path.join(folder, f"{kind}-{len(os.listdir(folder))}")
-    argv = [sys.executable, "-m", "sample_fc.bench", "--worker", kind, "--out", prefix]
-    for key, value in options.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    result = run_bounded(argv, world, timeout_s, worker_env(world))
-    if result.timed_out:
-        return None, f"timed out after {timeout_s} s: {result.output[-1500:]}"
-    paths = [f"{prefix}.rank{r}.json" for r in range(world)]
-    if result.returncode != 0 or not all(os.path.exists(p) for p in paths):
-        return None, f"exit code {result.returncode}: {result.output[-1500:]}"
-    records = []
-    for path in paths:
-        with open(path) as handle:
-            records.append(json.load(handle))
-    return records, None
-
-
 # ---- the parts of the report ---------------------------------------------------------------
-def head_record(plan, classes, ratio, world, folder):
+def head_record(plan, classes, ratio, world, folder, headroom):
+    """One head case; skipped when its predicted memory (all ranks) exceeds headroom x
+    MemAvailable right now."""
     record = {"classes": classes, "ratio": ratio, "world": world}
     global_batch = plan.batch_per_rank * world
     per_rank = [head_memory_mb(plan, classes, ratio, world, r) for r in range(world)]
-    need_mb = sum(BASELINE_MB + bank + STEP_PEAK_FACTOR * buffers for bank, buffers, _ in per_rank)
+    need_mb = sum(BASELINE_MB + bank + predicted for bank, _, predicted in per_rank)
     available_mb = bench_report.meminfo_kb()["MemAvailable"] * 1024 / 1e6
-    if need_mb > MEMORY_HEADROOM * available_mb:
-        record["skipped"] = (f"needs about {need_mb / 1e3:.1f} GB (bank + step buffers, all ranks), "
-                             f"MemAvailable is {available_mb / 1e3:.1f} GB")
+    record["predicted_rss_mb_per_rank"] = round(need_mb / world)
+    if need_mb > headroom * available_mb:
+        record["skipped"] = (f"needs about {need_mb / 1e3:.1f} GB for {world} rank(s) (bank "
+                             f"{sum(p[0] for p in per_rank) / 1e3:.1f} GB + step temporaries), more "
+                             f"than {headroom:g} x MemAvailable {available_mb / 1e3:.1f} GB")
         return record
     options = {"classes": classes, "ratio": ratio, "batch": plan.batch_per_rank,
                "dim": plan.embedding_size, "warmup": plan.warmup, "min_steps": plan.min_steps,
@@ -155,12 +108,10 @@ def head_record(plan, classes, ratio, world, folder):
 
 
 def head_memory_mb(plan, classes, ratio, world, rank):
-    """(bank MB, buffers MB, K) of one rank of a head case."""
+    """(bank, buffers, predicted step peak) in MB of one rank of a head case."""
     _, num_local = shard_range(classes, rank, world)
-    num_sampled = num_sample_for(num_local, ratio)
-    bank, buffers = bench_report.head_memory_mb(num_local, num_sampled, plan.batch_per_rank * world,
-                                                plan.embedding_size)
-    return bank, buffers, num_sampled
+    return bench_report.head_memory_mb(num_local, num_sample_for(num_local, ratio),
+                                       plan.batch_per_rank * world, plan.embedding_size)
 
 
 def sampler_record(plan, folder):
@@ -173,15 +124,11 @@ def sampler_record(plan, folder):
 def data_record(plan, folder, world=2):
     by_size = {}
     for size in plan.data_sizes:
-        demo = os.path.join(folder, f"demo{size}")
-        argv = [sys.executable, "-m", "sample_fc.demo_data", "--out", demo, "--image-size", str(size)]
-        for key, value in plan.demo.items():
-            argv += [f"--{key.replace('_', '-')}", str(value)]
-        made = run_bounded(argv, 1, 600, worker_env(1))
-        if made.returncode != 0:
-            by_size[str(size)] = f"make_demo failed: {made.output[-800:]}"
+        rec, error = make_demo_set(folder, size, plan.demo)
+        if error:
+            by_size[str(size)] = error
             continue
-        options = {"rec": os.path.join(demo, "train.rec"), "image_size": size, "batch": plan.data_batch,
+        options = {"rec": rec, "image_size": size, "batch": plan.data_batch,
                    "batches": plan.data_batches, "threads": plan.data_threads}
         ranks, error = run_worker("data", options, world, 300, folder)
         by_size[str(size)] = error or sum(r["images_per_s"] for r in ranks) / len(ranks)
@@ -193,9 +140,7 @@ def data_record(plan, folder, world=2):
 
 
 def e2e_records(plan, world=2):
-    from .bench_pipeline import e2e_case
-    return [e2e_case(REPO, run_job, worker_env(world), network, size, batch, plan.e2e_classes,
-                     steps, frequent, world, plan.e2e_timeout_s)
+    return [e2e_case(network, size, batch, plan.e2e_classes, steps, frequent, world, plan.e2e_timeout_s)
             for network, size, batch, steps, frequent in plan.e2e]
 
 
@@ -214,15 +159,14 @@ def worker_main(argv):
     if REPO not in sys.path:
         sys.path.insert(0, REPO)        # optimizer.py, as for train.py
     if args.worker == "head":
-        from .bench_head import head_case, write_result
+        from .bench_head import head_case
         record = head_case(args.classes, args.ratio, args.batch, args.dim, args.warmup, args.min_steps,
                            args.max_steps, args.budget_s, args.repeats)
     elif args.worker == "sampler":
-        from .bench_head import sampler_case, write_result
+        from .bench_head import sampler_case
         record = sampler_case(args.classes, args.positives, args.ratio, args.repeats)
     else:
-        from .bench_head import write_result
-        from .bench_pipeline import data_case
+        from .bench_jobs import data_case
         record = data_case(args.rec, args.image_size, args.batch, args.batches, args.threads)
     write_result(args.out, record)
     if args.worker != "sampler":
@@ -241,6 +185,9 @@ def main(argv=None):
     parser.add_argument("--markdown", metavar="OUT", help="write the report as Markdown tables")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+    parser.add_argument("--memory-headroom", type=float, default=0.9, metavar="F",
+                        help="skip a head case whose predicted RSS (all ranks) exceeds F x "
+                             "MemAvailable (default 0.9; above 1 risks the OOM killer)")
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
@@ -255,7 +202,8 @@ def main(argv=None):
             for classes in plan.classes:
                 for ratio in plan.ratios:
                     for world in plan.worlds:
-                        report["head"].append(head_record(plan, classes, ratio, world, folder))
+                        report["head"].append(head_record(plan, classes, ratio, world, folder,
+                                                          args.memory_headroom))
                         _progress(report["head"][-1], start)
         if "sampler" in parts:
             report["sampler_ms"] = sampler_record(plan, folder)

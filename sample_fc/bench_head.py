@@ -9,7 +9,6 @@ computes exactly what module.step computes). Started by `python -m sample_fc.ben
 """
 import contextlib
 import ctypes
-import json
 import resource
 import time
 
@@ -25,7 +24,7 @@ from .sampler import as_int_labels, class_center_sample, num_sample_for, shard_r
 from .softmax import margin_softmax_backward, margin_softmax_forward
 
 STAGES = ("allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "reducescatter",
-          "bank_update")
+          "finite_check", "bank_update")
 EMBEDDING_POOL = 4          # distinct embedding batches cycled through (labels differ every step)
 
 
@@ -85,8 +84,9 @@ class StageTimer:
 def staged_step(module, batch, timer):
     """SampleDistributeModule.step for an identity backbone, one timed block per stage.
 
-    The same calls as module.backward_all + head_forward_backward + module.update, in the
-    same order (the identity backbone has nothing to run or update). Returns the loss.
+    The same calls as module.backward_all with head_forward_backward split into its stages,
+    then the module's own step_is_finite and update, in the order module.step makes them
+    (the identity backbone has nothing to run). Returns the loss.
     """
     bank, ctx, margin = module.bank, module.bank.ctx, module.margin
     labels = as_int_labels(batch.label[0])
@@ -116,11 +116,14 @@ def staged_step(module, batch, timer):
         grad_weight_rows = normalize_rows_backward(grad_w_hat, w_hat, w_norms)
     with timer("reducescatter"):     # 9. this rank's rows of d loss / d embeddings
         dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
+    # what backward_all leaves for update(), exactly as it does
+    module._pending_bank_update = (index, weight_rows, momentum_rows, grad_weight_rows)
+    with timer("finite_check"):      # loss and gradients finite on every rank (one allreduce)
+        finite = module.step_is_finite(loss)
+    if not finite:
+        raise FloatingPointError(f"non-finite loss or gradients at update {module.num_update + 1}")
     with timer("bank_update"):       # 10. SGD-momentum on the sampled rows, written back
-        module.num_update += 1
-        module.memory_optimizer.update(weight_rows, momentum_rows, grad_weight_rows,
-                                       module.num_update)
-        bank.set(index, weight_rows, momentum_rows)
+        module.update()
     return loss
 
 
@@ -195,14 +198,14 @@ def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max
     estimate = dist.allreduce_max(mx.nd.array([step_seconds[-1]]), "bench.step_estimate").asscalar()
     steps = int(min(max_steps, max(min_steps, budget_s / 2 / max(estimate, 1e-6))))
     step_seconds = []
-    for batch in batches[warmup:warmup + steps]:
+    for i in range(steps):           # interleaved, so both see the same machine load
+        step_batch, staged_batch = batches[warmup + 2 * i], batches[warmup + 2 * i + 1]
         start = time.perf_counter()
-        module.step(batch)
+        module.step(step_batch)
         mx.nd.waitall()
         step_seconds.append(time.perf_counter() - start)
-    for batch in batches[warmup + steps:warmup + 2 * steps]:
         timer = StageTimer()
-        staged_step(module, batch, timer)
+        staged_step(module, staged_batch, timer)
         for name in STAGES:
             stage_seconds[name].append(timer.seconds[name])
     _, index = class_center_sample(np.asarray([0]), num_local, num_sampled, rng=np.random.default_rng(0))
@@ -229,10 +232,3 @@ def sampler_case(num_local, positives, ratio, repeats, seed=0):
         seconds.append(time.perf_counter() - start)
     return {"sampler_ms": median_ms(seconds[1:]), "num_local": num_local, "positives": positives,
             "ratio": ratio, "repeats": repeats}
-
-
-def write_result(path_prefix, record):
-    """Write this rank's record to PREFIX.rank<r>.json (rank 0 when Horovod is not running)."""
-    rank = record.get("rank", 0)
-    with open(f"{path_prefix}.rank{rank}.json", "w") as handle:
-        json.dump(record, handle)

@@ -62,13 +62,24 @@ def machine_info(repo, mode):
 
 
 # ---- memory of one head case, per rank -----------------------------------------------------
+# Arrays of a step alive at its peak, in units of K x D and B x K float32 arrays, fitted to
+# the measured peak RSS of staged head steps (K = 200k: 6.1 K x D + 5.7 B x K) plus a margin.
+STEP_PEAK_KD, STEP_PEAK_BK = 6.5, 6.5
+
+
 def head_memory_mb(num_local, num_sampled, global_batch, embedding_size):
-    """(bank MB, buffers MB): weight + momentum of the shard; the arrays a step must hold at
-    once: sampled weight, momentum and gradient rows (3 K x D) plus cosine and probabilities
-    (2 B x K), all float32."""
+    """(bank, buffers, predicted step peak) in MB for one rank.
+
+    bank: weight + momentum of the shard. buffers: what a step must hold at once, the
+    sampled weight, momentum and gradient rows (3 K x D) plus cosine and probabilities
+    (2 B x K). predicted: what the current head holds at its peak (temporaries included).
+    All float32.
+    """
+    k_by_d, b_by_k = num_sampled * embedding_size, global_batch * num_sampled
     bank = 2 * num_local * embedding_size * FLOAT32 / MB
-    buffers = (3 * num_sampled * embedding_size + 2 * global_batch * num_sampled) * FLOAT32 / MB
-    return bank, buffers
+    buffers = (3 * k_by_d + 2 * b_by_k) * FLOAT32 / MB
+    predicted = (STEP_PEAK_KD * k_by_d + STEP_PEAK_BK * b_by_k) * FLOAT32 / MB
+    return bank, buffers, predicted
 
 
 # ---- Markdown ------------------------------------------------------------------------------

@@ -85,8 +85,8 @@ def save_checkpoint(models_root, step, module, symbol, train_state, rank_state, 
 
     module.bank.save(os.path.join(partial, f"bank-rank{rank}.params"))
     _write_json(os.path.join(partial, f"rank{rank}.json"), rank_state)
+    arg_params, aux_params = module.get_export_params()        # collective
     if rank == 0:
-        arg_params, aux_params = module.get_export_params()
         mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
                                  remove_amp_cast=False)
         module.backbone.save_optimizer_states(os.path.join(partial, "backbone.states"))

@@ -86,8 +86,17 @@ class SampleDistributeModule:
         self.backbone_optimizer.set_num_update(num_update)
 
     def get_export_params(self):
-        """(arg_params, aux_params) of the backbone on the CPU, for mx.model.save_checkpoint."""
-        return self.backbone.get_params()
+        """(arg_params, aux_params) of the backbone for saving and evaluation.
+
+        The aux params (BatchNorm moving statistics) are each rank's own during training;
+        here they are averaged over ranks, so every rank evaluates and saves the same model.
+        Averaging commutes with the moving-average updates, so resuming stays exact.
+        Collective: every rank must call it.
+        """
+        arg_params, aux_params = self.backbone.get_params()
+        averaged = {name: dist.allreduce_sum(aux_params[name], f"export.aux.{name}") / dist.size()
+                    for name in sorted(aux_params)}
+        return arg_params, averaged
 
     def allgather(self, array, name):
         return dist.allgather(array, name, self.allgather_strategy)

@@ -42,7 +42,7 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     loads with mx.model.load_checkpoint."""
     root = tmp_path / "run"
     result = train(root, tiny_data, "--set", "max_update=32", "--set", "ckpt_period=8",
-                   "--set", "ckpt_keep=2")
+                   "--set", "ckpt_keep=2", "--set", "verbose=16")
     losses = [float(x) for x in re.findall(r"step \d+/32 .* loss ([\d.]+)", result.stdout)]
     assert len(losses) == 8, result.stdout[-3000:]
     assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 1.0, losses
@@ -51,6 +51,16 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     assert symbol.list_outputs() == ["embeddings_output"] and "embedding_fc_weight" in arg_params
     config = json.loads((root / "config.json").read_text())
     assert config["max_update"] == 32 and config["network"] == "mbf"
+    # in-training verification ran on both workers (steps 16 and 32) and the stand-alone tool
+    # reproduces the number of the final model exactly
+    trained = re.findall(r"step (16|32)  (demo_val: accuracy .*)", result.stdout)
+    assert [step for step, _ in trained] == ["16", "32"], result.stdout[-3000:]
+    bin_path = os.path.join(os.path.dirname(tiny_data), "demo_val.bin")
+    verify = subprocess.run([sys.executable, "-m", "sample_fc.verify", "--model", str(root),
+                             "--bin", bin_path], capture_output=True, text=True, timeout=120,
+                            cwd=str(REPO), env=single_thread_env())
+    assert verify.returncode == 0, verify.stderr[-2000:]
+    assert trained[-1][1].strip() in verify.stdout, (trained[-1][1], verify.stdout)
 
 
 def test_exact_resume_equals_uninterrupted(tiny_data, tmp_path):

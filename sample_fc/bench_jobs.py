@@ -1,0 +1,164 @@
+"""Benchmark jobs: bounded worker processes, the data loader worker, the end-to-end train.py run.
+
+Every measurement runs in a process of its own, killed after its time bound: alone for
+world size 1, under horovodrun (sample_fc.launch.run_job) for more. Workers write one JSON
+record per rank. The loader worker runs on every rank, each reading its own shard with
+FaceRecordIter as train.py builds it, so images/s is per rank while the other rank loads
+too. The end-to-end run is train.py itself on synthetic data; its samples/s come from
+ProgressLogger's lines. This module imports no mxnet until a worker runs.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .launch import JobResult, run_job, single_thread_env
+
+REPO = str(Path(__file__).resolve().parents[1])   # train.py and optimizer.py live here
+PROGRESS_LINE = re.compile(r"step (\d+)/(\d+)\s+([0-9.]+) samples/s")
+
+
+# ---- bounded processes ---------------------------------------------------------------------
+def worker_env(world):
+    """Each rank gets cores // world BLAS/OpenMP threads (the whole machine at world 1)."""
+    threads = str(max(1, (os.cpu_count() or 1) // world))
+    env = single_thread_env({"OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
+                             "MKL_NUM_THREADS": threads})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_bounded(argv, num_proc, timeout_s, env):
+    """Run argv on num_proc local workers (horovodrun when > 1); kill it after timeout_s."""
+    if num_proc > 1:
+        return run_job(argv, num_proc=num_proc, timeout_s=timeout_s, env=env, cwd=REPO)
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=REPO, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    return JobResult(proc.returncode, stdout, stderr, timed_out, time.monotonic() - start)
+
+
+def run_worker(kind, options, world, timeout_s, folder):
+    """Run `python -m sample_fc.bench --worker kind` on `world` ranks.
+
+    Returns (per-rank records, None), or (None, error message) when the job failed, hung
+    or left a rank's record missing.
+    """
+    prefix = os.path.join(folder, f"{kind}-{len(os.listdir(folder))}")
+    argv = [sys.executable, "-m", "sample_fc.bench", "--worker", kind, "--out", prefix]
+    for key, value in options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    result = run_bounded(argv, world, timeout_s, worker_env(world))
+    if result.timed_out:
+        return None, f"timed out after {timeout_s} s: {result.output[-1500:]}"
+    paths = [f"{prefix}.rank{r}.json" for r in range(world)]
+    if result.returncode != 0 or not all(os.path.exists(p) for p in paths):
+        return None, f"exit code {result.returncode}: {result.output[-1500:]}"
+    records = []
+    for path in paths:
+        with open(path) as handle:
+            records.append(json.load(handle))
+    return records, None
+
+
+def write_result(path_prefix, record):
+    """Write a worker's record to PREFIX.rank<r>.json (r = record['rank'], default 0)."""
+    with open(f"{path_prefix}.rank{record.get('rank', 0)}.json", "w") as handle:
+        json.dump(record, handle)
+
+
+# ---- data loader ---------------------------------------------------------------------------
+def data_case(rec, image_size, batch_size, num_batches, num_threads):
+    """images/s of this rank's FaceRecordIter over `num_batches` batches after a warm-up batch."""
+    from . import dist
+    from .data import FaceRecordIter
+    dist.init()
+    rank, world = dist.rank(), dist.size()
+    loader = FaceRecordIter(rec, batch_size, (3, image_size, image_size), rank=rank,
+                            num_workers=world, num_threads=num_threads)
+    try:
+        _next_batch(loader).data[0].wait_to_read()         # warm-up: threads, page cache
+        start = time.perf_counter()
+        for _ in range(num_batches):
+            _next_batch(loader).data[0].wait_to_read()
+        seconds = time.perf_counter() - start
+    finally:
+        loader.close()
+    return {"rank": rank, "world": world, "image_size": image_size, "batch_size": batch_size,
+            "batches": num_batches, "num_threads": num_threads,
+            "images_per_s": num_batches * batch_size / seconds}
+
+
+def _next_batch(loader):
+    try:
+        return loader.next()
+    except StopIteration:
+        loader.reset()
+        return loader.next()
+
+
+def make_demo_set(folder, image_size, demo_options, timeout_s=900):
+    """Write a demo set with `python -m sample_fc.demo_data`; (train.rec path, None) or (None, error)."""
+    out = os.path.join(folder, f"demo{image_size}")
+    argv = [sys.executable, "-m", "sample_fc.demo_data", "--out", out, "--image-size", str(image_size)]
+    for key, value in demo_options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    result = run_bounded(argv, 1, timeout_s, worker_env(1))
+    if result.timed_out or result.returncode != 0:
+        return None, f"make_demo failed (exit {result.returncode}): {result.output[-800:]}"
+    return os.path.join(out, "train.rec"), None
+
+
+# ---- end to end ----------------------------------------------------------------------------
+def e2e_argv(network, image_size, batch_size, num_classes, steps, frequent, models_root):
+    """train.py's command line for a short synthetic run (no checkpoint before the last step)."""
+    settings = {"image_size": image_size, "batch_size": batch_size, "num_classes": num_classes,
+                "max_update": steps, "frequent": frequent, "verbose": 0,
+                "ckpt_period": steps + 1, "ckpt_keep": 1}
+    argv = [sys.executable, os.path.join(REPO, "train.py"), "--dataset", "synthetic_1m",
+            "--network", network, "--models-root", models_root]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    return argv
+
+
+def e2e_samples_per_s(output, warmup_windows=1):
+    """(mean global samples/s of the progress windows after the first `warmup_windows`,
+    all windows' samples/s)."""
+    speeds = [float(match.group(3)) for match in PROGRESS_LINE.finditer(output)]
+    if len(speeds) <= warmup_windows:
+        raise ValueError(f"found {len(speeds)} progress lines, need more than {warmup_windows} "
+                         "(the first is warm-up)")
+    kept = speeds[warmup_windows:]
+    return sum(kept) / len(kept), speeds
+
+
+def e2e_case(network, image_size, batch_size, num_classes, steps, frequent, world, timeout_s):
+    """Run train.py on `world` workers; the record of the run (error field on failure)."""
+    record = {"network": network, "world": world, "image_size": image_size,
+              "batch_per_rank": batch_size, "classes": num_classes, "steps": steps}
+    with tempfile.TemporaryDirectory(prefix="sample_fc_bench_e2e_") as models_root:
+        argv = e2e_argv(network, image_size, batch_size, num_classes, steps, frequent, models_root)
+        result = run_bounded(argv, world, timeout_s, worker_env(world))
+    record["seconds"] = round(result.seconds, 1)
+    if result.timed_out or result.returncode != 0:
+        reason = f"timed out after {timeout_s} s" if result.timed_out else f"exit code {result.returncode}"
+        record["error"] = f"train.py {reason}: {result.output[-1500:]}"
+        return record
+    try:
+        record["samples_per_s"], record["windows_samples_per_s"] = e2e_samples_per_s(result.stdout)
+    except ValueError as error:
+        record["error"] = f"{error}: {result.output[-1500:]}"
+    return record

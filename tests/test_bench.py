@@ -1,0 +1,140 @@
+"""Tests for the benchmark tool sample_fc.bench: the --quick report's shape and sanity (never a
+speed threshold), the staged head step against the module's step, and the report helpers."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from sample_fc import bench, bench_report
+from sample_fc.bench_head import STAGES
+from sample_fc.bench_jobs import e2e_samples_per_s, worker_env
+
+MACHINE_KEYS = {"cpu", "cores", "memory_gb", "python", "mxnet", "numpy", "horovod", "date"}
+
+
+def positive(value):
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_quick_report_has_every_part_with_sane_numbers(tmp_path):
+    """Test that `python -m sample_fc.bench --quick --json OUT` writes the report with exactly
+    the documented keys, world sizes 1 and 2, positive finite timings, stage times summing to
+    the step time within 20%, and no failed or skipped case."""
+    out = tmp_path / "report.json"
+    result = subprocess.run([sys.executable, "-m", "sample_fc.bench", "--quick", "--json", str(out),
+                             "--markdown", str(tmp_path / "report.md")],
+                            capture_output=True, text=True, timeout=180, cwd=str(REPO),
+                            env=worker_env(1))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    report = json.loads(out.read_text())
+    assert set(report) == {"head", "sampler_ms", "data_images_per_s", "e2e", "machine"}
+
+    assert {r["world"] for r in report["head"]} == {1, 2}
+    for record in report["head"]:
+        assert "error" not in record and "skipped" not in record, record
+        for key in ("ms_per_step", "samples_per_s", "bound_ms", "ratio_to_bound", "peak_rss_mb"):
+            assert positive(record[key]), (key, record)
+        assert record["classes"] > 0 and 0 < record["ratio"] <= 1
+        assert set(record["stages"]) == set(STAGES)
+        assert all(math.isfinite(ms) and ms >= 0 for ms in record["stages"].values())
+        stage_sum = sum(record["stages"].values())
+        assert abs(stage_sum - record["ms_per_step"]) <= 0.2 * record["ms_per_step"], record
+        global_batch = 128 * record["world"]
+        assert math.isclose(record["samples_per_s"], global_batch / record["ms_per_step"] * 1e3)
+        assert math.isclose(record["ratio_to_bound"], record["ms_per_step"] / record["bound_ms"])
+        assert len(record["peak_rss_mb_per_rank"]) == record["world"]
+
+    assert positive(report["sampler_ms"])
+    data = report["data_images_per_s"]
+    assert set(data["by_size"]) == {"32", "112"} and all(positive(v) for v in data["by_size"].values())
+    assert data["headline"] == data["by_size"][str(data["headline_size"])]
+
+    assert report["e2e"] and all(r["world"] == 2 and positive(r.get("samples_per_s")) for r in report["e2e"])
+    assert MACHINE_KEYS <= set(report["machine"]) and report["machine"]["mode"] == "quick"
+    assert "| 20k | 0.1 | 2 |" in (tmp_path / "report.md").read_text()
+
+
+STAGED_VS_MODULE = r"""
+import json, sys
+import numpy as np
+import pytest
+from sample_fc import dist
+from sample_fc.bench_head import StageTimer, build_head_module, make_batches, staged_step
+dist.init()
+stepped, staged = (build_head_module(3000, 0.1, 16, 32, 0, 1) for _ in range(2))
+for batch in make_batches(3, 3000, 16, 32, 0):
+    stepped.step(batch)
+    staged_step(staged, batch, StageTimer())
+np.savez(sys.argv[1], **{f"{name}_{part}": getattr(module.bank, part).asnumpy()
+                         for name, module in (("stepped", stepped), ("staged", staged))
+                         for part in ("weight", "momentum")})
+dist.shutdown()
+"""
+
+
+def test_staged_step_computes_what_the_module_step_computes(tmp_path):
+    """Test that 3 staged head steps (the per-stage timing path) leave the bank's weights and
+    momentum exactly as 3 SampleDistributeModule.step calls do, from the same start."""
+    out = tmp_path / "banks.npz"
+    result = subprocess.run([sys.executable, "-c", STAGED_VS_MODULE, str(out)], capture_output=True,
+                            text=True, timeout=120, cwd=str(REPO), env=worker_env(1))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    banks = np.load(out)
+    for part in ("weight", "momentum"):
+        assert np.any(banks[f"stepped_{part}"] != 0)
+        np.testing.assert_allclose(banks[f"staged_{part}"], banks[f"stepped_{part}"], rtol=1e-6, atol=1e-9)
+
+
+def test_case_that_does_not_fit_is_skipped_without_running(tmp_path):
+    """Test that a head case predicted to exceed the memory headroom is reported as skipped,
+    with its predicted size, and nothing is started."""
+    record = bench.head_record(bench.FULL, 4_000_000, 1.0, 2, str(tmp_path), headroom=0.0)
+    assert "skipped" in record and "GB" in record["skipped"] and "ms_per_step" not in record
+    assert record["predicted_rss_mb_per_rank"] > 8192 and not list(tmp_path.iterdir())
+
+
+def test_memory_model_counts_bank_and_step_buffers():
+    """Test that the memory model gives weight + momentum for the bank and 3 K x D + 2 B x K
+    float32 arrays for the step's buffers (4M classes over 2 ranks: 8.2 GB of bank per rank)."""
+    bank, buffers, predicted = bench_report.head_memory_mb(2_000_000, 200_000, 256, 512)
+    assert math.isclose(bank, 2 * 2_000_000 * 512 * 4 / 1e6)
+    assert math.isclose(buffers, (3 * 200_000 * 512 + 2 * 256 * 200_000) * 4 / 1e6)
+    assert predicted > buffers
+
+
+def test_e2e_speed_skips_the_warmup_window():
+    """Test that the end-to-end speed is the mean of the progress windows after the first, read
+    through horovodrun's line prefixes, and that too few windows are an error."""
+    output = ("[1,0]<stdout>:04:00:01 [rank 0] step 2/6  10.0 samples/s  loss 40.1  lr 0.1  eta 0:00:02\n"
+              "[1,0]<stdout>:04:00:02 [rank 0] step 4/6  30.0 samples/s  loss 39.0  lr 0.1  eta 0:00:01\n"
+              "[1,0]<stdout>:04:00:03 [rank 0] step 6/6  50.0 samples/s  loss 38.2  lr 0.1  eta 0:00:00\n")
+    assert e2e_samples_per_s(output) == (40.0, [10.0, 30.0, 50.0])
+    with pytest.raises(ValueError, match="progress lines"):
+        e2e_samples_per_s(output.splitlines()[0])
+
+
+def test_markdown_shows_skipped_and_failed_cases():
+    """Test that the Markdown report renders skipped and failed cases with their reason next to
+    measured ones, and lists the targets it can judge."""
+    measured = {"classes": 1_000_000, "ratio": 0.1, "world": 1, "ms_per_step": 300.0, "samples_per_s": 426.7,
+                "bound_ms": 150.0, "ratio_to_bound": 2.0, "peak_rss_mb": 5000.0,
+                "peak_rss_mb_per_rank": [5000.0], "rss_ratio": 1.1,
+                "stages": {name: 300.0 / len(STAGES) for name in STAGES}}
+    report = {"head": [measured,
+                       {"classes": 4_000_000, "ratio": 0.1, "world": 2, "skipped": "needs about 25 GB"},
+                       {"classes": 100_000, "ratio": 1.0, "world": 2, "error": "timed out after 60 s"}],
+              "sampler_ms": 4.0, "e2e": [],
+              "data_images_per_s": {"headline_size": 112, "headline": None, "by_size": {"112": "make_demo failed"}},
+              "machine": {"mode": "full", "cpu": "cpu", "cores": 2, "memory_gb": 24, "python": "3", "mxnet": "1.9.1",
+                          "numpy": "1.23.5", "horovod": "0.28.1", "date": "today", "commit": "abc",
+                          "load_average_at_start": [0, 0, 0]}}
+    text = bench_report.markdown(report)
+    assert "| 1M | 0.1 | 1 | 300.0 |" in text
+    assert "skipped: needs about 25 GB" in text and "error: timed out after 60 s" in text
+    assert "error: make_demo failed" in text
+    assert "| head 1M, ratio 0.1, world 1 <= 1.5x NumPy bound | 2.00x | NO |" in text
+    assert "| sampler <= 10 ms at 1.25M local classes | 4.00 ms | yes |" in text
