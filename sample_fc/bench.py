@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import bench_report
 from .bench_jobs import REPO, e2e_case, make_demo_set, run_worker, worker_env, write_result
@@ -185,6 +185,8 @@ def main(argv=None):
     parser.add_argument("--markdown", metavar="OUT", help="write the report as Markdown tables")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
+    parser.add_argument("--classes", metavar="C1,C2", help="head cases' total classes (default: "
+                        "the plan's: 100000,1000000,4000000; --quick: 20000)")
     parser.add_argument("--memory-headroom", type=float, default=0.9, metavar="F",
                         help="skip a head case whose predicted RSS (all ranks) exceeds F x "
                              "MemAvailable (default 0.9; above 1 risks the OOM killer)")
@@ -194,6 +196,11 @@ def main(argv=None):
     if unknown:
         parser.error(f"--parts: unknown {unknown}; choose from {', '.join(PARTS)}")
     plan, mode = (QUICK, "quick") if args.quick else (FULL, "full")
+    if args.classes:
+        try:
+            plan = replace(plan, classes=tuple(int(c) for c in args.classes.split(",")))
+        except ValueError:
+            parser.error(f"--classes must be comma-separated integers, got {args.classes!r}")
     report = {"head": [], "sampler_ms": None, "data_images_per_s": None, "e2e": [],
               "machine": bench_report.machine_info(REPO, mode)}
     start = time.monotonic()

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from .model_io import add_model_arguments, batch_size_or_default, load_model
-from .verification import Embedder, to_nchw
+from .verification import Embedder, l2_normalize, to_nchw
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
@@ -48,34 +48,18 @@ def read_image(path, image_size):
     return np.asarray(image)
 
 
-def forward_unflipped(embedder, images):
-    """Embeddings (N, D) of images (N, 3, H, W) alone, through the Embedder's module."""
-    outputs = []
-    for start in range(0, len(images), embedder.batch_size):
-        chunk = images[start:start + embedder.batch_size]
-        padded = np.zeros((embedder.batch_size,) + chunk.shape[1:], dtype=np.float32)
-        padded[:len(chunk)] = chunk
-        embedder.module.forward(mx.io.DataBatch([mx.nd.array(padded, ctx=embedder.ctx)]), is_train=False)
-        outputs.append(embedder.module.get_outputs()[0].asnumpy()[:len(chunk)])
-    return np.concatenate(outputs)
-
-
-def l2_normalize(embeddings):
-    return embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
-
-
 def embed_folder(model, folder, batch_size, ctx, flip=True):
     """(embeddings float32 (N, D) L2-normalised, relative paths) of the images in folder,
     read one batch at a time."""
     paths = list_images(folder)
     embedder = Embedder(model.symbol, model.arg_params, model.aux_params, ctx, model.image_size,
-                        batch_size=batch_size)
+                        batch_size=batch_size, flip=flip)
     rows = []
     for start in range(0, len(paths), batch_size):
         batch = np.stack([read_image(os.path.join(folder, p), model.image_size)
                           for p in paths[start:start + batch_size]])
         batch = to_nchw(batch)
-        rows.append(embedder(batch) if flip else forward_unflipped(embedder, batch))
+        rows.append(embedder(batch))
     return l2_normalize(np.concatenate(rows)).astype(np.float32), paths
 
 

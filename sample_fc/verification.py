@@ -26,9 +26,14 @@ class VerificationResult:
                 f"TAR@FAR={self.far:g} {self.tar_at_far:.4f}, embedding norm {self.embedding_norm:.2f}")
 
 
+def l2_normalize(embeddings):
+    """Rows scaled to unit L2 norm (zero rows stay zero)."""
+    return embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+
+
 def pair_distances(embeddings):
     """Squared L2 distances of pairs (2i, 2i+1) of L2-normalised embeddings."""
-    normalized = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    normalized = l2_normalize(embeddings)
     return np.sum((normalized[0::2] - normalized[1::2]) ** 2, axis=1)
 
 
@@ -70,24 +75,25 @@ def to_nchw(images_uint8):
 
 
 class Embedder:
-    """Embeds batches of images with a backbone symbol + params on one context."""
+    """Embeds batches of images with a backbone symbol + params on one context; with flip
+    (the default) each embedding is that of the image plus that of its mirror."""
 
-    def __init__(self, symbol, arg_params, aux_params, ctx, image_size, batch_size=64):
-        self.batch_size, self.ctx = batch_size, ctx
+    def __init__(self, symbol, arg_params, aux_params, ctx, image_size, batch_size=64, flip=True):
+        self.batch_size, self.ctx, self.flip = batch_size, ctx, flip
         self.module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=ctx)
         self.module.bind(data_shapes=[("data", (batch_size, 3, image_size, image_size))],
                          for_training=False)
         self.module.set_params(arg_params, aux_params, allow_missing=False)
 
     def __call__(self, images):
-        """Flip-summed embeddings (N, D) of images (N, 3, H, W), pixels 0..255."""
+        """Embeddings (N, D) of images (N, 3, H, W), pixels 0..255, flip-summed if self.flip."""
         outputs = []
         for start in range(0, len(images), self.batch_size):
             chunk = images[start:start + self.batch_size]
             padded = np.zeros((self.batch_size,) + chunk.shape[1:], dtype=np.float32)
             padded[:len(chunk)] = chunk
             total = 0
-            for view in (padded, padded[:, :, :, ::-1]):
+            for view in (padded, padded[:, :, :, ::-1]) if self.flip else (padded,):
                 self.module.forward(mx.io.DataBatch([mx.nd.array(view, ctx=self.ctx)]), is_train=False)
                 total = total + self.module.get_outputs()[0].asnumpy()
             outputs.append(total[:len(chunk)])

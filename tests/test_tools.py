@@ -197,9 +197,9 @@ def test_embed_rows_equal_normalised_embedder_outputs(workspace, tmp_path):
     (folder / "sub").mkdir(parents=True)
     names = write_faces(str(folder / "sub"), 3, seed=1) + write_faces(str(folder), 2, seed=2)
     (folder / "notes.txt").write_text("not an image")
-    embedder = Embedder(workspace["symbol"], workspace["arg_params"], workspace["aux_params"],
-                        mx.cpu(), SIZE, batch_size=2)
     for flip in (True, False):
+        embedder = Embedder(workspace["symbol"], workspace["arg_params"], workspace["aux_params"],
+                            mx.cpu(), SIZE, batch_size=2, flip=flip)
         out = tmp_path / f"emb{flip}.npy"
         embed.main(["--model", str(workspace["models"]), "--images", str(folder), "--out", str(out),
                     "--batch-size", "2"] + ([] if flip else ["--no-flip"]))
@@ -207,7 +207,7 @@ def test_embed_rows_equal_normalised_embedder_outputs(workspace, tmp_path):
         assert paths == sorted(names[3:] + ["sub/" + n for n in names[:3]])
         pixels = np.stack([embed.read_image(str(folder / p), SIZE) for p in paths])
         pixels = pixels.transpose(0, 3, 1, 2).astype(np.float32)
-        want = embedder(pixels) if flip else embed.forward_unflipped(embedder, pixels)
+        want = embedder(pixels)
         want /= np.linalg.norm(want, axis=1, keepdims=True)
         got = np.load(out)
         assert got.shape == (5, DIM) and got.dtype == np.float32

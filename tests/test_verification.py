@@ -82,3 +82,11 @@ def test_embedder_sums_the_flipped_view():
     pairs[1::4] = pairs[0::4]                  # genuine pairs are identical images
     result = evaluate(embed, pairs, issame)
     assert result.accuracy == 1.0 and result.tar_at_far == 1.0 and result.embedding_norm > 0
+
+
+def test_embedder_without_flip_is_the_plain_forward():
+    """Test that flip=False gives f(x) alone for a linear 'backbone' (flatten)."""
+    embed = Embedder(mx.sym.Flatten(mx.sym.var("data")), {}, {}, mx.cpu(), image_size=4,
+                     batch_size=3, flip=False)
+    images = np.random.default_rng(4).random((4, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_allclose(embed(images), images.reshape(4, -1), rtol=1e-6)
