@@ -4,9 +4,9 @@
 
 Every measurement runs in a process of its own, bounded in time (world size 2 through
 sample_fc.launch.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
-not fit in memory is reported with an `error` or `skipped` field and the report goes on. `--quick` runs tiny
-shapes in about a minute; the full run is what BENCHMARKS.md describes. The workers are
-this module too: `python -m sample_fc.bench --worker {head,sampler,data} ...` (internal).
+not fit in memory is reported with an `error` or `skipped` field and the report goes on.
+`--quick` runs tiny shapes in well under a minute; BENCHMARKS.md describes the full run.
+The workers are this module too: `python -m sample_fc.bench --worker {head,sampler,data}`.
 """
 import argparse
 import json
@@ -21,7 +21,6 @@ from .bench_jobs import REPO, e2e_case, make_demo_set, run_worker, worker_env, w
 from .sampler import num_sample_for, shard_range
 
 PARTS = ("head", "sampler", "data", "e2e")
-BASELINE_MB = 300        # RSS of a worker besides bank and step (measured 160-350 MB)
 
 
 @dataclass(frozen=True)
@@ -30,17 +29,17 @@ class Plan:
     ratios: tuple
     worlds: tuple
     warmup: int                 # head steps before timing (the first builds oneDNN primitives)
-    min_steps: int
-    max_steps: int
-    budget_s: float             # per case: timed steps stop after about this much time ...
-    bound_repeats: int          # ... at least min_steps of them
-    head_timeout_s: int
+    min_steps: int              # timed (module.step, staged step) pairs per head case: about
+    max_steps: int              # budget_s worth of them, clamped to [min_steps, max_steps]
+    budget_s: float
+    bound_repeats: int          # NumPy GEMM / take+put repetitions (median)
+    head_timeout_s: int         # per head case, all ranks
     sampler_repeats: int
-    demo: dict                  # make_demo options (image size added per size)
-    data_sizes: tuple
+    demo: dict                  # make_demo options besides the image size ({} = its defaults)
+    data_sizes: tuple           # demo image sizes the loader reads
     data_batch: int
-    data_batches: int
-    e2e: tuple                  # (network, image_size, batch_per_rank, steps, frequent)
+    data_batches: int           # timed batches per rank, after one warm-up batch
+    e2e: tuple                  # (network, image_size, batch_per_rank, steps, frequent) per run
     e2e_classes: int
     e2e_timeout_s: int
     batch_per_rank: int = 128
@@ -51,14 +50,14 @@ class Plan:
     data_threads: int = 2       # = default.py's data_threads
 
 
-QUICK = Plan(classes=(20_000,), ratios=(0.1,), worlds=(1, 2), warmup=2, min_steps=7, max_steps=9,
+QUICK = Plan(classes=(20_000,), ratios=(0.1,), worlds=(1, 2), warmup=2, min_steps=11, max_steps=13,
              budget_s=2.0, bound_repeats=3, head_timeout_s=120, sampler_repeats=10,
              demo={"num_identities": 16, "images_per_identity": 16, "num_val_identities": 4,
                    "num_pairs": 20},
              data_sizes=(32, 112), data_batch=32, data_batches=8,
              e2e=(("mbf", 32, 8, 6, 2),), e2e_classes=1000, e2e_timeout_s=150)
 FULL = Plan(classes=(100_000, 1_000_000, 4_000_000), ratios=(1.0, 0.1), worlds=(1, 2), warmup=2,
-            min_steps=3, max_steps=20, budget_s=40.0, bound_repeats=5, head_timeout_s=1800,
+            min_steps=3, max_steps=20, budget_s=40.0, bound_repeats=3, head_timeout_s=1800,
             sampler_repeats=50, demo={}, data_sizes=(32, 112), data_batch=128, data_batches=40,
             e2e=(("mbf", 112, 64, 8, 2), ("r50", 112, 16, 8, 2)), e2e_classes=100_000,
             e2e_timeout_s=1800)
@@ -72,7 +71,7 @@ def head_record(plan, classes, ratio, world, folder, headroom):
     record = {"classes": classes, "ratio": ratio, "world": world}
     global_batch = plan.batch_per_rank * world
     per_rank = [head_memory_mb(plan, classes, ratio, world, r) for r in range(world)]
-    need_mb = sum(BASELINE_MB + bank + predicted for bank, _, predicted in per_rank)
+    need_mb = sum(predicted for _, _, predicted in per_rank)
     available_mb = bench_report.meminfo_kb()["MemAvailable"] * 1024 / 1e6
     record["predicted_rss_mb_per_rank"] = round(need_mb / world)
     if need_mb > headroom * available_mb:
@@ -108,7 +107,7 @@ def head_record(plan, classes, ratio, world, folder, headroom):
 
 
 def head_memory_mb(plan, classes, ratio, world, rank):
-    """(bank, buffers, predicted step peak) in MB of one rank of a head case."""
+    """(bank, buffers, predicted peak RSS) in MB of one rank of a head case."""
     _, num_local = shard_range(classes, rank, world)
     return bench_report.head_memory_mb(num_local, num_sample_for(num_local, ratio),
                                        plan.batch_per_rank * world, plan.embedding_size)
@@ -179,18 +178,21 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
         return worker_main(argv)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny shapes, about a minute")
+    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (30-40 s): checks the tool")
     parser.add_argument("--json", metavar="OUT", help="write the report as JSON")
     parser.add_argument("--markdown", metavar="OUT", help="write the report as Markdown tables")
     parser.add_argument("--parts", default=",".join(PARTS),
                         help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
     parser.add_argument("--classes", metavar="C1,C2", help="head cases' total classes (default: "
                         "the plan's: 100000,1000000,4000000; --quick: 20000)")
-    parser.add_argument("--memory-headroom", type=float, default=0.9, metavar="F",
-                        help="skip a head case whose predicted RSS (all ranks) exceeds F x "
-                             "MemAvailable (default 0.9; above 1 risks the OOM killer)")
+    parser.add_argument("--memory-headroom", type=float, default=0.97, metavar="F",
+                        help="skip a head case whose predicted peak RSS (all ranks) exceeds F x "
+                             "MemAvailable (default 0.97; near 1 risks the OOM killer)")
     args = parser.parse_args(argv)
+    if not args.memory_headroom > 0:
+        parser.error(f"--memory-headroom must be > 0, got {args.memory_headroom}")
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
@@ -198,9 +200,13 @@ def main(argv=None):
     plan, mode = (QUICK, "quick") if args.quick else (FULL, "full")
     if args.classes:
         try:
-            plan = replace(plan, classes=tuple(int(c) for c in args.classes.split(",")))
+            classes = tuple(int(c) for c in args.classes.split(","))
         except ValueError:
-            parser.error(f"--classes must be comma-separated integers, got {args.classes!r}")
+            classes = ()
+        if not classes or min(classes) < max(plan.worlds):
+            parser.error(f"--classes must be comma-separated integers >= {max(plan.worlds)} "
+                         f"(one class per rank at least), got {args.classes!r}")
+        plan = replace(plan, classes=classes)
     report = {"head": [], "sampler_ms": None, "data_images_per_s": None, "e2e": [],
               "machine": bench_report.machine_info(REPO, mode)}
     start = time.monotonic()
@@ -236,7 +242,8 @@ def main(argv=None):
 def _progress(record, start):
     shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in record.items()
              if k not in ("stages", "bound", "peak_rss_mb_per_rank")}
-    print(f"[bench {time.monotonic() - start:6.1f}s] {json.dumps(shown)[:400]}", file=sys.stderr, flush=True)
+    print(f"[bench {time.monotonic() - start:6.1f}s] {json.dumps(shown)[:400]}", file=sys.stderr,
+          flush=True)
 
 
 if __name__ == "__main__":

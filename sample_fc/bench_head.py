@@ -5,7 +5,8 @@ so its peak RSS belongs to one case. The head is the real SampleDistributeModule
 identity "backbone" (the data are the embeddings): `ms_per_step` times `module.step`, the
 code a training step runs. The per-stage times come from `staged_step`, the same library
 calls in the same order with mx.nd.waitall() between stages (test_bench pins that it
-computes exactly what module.step computes). Started by `python -m sample_fc.bench`.
+computes exactly what module.step computes). CPU only: the bound reads the bank's host
+memory in place. Started by `python -m sample_fc.bench`.
 """
 import contextlib
 import ctypes
@@ -16,15 +17,13 @@ import mxnet as mx
 import numpy as np
 
 from . import dist
-from .head import normalize_rows, normalize_rows_backward
 from .margin import CombinedMargin
 from .memory_bank import MemoryBank
 from .module import SampleDistributeModule
-from .sampler import as_int_labels, class_center_sample, num_sample_for, shard_range
-from .softmax import margin_softmax_backward, margin_softmax_forward
+from .sampler import class_center_sample, num_sample_for, shard_range
 
 STAGES = ("allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "reducescatter",
-          "finite_check", "bank_update")
+          "backbone_backward", "finite_check", "bank_update")
 EMBEDDING_POOL = 4          # distinct embedding batches cycled through (labels differ every step)
 
 
@@ -82,42 +81,11 @@ class StageTimer:
 
 
 def staged_step(module, batch, timer):
-    """SampleDistributeModule.step for an identity backbone, one timed block per stage.
-
-    The same calls as module.backward_all with head_forward_backward split into its stages,
-    then the module's own step_is_finite and update, in the order module.step makes them
-    (the identity backbone has nothing to run). Returns the loss.
-    """
-    bank, ctx, margin = module.bank, module.bank.ctx, module.margin
-    labels = as_int_labels(batch.label[0])
-    with timer("allgather"):         # 2. the global batch: embeddings (B x D), integer labels (B)
-        all_embeddings = module.allgather(batch.data[0].as_in_context(ctx), "embeddings")
-        all_labels = dist.allgather(mx.nd.array(labels, dtype="int64"), "labels").asnumpy()
-    with timer("sample"):            # 3. all local positives + uniform negatives
-        target, index = bank.sample(all_labels)
-        index = bank.index_array(index)
-        target = mx.nd.array(target, ctx=ctx, dtype="int64")
-    with timer("gather_rows"):       # 4. the sampled rows of weight and momentum
-        weight_rows, momentum_rows = bank.get(index)
-    with timer("logits"):            # 5. cosine GEMM of the normalised rows
-        x_hat, x_norms = normalize_rows(all_embeddings)
-        w_hat, w_norms = normalize_rows(weight_rows)
-        cosine = mx.nd.FullyConnected(x_hat, w_hat, no_bias=True, num_hidden=weight_rows.shape[0])
-    with timer("softmax"):           # 6-8. margin, exact distributed softmax, d loss / d cosine
-        loss_rows, cache = margin_softmax_forward(cosine, target, margin, dist.allreduce_max,
-                                                  dist.allreduce_sum)
-        loss = mx.nd.sum(loss_rows) / len(all_labels)
-        grad_rows = mx.nd.full(loss_rows.shape, 1.0 / len(all_labels), ctx=ctx, dtype=cosine.dtype)
-        grad_cosine = margin_softmax_backward(cache, grad_rows)
-    with timer("gradients"):         # 8. two GEMMs and the normalisation backward
-        grad_x_hat = mx.nd.dot(grad_cosine, w_hat)
-        grad_w_hat = mx.nd.dot(grad_cosine, x_hat, transpose_a=True)
-        grad_all_embeddings = normalize_rows_backward(grad_x_hat, x_hat, x_norms)
-        grad_weight_rows = normalize_rows_backward(grad_w_hat, w_hat, w_norms)
-    with timer("reducescatter"):     # 9. this rank's rows of d loss / d embeddings
-        dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
-    # what backward_all leaves for update(), exactly as it does
-    module._pending_bank_update = (index, weight_rows, momentum_rows, grad_weight_rows)
+    """SampleDistributeModule.step with each block of the module's own code timed: the
+    module's backward_all with `timer` as its stage, then step_is_finite and update, in the
+    order module.step makes them (the identity backbone has nothing to run). Returns the loss."""
+    module.forward(batch)
+    loss = module.backward_all(stage=timer)
     with timer("finite_check"):      # loss and gradients finite on every rank (one allreduce)
         finite = module.step_is_finite(loss)
     if not finite:
@@ -172,6 +140,14 @@ def _median_call_ms(function, repeats):
 
 
 # ---- the workers ---------------------------------------------------------------------------
+def _timed_step(module, batch):
+    """Seconds of one module.step, all its work finished."""
+    start = time.perf_counter()
+    module.step(batch)
+    mx.nd.waitall()
+    return time.perf_counter() - start
+
+
 def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max_steps, budget_s,
               bound_repeats):
     """Measure one head case on this rank; returns the record of this rank (a dict)."""
@@ -181,6 +157,7 @@ def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max
     _, num_local = shard_range(classes, rank, world)
     num_sampled = num_sample_for(num_local, ratio)
     global_batch = batch_size * world
+    dist.barrier("bench.gemm_bound")     # ranks share the machine: measure them together
     bound = gemm_bound_ms(global_batch, num_sampled, embedding_size, bound_repeats)
 
     start = time.perf_counter()
@@ -188,27 +165,19 @@ def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max
     mx.nd.waitall()
     bank_init_s = time.perf_counter() - start
     batches = make_batches(warmup + 2 * max_steps, classes, batch_size, embedding_size, rank)
-    step_seconds, stage_seconds = [], {name: [] for name in STAGES}
-    for batch in batches[:warmup]:
-        start = time.perf_counter()
-        module.step(batch)
-        mx.nd.waitall()
-        step_seconds.append(time.perf_counter() - start)
+    warmup_seconds = [_timed_step(module, batch) for batch in batches[:warmup]]
     # every rank must run the same number of steps: agree on the slowest rank's estimate
-    estimate = dist.allreduce_max(mx.nd.array([step_seconds[-1]]), "bench.step_estimate").asscalar()
+    estimate = dist.allreduce_max(mx.nd.array([warmup_seconds[-1]]), "bench.step_estimate").asscalar()
     steps = int(min(max_steps, max(min_steps, budget_s / 2 / max(estimate, 1e-6))))
-    step_seconds = []
+    step_seconds, stage_seconds = [], {name: [] for name in STAGES}
     for i in range(steps):           # interleaved, so both see the same machine load
-        step_batch, staged_batch = batches[warmup + 2 * i], batches[warmup + 2 * i + 1]
-        start = time.perf_counter()
-        module.step(step_batch)
-        mx.nd.waitall()
-        step_seconds.append(time.perf_counter() - start)
+        step_seconds.append(_timed_step(module, batches[warmup + 2 * i]))
         timer = StageTimer()
-        staged_step(module, staged_batch, timer)
+        staged_step(module, batches[warmup + 2 * i + 1], timer)
         for name in STAGES:
             stage_seconds[name].append(timer.seconds[name])
     _, index = class_center_sample(np.asarray([0]), num_local, num_sampled, rng=np.random.default_rng(0))
+    dist.barrier("bench.rows_bound")
     bound["rows_take_put"] = rows_traffic_ms(module.bank, index, bound_repeats)
     current_mb, peak_mb = rss_mb()
     return {"rank": rank, "world": world, "classes": classes, "ratio": ratio,

@@ -10,14 +10,13 @@ ProgressLogger's lines. This module imports no mxnet until a worker runs.
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .launch import JobResult, run_job, single_thread_env
+from . import launch
+from .launch import run_job, single_thread_env
 
 REPO = str(Path(__file__).resolve().parents[1])   # train.py and optimizer.py live here
 PROGRESS_LINE = re.compile(r"step (\d+)/(\d+)\s+([0-9.]+) samples/s")
@@ -37,17 +36,7 @@ def run_bounded(argv, num_proc, timeout_s, env):
     """Run argv on num_proc local workers (horovodrun when > 1); kill it after timeout_s."""
     if num_proc > 1:
         return run_job(argv, num_proc=num_proc, timeout_s=timeout_s, env=env, cwd=REPO)
-    start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=REPO, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        timed_out = True
-    return JobResult(proc.returncode, stdout, stderr, timed_out, time.monotonic() - start)
+    return launch.run_bounded(argv, timeout_s=timeout_s, env=env, cwd=REPO)
 
 
 def run_worker(kind, options, world, timeout_s, folder):
@@ -56,7 +45,7 @@ def run_worker(kind, options, world, timeout_s, folder):
     Returns (per-rank records, None), or (None, error message) when the job failed, hung
     or left a rank's record missing.
     """
-    prefix = os.path.join(folder, f"{kind}-{len(os.listdir(folder))}")
+    prefix = os.path.join(tempfile.mkdtemp(prefix=f"{kind}-", dir=folder), "result")
     argv = [sys.executable, "-m", "sample_fc.bench", "--worker", kind, "--out", prefix]
     for key, value in options.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]

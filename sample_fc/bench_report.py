@@ -62,23 +62,25 @@ def machine_info(repo, mode):
 
 
 # ---- memory of one head case, per rank -----------------------------------------------------
-# Arrays of a step alive at its peak, in units of K x D and B x K float32 arrays, fitted to
-# the measured peak RSS of staged head steps (K = 200k: 6.1 K x D + 5.7 B x K) plus a margin.
-STEP_PEAK_KD, STEP_PEAK_BK = 6.5, 6.5
+# Peak RSS of a head worker = its baseline (imports, Horovod: 155-165 MB measured) + the bank
+# + the step's temporaries, in units of K x D and B x K float32 arrays, fitted to the peak RSS
+# of head workers at K = 200k with B = 128 and 256 (1.8 and 3.7 GB above bank and baseline).
+BASELINE_MB = 200
+STEP_PEAK_KD, STEP_PEAK_BK = 6.1, 5.7
 
 
 def head_memory_mb(num_local, num_sampled, global_batch, embedding_size):
-    """(bank, buffers, predicted step peak) in MB for one rank.
+    """(bank, buffers, predicted peak RSS) in MB for one rank.
 
     bank: weight + momentum of the shard. buffers: what a step must hold at once, the
     sampled weight, momentum and gradient rows (3 K x D) plus cosine and probabilities
-    (2 B x K). predicted: what the current head holds at its peak (temporaries included).
-    All float32.
+    (2 B x K). predicted: the whole process at its peak with the current head (baseline,
+    bank and the step's temporaries). All float32.
     """
     k_by_d, b_by_k = num_sampled * embedding_size, global_batch * num_sampled
     bank = 2 * num_local * embedding_size * FLOAT32 / MB
     buffers = (3 * k_by_d + 2 * b_by_k) * FLOAT32 / MB
-    predicted = (STEP_PEAK_KD * k_by_d + STEP_PEAK_BK * b_by_k) * FLOAT32 / MB
+    predicted = BASELINE_MB + bank + (STEP_PEAK_KD * k_by_d + STEP_PEAK_BK * b_by_k) * FLOAT32 / MB
     return bank, buffers, predicted
 
 
@@ -87,6 +89,12 @@ def _num(value, digits=1):
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return f"{value:,.{digits}f}"
+
+
+def _cell(text, limit=160):
+    """The first line of a message, safe inside a Markdown table cell."""
+    lines = str(text).strip().splitlines() or [""]
+    return lines[0].replace("|", "/")[:limit]
 
 
 def _classes(count):
@@ -104,8 +112,8 @@ def head_table(records):
         head = f"| {_classes(r['classes'])} | {r['ratio']:g} | {r['world']} "
         if "ms_per_step" not in r:
             note = r.get("error") or r.get("skipped") or "not run"
-            lines.append(head + f"| {'skipped' if 'skipped' in r else 'error'}: "
-                         f"{note.splitlines()[0][:160]} |" + " |" * (7 + len(stages)))
+            lines.append(head + f"| {'skipped' if 'skipped' in r else 'error'}: {_cell(note)} |"
+                         + " |" * (7 + len(stages)))
             continue
         shares = [100 * r["stages"].get(s, 0.0) / r["ms_per_step"] for s in stages]
         lines.append(head + f"| {_num(r['ms_per_step'])} | {_num(r['samples_per_s'], 0)} "
@@ -129,8 +137,8 @@ def targets(report):
     case = head.get((4_000_000, 0.1, 2))
     if case:
         fits = "rss_ratio" in case
-        measured = (f"peak {max(case['peak_rss_mb_per_rank']) / 1e3:.1f} GB/rank, "
-                    f"{case['rss_ratio']:.2f}x" if fits else (case.get("error") or case.get("skipped", ""))[:80])
+        measured = (f"peak {max(case['peak_rss_mb_per_rank']) / 1e3:.1f} GB/rank, {case['rss_ratio']:.2f}x"
+                    if fits else _cell(case.get("error") or case.get("skipped", ""), 120))
         rows.append(("4M, 2 workers: fits in 24 GB, peak RSS <= 1.15x bank + buffers", measured,
                      fits and case["rss_ratio"] <= 1.15))
     data = report["data_images_per_s"] or {}
@@ -153,22 +161,26 @@ def markdown(report):
              f"{m.get('load_average_at_end')} at end.", "",
              "## Head step (no backbone), per-rank batch 128, D 512", ""]
     lines += head_table(report["head"])
+    lines += ["", "Stage columns: % of ms/step, each stage timed with every MXNet operation finished "
+              "at both ends (steps alternating with the timed module.step)."]
     sampler = report["sampler_ms"]
     lines += ["", "## Sampler, 1.25M local classes, 512 positives, ratio 0.1", "",
-              f"{sampler:.2f} ms (median)" if isinstance(sampler, (int, float)) else f"error: {sampler}"]
+              f"{sampler:.2f} ms (median)" if isinstance(sampler, (int, float))
+              else f"error: {_cell((sampler or {}).get('error', 'not run'))}"]
     data = report["data_images_per_s"] or {}
     lines += ["", "## Data loader (FaceRecordIter on the demo set), images/s per rank, 2 ranks", "",
               "| image size | images/s per rank |", "|---|---|"]
     for size, value in (data.get("by_size") or {}).items():
-        shown = _num(value, 0) if isinstance(value, (int, float)) else f"error: {str(value)[:120]}"
+        shown = _num(value, 0) if isinstance(value, (int, float)) else f"error: {_cell(value, 120)}"
         lines.append(f"| {size} px{' (headline)' if int(size) == data.get('headline_size') else ''} "
                      f"| {shown} |")
     lines += ["", "## End to end (train.py, synthetic data, 2 workers)", "",
               "| network | image | batch/rank | world | samples/s (global) |", "|---|---|---|---|---|"]
     for r in report["e2e"]:
-        shown = _num(r.get("samples_per_s"), 1) if "samples_per_s" in r else \
-            f"error: {r.get('error', '').splitlines()[0][:120]}"
-        lines.append(f"| {r['network']} | {r['image_size']} | {r['batch_per_rank']} | {r['world']} | {shown} |")
+        shown = (_num(r["samples_per_s"], 1) if "samples_per_s" in r
+                 else f"error: {_cell(r.get('error', 'not run'), 120)}")
+        lines.append(f"| {r['network']} | {r['image_size']} | {r['batch_per_rank']} | {r['world']} "
+                     f"| {shown} |")
     rows = targets(report)
     if rows:
         lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]

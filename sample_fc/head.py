@@ -7,11 +7,19 @@
 Three GEMMs (cosine, d x_hat, d w_hat) dominate; they run as FullyConnected/dot on the
 arrays' own context, so the same code serves CPU and GPU.
 """
+import contextlib
+
 import mxnet as mx
 
 from .softmax import margin_softmax_backward, margin_softmax_forward
 
 NORM_EPS = 1e-12
+
+
+def no_stage(name):
+    """The default `stage`: names a block of the step and does nothing (a benchmark passes
+    a timer with the same signature to time each block)."""
+    return contextlib.nullcontext()
 
 
 def normalize_rows(matrix):
@@ -27,7 +35,7 @@ def normalize_rows_backward(grad_normalized, normalized, norms):
 
 
 def head_forward_backward(embeddings, weights, target, margin, total_rows,
-                          allreduce_max, allreduce_sum):
+                          allreduce_max, allreduce_sum, stage=no_stage):
     """Loss and gradients of the Partial FC head on one rank.
 
     embeddings: (B, D) the global batch; weights: (K, D) this rank's sampled centers;
@@ -36,17 +44,18 @@ def head_forward_backward(embeddings, weights, target, margin, total_rows,
     Returns (loss (1,) NDArray, grad_embeddings (B, D) partial (this rank's columns only,
     to be summed over ranks), grad_weights (K, D)).
     """
-    x_hat, x_norms = normalize_rows(embeddings)
-    w_hat, w_norms = normalize_rows(weights)
-    cosine = mx.nd.FullyConnected(x_hat, w_hat, no_bias=True, num_hidden=weights.shape[0])
-
-    loss_rows, cache = margin_softmax_forward(cosine, target, margin, allreduce_max, allreduce_sum)
-    loss = mx.nd.sum(loss_rows) / total_rows
-    grad_rows = mx.nd.full(loss_rows.shape, 1.0 / total_rows, ctx=cosine.context, dtype=cosine.dtype)
-    grad_cosine = margin_softmax_backward(cache, grad_rows)
-
-    grad_x_hat = mx.nd.dot(grad_cosine, w_hat)
-    grad_w_hat = mx.nd.dot(grad_cosine, x_hat, transpose_a=True)
-    grad_embeddings = normalize_rows_backward(grad_x_hat, x_hat, x_norms)
-    grad_weights = normalize_rows_backward(grad_w_hat, w_hat, w_norms)
+    with stage("logits"):            # cosine GEMM of the normalised rows
+        x_hat, x_norms = normalize_rows(embeddings)
+        w_hat, w_norms = normalize_rows(weights)
+        cosine = mx.nd.FullyConnected(x_hat, w_hat, no_bias=True, num_hidden=weights.shape[0])
+    with stage("softmax"):           # margin, exact distributed softmax, d loss / d cosine
+        loss_rows, cache = margin_softmax_forward(cosine, target, margin, allreduce_max, allreduce_sum)
+        loss = mx.nd.sum(loss_rows) / total_rows
+        grad_rows = mx.nd.full(loss_rows.shape, 1.0 / total_rows, ctx=cosine.context, dtype=cosine.dtype)
+        grad_cosine = margin_softmax_backward(cache, grad_rows)
+    with stage("gradients"):         # two GEMMs and the normalisation backward
+        grad_x_hat = mx.nd.dot(grad_cosine, w_hat)
+        grad_w_hat = mx.nd.dot(grad_cosine, x_hat, transpose_a=True)
+        grad_embeddings = normalize_rows_backward(grad_x_hat, x_hat, x_norms)
+        grad_weights = normalize_rows_backward(grad_w_hat, w_hat, w_norms)
     return loss, grad_embeddings, grad_weights

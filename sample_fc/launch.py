@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 CONTROLLERS = ("gloo", "mpi")
@@ -64,10 +65,8 @@ def single_thread_env(extra=None):
     return env
 
 
-def run_job(argv, num_proc=2, controller="gloo", timeout_s=300, env=None, cwd=None):
-    """Run `argv` under horovodrun on local workers; kill everything after `timeout_s`."""
-    import time
-    command = horovodrun_command(argv, num_proc, controller)
+def run_bounded(command, timeout_s=300, env=None, cwd=None):
+    """Run a command in its own process group; kill the whole group after `timeout_s`."""
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env if env is not None else single_thread_env(), cwd=cwd,
@@ -80,6 +79,11 @@ def run_job(argv, num_proc=2, controller="gloo", timeout_s=300, env=None, cwd=No
         stdout, stderr = proc.communicate()
         timed_out = True
     return JobResult(proc.returncode, stdout, stderr, timed_out, time.monotonic() - start)
+
+
+def run_job(argv, num_proc=2, controller="gloo", timeout_s=300, env=None, cwd=None):
+    """Run `argv` under horovodrun on local workers; kill everything after `timeout_s`."""
+    return run_bounded(horovodrun_command(argv, num_proc, controller), timeout_s, env, cwd)
 
 
 if __name__ == "__main__":

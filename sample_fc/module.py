@@ -14,7 +14,7 @@ import mxnet as mx
 import numpy as np
 
 from . import dist
-from .head import head_forward_backward
+from .head import head_forward_backward, no_stage
 from .sampler import as_int_labels
 
 
@@ -109,26 +109,32 @@ class SampleDistributeModule:
             raise ValueError(f"expected {self.batch_size} labels per rank, got shape {self._labels.shape}")
         self.backbone.forward(data_batch, is_train=is_train)
 
-    def backward_all(self):
-        """Steps 2-9: gather, sample, head loss and gradients, backbone backward. Returns loss."""
+    def backward_all(self, stage=no_stage):
+        """Steps 2-9: gather, sample, head loss and gradients, backbone backward. Returns loss.
+
+        stage(name) -> context manager wraps each block (see head.no_stage; benchmarks time them).
+        """
         bank_ctx = self.bank.ctx
         embeddings = self.backbone.get_outputs(merge_multi_context=True)[0]
-        # 2. gather the global batch: embeddings (B x D) and integer labels (B)
-        all_embeddings = self.allgather(embeddings.as_in_context(bank_ctx), "embeddings")
-        all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
-        # 3. sample this rank's centers: all local positives + uniform negatives
-        target, index = self.bank.sample(all_labels)
-        index = self.bank.index_array(index)
-        # 4. read the sampled rows of the bank
-        weight_rows, momentum_rows = self.bank.get(index)
+        with stage("allgather"):      # 2. the global batch: embeddings (B x D), integer labels (B)
+            all_embeddings = self.allgather(embeddings.as_in_context(bank_ctx), "embeddings")
+            all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
+        with stage("sample"):         # 3. this rank's centers: all local positives + uniform negatives
+            target, index = self.bank.sample(all_labels)
+            index = self.bank.index_array(index)
+            target = mx.nd.array(target, ctx=bank_ctx, dtype="int64")
+        with stage("gather_rows"):    # 4. read the sampled rows of the bank
+            weight_rows, momentum_rows = self.bank.get(index)
         # 5-8. cosine, margin, exact distributed softmax, gradients
         loss, grad_all_embeddings, grad_weight_rows = head_forward_backward(
-            all_embeddings, weight_rows, mx.nd.array(target, ctx=bank_ctx, dtype="int64"),
-            self.margin, len(all_labels), dist.allreduce_max, dist.allreduce_sum)
-        # 9. this rank's rows of d loss / d embeddings, summed over ranks; backbone backward
-        grad_embeddings = dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
-        self.backbone.backward(out_grads=[grad_embeddings.as_in_context(self.contexts[0])])
+            all_embeddings, weight_rows, target, self.margin, len(all_labels),
+            dist.allreduce_max, dist.allreduce_sum, stage)
+        with stage("reducescatter"):  # 9. this rank's rows of d loss / d embeddings, summed over ranks
+            grad_embeddings = dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
+        with stage("backbone_backward"):
+            self.backbone.backward(out_grads=[grad_embeddings.as_in_context(self.contexts[0])])
         self._pending_bank_update = (index, weight_rows, momentum_rows, grad_weight_rows)
+        self._grad_all_embeddings = grad_all_embeddings
         return loss
 
     def update(self):
@@ -141,12 +147,21 @@ class SampleDistributeModule:
         self._pending_bank_update = None
 
     def step_is_finite(self, loss):
-        """True when the loss and every gradient of this step are finite on every rank."""
-        _, _, _, grad_weight_rows = self._pending_bank_update
-        sums = [loss.reshape(-1), mx.nd.sum(grad_weight_rows).reshape(-1)]
-        for per_device in self.backbone._exec_group.grad_arrays:
-            sums.extend(mx.nd.sum(g).as_in_context(loss.context).reshape(-1) for g in per_device)
-        local_bad = 0.0 if np.isfinite(mx.nd.add_n(*sums).asscalar()) else 1.0
+        """True when the loss and every gradient of this step are finite on every rank.
+
+        Checks the loss, this rank's d loss / d embeddings (it shares every factor of the
+        bank-row gradients except the finite normalised rows) and the backbone gradients,
+        the latter with one fused sum of squares (NaN and Inf propagate through it).
+        """
+        checks = [loss.reshape(-1), mx.nd.sum(self._grad_all_embeddings).reshape(-1)]
+        grads_by_context = {}
+        for per_parameter in self.backbone._exec_group.grad_arrays:
+            for grad in per_parameter:
+                grads_by_context.setdefault(grad.context, []).append(grad)
+        for grads in grads_by_context.values():
+            squares = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))
+            checks.append(mx.nd.sum(squares).as_in_context(loss.context).reshape(-1))
+        local_bad = 0.0 if np.isfinite(mx.nd.add_n(*checks).asscalar()) else 1.0
         return dist.allreduce_max(mx.nd.array([local_bad]), "step.nonfinite").asscalar() == 0.0
 
     def step(self, data_batch):
@@ -156,7 +171,7 @@ class SampleDistributeModule:
         rank (BatchNorm statistics included); after max_nonfinite_steps such steps in a
         row NonFiniteError is raised.
         """
-        aux_before = [[a.copy() for a in per_device] for per_device in self.backbone._exec_group.aux_arrays]
+        aux_before = [[a.copy() for a in per_context] for per_context in self.backbone._exec_group.aux_arrays]
         self.forward(data_batch)
         loss = self.backward_all()
         if self.step_is_finite(loss):

@@ -48,20 +48,22 @@ def test_quick_report_has_every_part_with_sane_numbers(tmp_path):
         assert math.isclose(record["ratio_to_bound"], record["ms_per_step"] / record["bound_ms"])
         assert len(record["peak_rss_mb_per_rank"]) == record["world"]
 
-    assert positive(report["sampler_ms"])
+    assert positive(report["sampler_ms"]), report["sampler_ms"]
     data = report["data_images_per_s"]
-    assert set(data["by_size"]) == {"32", "112"} and all(positive(v) for v in data["by_size"].values())
+    assert set(data["by_size"]) == {"32", "112"}, data
+    assert all(positive(v) for v in data["by_size"].values()), data
     assert data["headline"] == data["by_size"][str(data["headline_size"])]
 
-    assert report["e2e"] and all(r["world"] == 2 and positive(r.get("samples_per_s")) for r in report["e2e"])
+    assert report["e2e"]
+    for record in report["e2e"]:
+        assert record["world"] == 2 and positive(record.get("samples_per_s")), record
     assert MACHINE_KEYS <= set(report["machine"]) and report["machine"]["mode"] == "quick"
     assert "| 20k | 0.1 | 2 |" in (tmp_path / "report.md").read_text()
 
 
 STAGED_VS_MODULE = r"""
-import json, sys
+import sys
 import numpy as np
-import pytest
 from sample_fc import dist
 from sample_fc.bench_head import StageTimer, build_head_module, make_batches, staged_step
 dist.init()
@@ -86,7 +88,7 @@ def test_staged_step_computes_what_the_module_step_computes(tmp_path):
     banks = np.load(out)
     for part in ("weight", "momentum"):
         assert np.any(banks[f"stepped_{part}"] != 0)
-        np.testing.assert_allclose(banks[f"staged_{part}"], banks[f"stepped_{part}"], rtol=1e-6, atol=1e-9)
+        np.testing.assert_array_equal(banks[f"staged_{part}"], banks[f"stepped_{part}"])
 
 
 def test_case_that_does_not_fit_is_skipped_without_running(tmp_path):
@@ -103,7 +105,7 @@ def test_memory_model_counts_bank_and_step_buffers():
     bank, buffers, predicted = bench_report.head_memory_mb(2_000_000, 200_000, 256, 512)
     assert math.isclose(bank, 2 * 2_000_000 * 512 * 4 / 1e6)
     assert math.isclose(buffers, (3 * 200_000 * 512 + 2 * 256 * 200_000) * 4 / 1e6)
-    assert predicted > buffers
+    assert predicted > bank + buffers
 
 
 def test_e2e_speed_skips_the_warmup_window():
@@ -120,18 +122,19 @@ def test_e2e_speed_skips_the_warmup_window():
 def test_markdown_shows_skipped_and_failed_cases():
     """Test that the Markdown report renders skipped and failed cases with their reason next to
     measured ones, and lists the targets it can judge."""
-    measured = {"classes": 1_000_000, "ratio": 0.1, "world": 1, "ms_per_step": 300.0, "samples_per_s": 426.7,
-                "bound_ms": 150.0, "ratio_to_bound": 2.0, "peak_rss_mb": 5000.0,
+    measured = {"classes": 1_000_000, "ratio": 0.1, "world": 1, "ms_per_step": 300.0,
+                "samples_per_s": 426.7, "bound_ms": 150.0, "ratio_to_bound": 2.0, "peak_rss_mb": 5000.0,
                 "peak_rss_mb_per_rank": [5000.0], "rss_ratio": 1.1,
                 "stages": {name: 300.0 / len(STAGES) for name in STAGES}}
     report = {"head": [measured,
                        {"classes": 4_000_000, "ratio": 0.1, "world": 2, "skipped": "needs about 25 GB"},
                        {"classes": 100_000, "ratio": 1.0, "world": 2, "error": "timed out after 60 s"}],
               "sampler_ms": 4.0, "e2e": [],
-              "data_images_per_s": {"headline_size": 112, "headline": None, "by_size": {"112": "make_demo failed"}},
-              "machine": {"mode": "full", "cpu": "cpu", "cores": 2, "memory_gb": 24, "python": "3", "mxnet": "1.9.1",
-                          "numpy": "1.23.5", "horovod": "0.28.1", "date": "today", "commit": "abc",
-                          "load_average_at_start": [0, 0, 0]}}
+              "data_images_per_s": {"headline_size": 112, "headline": None,
+                                    "by_size": {"112": "make_demo failed"}},
+              "machine": {"mode": "full", "cpu": "cpu", "cores": 2, "memory_gb": 24, "python": "3",
+                          "mxnet": "1.9.1", "numpy": "1.23.5", "horovod": "0.28.1", "date": "today",
+                          "commit": "abc", "load_average_at_start": [0, 0, 0]}}
     text = bench_report.markdown(report)
     assert "| 1M | 0.1 | 1 | 300.0 |" in text
     assert "skipped: needs about 25 GB" in text and "error: timed out after 60 s" in text

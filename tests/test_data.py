@@ -198,7 +198,7 @@ def test_synthetic_labels_large_int64_and_reproducible():
 
 def test_plain_rec_without_header(tmp_path):
     """Test that a .rec without header record 0 is read with every indexed key as an image."""
-    truth = write_dataset(tmp_path, [3, 1, 4, 1, 5, 9, 2, 6], header=False)
+    write_dataset(tmp_path, [3, 1, 4, 1, 5, 9, 2, 6], header=False)
     it = FaceRecordIter(str(tmp_path / "train.rec"), batch_size=8, data_shape=(3, SIZE, SIZE), shuffle=False,
                         rand_mirror=False)
     assert it.num_images == 8 and it.identity_range is None and it.num_classes is None

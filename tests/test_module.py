@@ -1,6 +1,5 @@
 """Tests for SampleDistributeModule on one process against the NumPy reference."""
 import numpy as np
-import pytest
 
 import partial_fc_case as case
 import reference as ref
