@@ -38,17 +38,18 @@ def assert_same(a, b, rtol=1e-6):
 
 
 def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
-    """Test that 2 workers train (loss falls), keep the last K checkpoints, and the backbone
-    loads with mx.model.load_checkpoint."""
+    """Test that 2 workers train (loss falls), keep the last K checkpoints, write TensorBoard
+    events, and the backbone loads with mx.model.load_checkpoint."""
     root = tmp_path / "run"
     result = train(root, tiny_data, "--set", "max_update=32", "--set", "ckpt_period=8",
-                   "--set", "ckpt_keep=2", "--set", "verbose=16")
+                   "--set", "ckpt_keep=2", "--set", "verbose=16", "--set", "tensorboard=true")
     losses = [float(x) for x in re.findall(r"step \d+/32 .* loss ([\d.]+)", result.stdout)]
     assert len(losses) == 8, result.stdout[-3000:]
     assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 1.0, losses
     assert [s for s, _ in list_checkpoints(root)] == [24, 32]
     symbol, arg_params, _ = mx.model.load_checkpoint(str(root / "step-00000032" / "model"), 32)
     assert symbol.list_outputs() == ["embeddings_output"] and "embedding_fc_weight" in arg_params
+    assert list((root / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events"
     config = json.loads((root / "config.json").read_text())
     assert config["max_update"] == 32 and config["network"] == "mbf"
     # in-training verification ran on both workers (steps 16 and 32) and the stand-alone tool
