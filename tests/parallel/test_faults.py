@@ -17,7 +17,8 @@ def _fails(result, *messages):
     assert result.returncode != 0, result.output[-3000:]
     for message in messages:
         assert message in result.output, f"{message!r} not in output:\n{result.output[-4000:]}"
-    print(f"\nexit code {result.returncode} after {result.seconds:.1f} s")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1].split(" ")[0]
+    print(f"\nFAULT {test}: exit code {result.returncode} after {result.seconds:.1f} s")
     assert result.seconds < EXIT_BOUND_S + 30      # + start-up of two MXNet processes
 
 
