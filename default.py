@@ -22,6 +22,7 @@ from easydict import EasyDict as edict
 CONTEXTS = ('auto', 'cpu', 'gpu')        # valid values of cfg.context
 BANK_CONTEXTS = ('same', 'cpu')          # valid values of cfg.bank_context
 ALLGATHERS = ('native', 'allreduce')     # valid values of cfg.allgather
+HEAD_KERNELS = ('auto', 'host', 'device')  # valid values of cfg.head_kernel
 
 
 def _base_config():
@@ -55,6 +56,7 @@ def _base_config():
     cfg.sample_ratio = 1.0               # fraction of each rank's centers scored per step, in (0, 1]
     cfg.context = 'auto'                 # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
     cfg.bank_context = 'same'            # memory bank device: same (as context) | cpu
+    cfg.head_kernel = 'auto'             # head step: auto (host for a CPU bank, else device) | host (NumPy BLAS) | device (MXNet ops)
     cfg.allgather = 'native'             # embedding gather: native (hvd.allgather) | allreduce (zero-padded sum)
 
     # ---- optimisation -------------------------------------------------------------
@@ -267,7 +269,7 @@ def check_config(cfg):
     """
     for key, choices in (('dataset', DATASETS), ('network', NETWORKS), ('loss', LOSSES),
                          ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
-                         ('allgather', ALLGATHERS)):
+                         ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS)):
         if cfg[key] not in choices:
             _fail(key, cfg[key], f"one of: {', '.join(choices)}")
     for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',

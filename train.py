@@ -130,7 +130,7 @@ def main(argv=None):
         symbol, CombinedMargin(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3, cfg.loss_s), bank,
         MemoryBankSGDOptimizer(schedule, cfg.momentum, cfg.wd), backbone_optimizer, ctx,
         cfg.batch_size, (3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
-        max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
+        head_kernel=cfg.head_kernel, max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
     module.init_params()
     module.broadcast_parameters()
     if args.resume:

@@ -6,10 +6,9 @@ identity "backbone" (the data are the embeddings): `ms_per_step` times `module.s
 code a training step runs. The per-stage times come from `staged_step`, the same library
 calls in the same order with mx.nd.waitall() between stages (test_bench pins that it
 computes exactly what module.step computes). CPU only: the bound reads the bank's host
-memory in place. Started by `python -m sample_fc.bench`.
+memory in place (host_head.host_view). Started by `python -m sample_fc.bench`.
 """
 import contextlib
-import ctypes
 import resource
 import time
 
@@ -17,6 +16,7 @@ import mxnet as mx
 import numpy as np
 
 from . import dist
+from .host_head import host_view
 from .margin import CombinedMargin
 from .memory_bank import MemoryBank
 from .module import SampleDistributeModule
@@ -24,6 +24,7 @@ from .sampler import class_center_sample, num_sample_for, shard_range
 
 STAGES = ("allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "reducescatter",
           "backbone_backward", "finite_check", "bank_update")
+BOUND_BLOCK_ROWS = 512      # rows per take + put block of the rows-traffic bound
 EMBEDDING_POOL = 4          # distinct embedding batches cycled through (labels differ every step)
 
 
@@ -96,15 +97,6 @@ def staged_step(module, batch, timer):
 
 
 # ---- the lower bound -----------------------------------------------------------------------
-def numpy_view(array):
-    """A NumPy float32 array sharing a CPU NDArray's memory (no copy; benchmark use only)."""
-    array.wait_to_read()
-    pointer = ctypes.c_void_p()
-    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
-    buffer = (ctypes.c_float * array.size).from_address(pointer.value)
-    return np.frombuffer(buffer, dtype=np.float32).reshape(array.shape)
-
-
 def gemm_bound_ms(global_batch, num_sampled, embedding_size, repeats, seed=0):
     """Median ms of the step's three GEMMs with NumPy's BLAS on the step's shapes."""
     rng = np.random.default_rng(seed)
@@ -119,13 +111,18 @@ def gemm_bound_ms(global_batch, num_sampled, embedding_size, repeats, seed=0):
     return {name: _median_call_ms(gemm, repeats) for name, gemm in gemms.items()}
 
 
-def rows_traffic_ms(bank, index, repeats):
-    """Median ms of a NumPy take + put of the sampled rows of weight and of momentum."""
-    weight, momentum = numpy_view(bank.weight), numpy_view(bank.momentum)
+def rows_traffic_ms(bank, index, repeats, block_rows=BOUND_BLOCK_ROWS):
+    """Median ms of reading the sampled rows of weight and momentum and writing them back
+    (NumPy take + put through one cache-sized block, so no K x D temporary is needed)."""
+    weight, momentum = host_view(bank.weight), host_view(bank.momentum)
+    block = np.empty((block_rows, weight.shape[1]), dtype=weight.dtype)
 
     def take_put():
-        weight_rows, momentum_rows = np.take(weight, index, axis=0), np.take(momentum, index, axis=0)
-        weight[index], momentum[index] = weight_rows, momentum_rows     # the same values back
+        for lo in range(0, len(index), block_rows):
+            rows = index[lo:lo + block_rows]
+            for array in (weight, momentum):
+                np.take(array, rows, axis=0, mode="clip", out=block[:len(rows)])
+                array[rows] = block[:len(rows)]        # the same values back
     return _median_call_ms(take_put, repeats)
 
 

@@ -63,25 +63,23 @@ def machine_info(repo, mode):
 
 # ---- memory of one head case, per rank -----------------------------------------------------
 # Peak RSS of a head worker = its baseline (imports, Horovod: 155-165 MB measured) + the bank
-# + the step's temporaries, in units of K x D and B x K float32 arrays, fitted to the peak RSS
-# of head workers at K = 200k with B = 128 and 256 (1.8 and 3.7 GB above bank and baseline).
+# + the host head's reused buffers (host_head.py) + a small slack for B x D and per-row vectors.
 BASELINE_MB = 200
-STEP_PEAK_KD, STEP_PEAK_BK = 6.1, 5.7
+UPDATE_BLOCK_ROWS = 512        # host_head.BLOCK_ROWS (not imported: no mxnet here)
+SLACK = 1.03
 
 
 def head_memory_mb(num_local, num_sampled, global_batch, embedding_size):
     """(bank, buffers, predicted peak RSS) in MB for one rank.
 
-    bank: weight + momentum of the shard. buffers: what a step must hold at once, the
-    sampled weight, momentum and gradient rows (3 K x D) plus cosine and probabilities
-    (2 B x K). predicted: the whole process at its peak with the current head (baseline,
-    bank and the step's temporaries). All float32.
+    bank: weight + momentum of the shard. buffers: what the host head keeps for a step, the
+    gathered rows (K x D, none when every row is sampled: the bank is used in place), the
+    cosine and gradient (2 B x K) and three update blocks. All float32.
     """
-    k_by_d, b_by_k = num_sampled * embedding_size, global_batch * num_sampled
+    rows = num_sampled * embedding_size if num_sampled < num_local else 0
     bank = 2 * num_local * embedding_size * FLOAT32 / MB
-    buffers = (3 * k_by_d + 2 * b_by_k) * FLOAT32 / MB
-    predicted = BASELINE_MB + bank + (STEP_PEAK_KD * k_by_d + STEP_PEAK_BK * b_by_k) * FLOAT32 / MB
-    return bank, buffers, predicted
+    buffers = (rows + 2 * global_batch * num_sampled + 3 * UPDATE_BLOCK_ROWS * embedding_size) * FLOAT32 / MB
+    return bank, buffers, SLACK * (BASELINE_MB + bank + buffers)
 
 
 # ---- Markdown ------------------------------------------------------------------------------

@@ -67,3 +67,35 @@ def head_forward_backward(embeddings, weights, target, margin, total_rows,
         grad_embeddings = normalize_rows_backward(grad_x_hat, x_hat, x_norms)
         grad_weights = normalize_rows_backward(grad_w_hat, w_hat, w_norms)
     return loss, grad_embeddings, grad_weights
+
+
+class DeviceHead:
+    """Head step and bank update on the bank's own context (any device, any dtype): the
+    sampled rows are copied out, `head_forward_backward` runs with MXNet operators, and the
+    memory optimizer's update is written back. HostHead (host_head.py) is the CPU kernel."""
+
+    def __init__(self, bank, margin, memory_optimizer):
+        self.bank, self.margin, self.optimizer = bank, margin, memory_optimizer
+        self.pending = None
+
+    def forward_backward(self, embeddings, target, index, total_rows, allreduce_max, allreduce_sum,
+                         stage=no_stage):
+        """Same contract as HostHead.forward_backward."""
+        with stage("gather_rows"):    # 4. read the sampled rows of the bank
+            index = self.bank.index_array(index)
+            weight_rows, momentum_rows = self.bank.get(index)
+        target = mx.nd.array(target, ctx=self.bank.ctx, dtype="int64")
+        loss, grad_embeddings, grad_weight_rows = head_forward_backward(
+            embeddings, weight_rows, target, self.margin, total_rows, allreduce_max, allreduce_sum, stage)
+        self.pending = (index, weight_rows, momentum_rows, grad_weight_rows)
+        return loss, grad_embeddings
+
+    def update(self, num_update):
+        """10. The memory optimizer's SGD-momentum on the sampled rows, written back."""
+        index, weight_rows, momentum_rows, grad_weight_rows = self.pending
+        self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update)
+        self.bank.set(index, weight_rows, momentum_rows)
+        self.pending = None
+
+    def discard(self):
+        self.pending = None

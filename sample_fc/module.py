@@ -14,7 +14,8 @@ import mxnet as mx
 import numpy as np
 
 from . import dist
-from .head import head_forward_backward, no_stage
+from .head import DeviceHead, no_stage
+from .host_head import HostHead
 from .sampler import as_int_labels
 
 
@@ -37,7 +38,7 @@ class NonFiniteError(RuntimeError):
 class SampleDistributeModule:
     def __init__(self, symbol, margin, memory_bank, memory_optimizer, backbone_optimizer, context,
                  batch_size, data_shape=(3, 112, 112), work_load_list=None, allgather="native",
-                 max_nonfinite_steps=5, logger=None):
+                 max_nonfinite_steps=5, head_kernel="auto", logger=None):
         self.contexts = context if isinstance(context, (list, tuple)) else [context]
         self.margin, self.bank, self.memory_optimizer = margin, memory_bank, memory_optimizer
         self.backbone_optimizer = backbone_optimizer
@@ -50,7 +51,8 @@ class SampleDistributeModule:
                                       context=self.contexts, work_load_list=work_load_list)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))],
                            for_training=True)
-        self._pending_bank_update = None
+        self.head = make_head(head_kernel, memory_bank, margin, memory_optimizer)
+        self._grad_all_embeddings = None
         self._labels = None
 
     # ---- set-up -----------------------------------------------------------------------
@@ -121,30 +123,21 @@ class SampleDistributeModule:
             all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
         with stage("sample"):         # 3. this rank's centers: all local positives + uniform negatives
             target, index = self.bank.sample(all_labels)
-            index = self.bank.index_array(index)
-            target = mx.nd.array(target, ctx=bank_ctx, dtype="int64")
-        with stage("gather_rows"):    # 4. read the sampled rows of the bank
-            weight_rows, momentum_rows = self.bank.get(index)
-        # 5-8. cosine, margin, exact distributed softmax, gradients
-        loss, grad_all_embeddings, grad_weight_rows = head_forward_backward(
-            all_embeddings, weight_rows, target, self.margin, len(all_labels),
-            dist.allreduce_max, dist.allreduce_sum, stage)
+        # 4-8. sampled rows, cosine, margin, exact distributed softmax, gradients
+        loss, grad_all_embeddings = self.head.forward_backward(
+            all_embeddings, target, index, len(all_labels), dist.allreduce_max, dist.allreduce_sum, stage)
         with stage("reducescatter"):  # 9. this rank's rows of d loss / d embeddings, summed over ranks
             grad_embeddings = dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
         with stage("backbone_backward"):
             self.backbone.backward(out_grads=[grad_embeddings.as_in_context(self.contexts[0])])
-        self._pending_bank_update = (index, weight_rows, momentum_rows, grad_weight_rows)
         self._grad_all_embeddings = grad_all_embeddings
         return loss
 
     def update(self):
         """Steps 10-11: SGD-momentum on the sampled bank rows; backbone update (summed grads)."""
         self.num_update += 1
-        index, weight_rows, momentum_rows, grad_weight_rows = self._pending_bank_update
-        self.memory_optimizer.update(weight_rows, momentum_rows, grad_weight_rows, self.num_update)
-        self.bank.set(index, weight_rows, momentum_rows)
+        self.head.update(self.num_update)
         self.backbone.update()
-        self._pending_bank_update = None
 
     def step_is_finite(self, loss):
         """True when the loss and every gradient of this step are finite on every rank.
@@ -181,7 +174,7 @@ class SampleDistributeModule:
         for saved, live in zip(aux_before, self.backbone._exec_group.aux_arrays):
             for source, target in zip(saved, live):
                 source.copyto(target)
-        self._pending_bank_update = None
+        self.head.discard()
         self.nonfinite_in_a_row += 1
         self.nonfinite_total += 1
         self.logger.warning("non-finite loss or gradients after update %d: step skipped "
@@ -213,6 +206,20 @@ class SampleDistributeModule:
             for callback in batch_end_callbacks:
                 callback(info)
         return self
+
+
+HEAD_KERNELS = ("auto", "host", "device")
+
+
+def make_head(kernel, bank, margin, memory_optimizer):
+    """The head step's kernel: `host` (NumPy BLAS, float32 CPU banks), `device` (MXNet
+    operators on the bank's context), or `auto` = host where it applies."""
+    if kernel not in HEAD_KERNELS:
+        raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, got {kernel!r}")
+    on_host = bank.ctx.device_type == "cpu" and np.dtype(bank.dtype) == np.float32
+    if kernel == "host" or (kernel == "auto" and on_host):
+        return HostHead(bank, margin, memory_optimizer)
+    return DeviceHead(bank, margin, memory_optimizer)
 
 
 def numpy_params(module):

@@ -67,9 +67,12 @@ def head_loss_grads(embeddings, weights, labels, m1, m2, m3, s):
     return loss, grad_x, grad_w
 
 
-def sgd_momentum(weight, grad, mom, lr, momentum, wd, rescale_grad=1.0):
-    """MXNet sgd_mom_update: mom = momentum*mom - lr*(rescale*grad + wd*w); w += mom."""
-    mom = momentum * mom - lr * (rescale_grad * grad + wd * weight)
+def sgd_momentum(weight, grad, mom, lr, momentum, wd, rescale_grad=1.0, clip=None):
+    """MXNet sgd_mom_update: mom = momentum*mom - lr*(clip(rescale*grad) + wd*w); w += mom."""
+    grad = rescale_grad * grad
+    if clip is not None:
+        grad = np.clip(grad, -clip, clip)
+    mom = momentum * mom - lr * (grad + wd * weight)
     return weight + mom, mom
 
 

@@ -100,12 +100,15 @@ def test_case_that_does_not_fit_is_skipped_without_running(tmp_path):
 
 
 def test_memory_model_counts_bank_and_step_buffers():
-    """Test that the memory model gives weight + momentum for the bank and 3 K x D + 2 B x K
-    float32 arrays for the step's buffers (4M classes over 2 ranks: 8.2 GB of bank per rank)."""
+    """Test that the memory model gives weight + momentum for the bank and, for the step, the
+    gathered K x D rows, 2 B x K arrays and three 512 x D update blocks (float32); at ratio
+    1.0 no rows are gathered (4M classes over 2 ranks: 8.2 GB of bank per rank)."""
     bank, buffers, predicted = bench_report.head_memory_mb(2_000_000, 200_000, 256, 512)
     assert math.isclose(bank, 2 * 2_000_000 * 512 * 4 / 1e6)
-    assert math.isclose(buffers, (3 * 200_000 * 512 + 2 * 256 * 200_000) * 4 / 1e6)
+    assert math.isclose(buffers, (200_000 * 512 + 2 * 256 * 200_000 + 3 * 512 * 512) * 4 / 1e6)
     assert predicted > bank + buffers
+    _, whole_shard_buffers, _ = bench_report.head_memory_mb(2_000_000, 2_000_000, 256, 512)
+    assert math.isclose(whole_shard_buffers, (2 * 256 * 2_000_000 + 3 * 512 * 512) * 4 / 1e6)
 
 
 def test_e2e_speed_skips_the_warmup_window():

@@ -1,5 +1,6 @@
 """Tests for SampleDistributeModule on one process against the NumPy reference."""
 import numpy as np
+import pytest
 
 import partial_fc_case as case
 import reference as ref
@@ -22,9 +23,12 @@ def _reference(run, global_batch, classes, embedding, steps, lr):
                               case.MARGINS)
 
 
-def test_full_softmax_steps_match_numpy(single_process, tmp_path):
-    """Test that 3 steps at ratio 1.0 give the NumPy reference's losses, backbone and bank."""
-    run = _run(single_process, tmp_path, "full", global_batch=8, classes=11, steps=3, ratio=1.0)
+@pytest.mark.parametrize("kernel", ["host", "device"])
+def test_full_softmax_steps_match_numpy(single_process, tmp_path, kernel):
+    """Test that 3 steps at ratio 1.0 give the NumPy reference's losses, backbone and bank,
+    with either head kernel."""
+    run = _run(single_process, tmp_path, "full", global_batch=8, classes=11, steps=3, ratio=1.0,
+               head_kernel=kernel)
     assert all(len(s) == 11 for s in run["sampled"])
     losses, weight, bias, bank_w, bank_m = _reference(run, 8, 11, 6, 3, LR)
     ref.assert_close(run["losses"], losses, RTOL)
@@ -35,11 +39,13 @@ def test_full_softmax_steps_match_numpy(single_process, tmp_path):
     assert losses[-1] < losses[0]
 
 
-def test_sampled_steps_match_numpy_and_leave_other_rows_untouched(single_process, tmp_path):
+@pytest.mark.parametrize("kernel", ["host", "device"])
+def test_sampled_steps_match_numpy_and_leave_other_rows_untouched(single_process, tmp_path, kernel):
     """Test that at ratio 0.1 the loss is the softmax over exactly the sampled centers, sampled
-    rows follow SGD-momentum and rows never sampled stay bit-identical."""
+    rows follow SGD-momentum and rows never sampled stay bit-identical (either head kernel)."""
     classes = 400
-    run = _run(single_process, tmp_path, "sampled", global_batch=8, classes=classes, steps=2, ratio=0.1)
+    run = _run(single_process, tmp_path, "sampled", global_batch=8, classes=classes, steps=2, ratio=0.1,
+               head_kernel=kernel)
     _, _, labels, centers = case.inputs(8, classes, 6, 2)
     for step, sampled in enumerate(run["sampled"]):
         assert len(sampled) == 40 and set(labels[step]) <= set(sampled)

@@ -28,6 +28,7 @@ parser.add_argument("--steps", type=int, default=1)
 parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--allgather", default="native")
 parser.add_argument("--contexts", type=int, default=1)
+parser.add_argument("--head-kernel", default="auto", choices=("auto", "host", "device"))
 parser.add_argument("--nan-step", type=int, default=-1, help="put a NaN into this step's data ...")
 parser.add_argument("--nan-rank", type=int, default=0, help="... of this rank")
 parser.add_argument("--max-nonfinite", type=int, default=5)
@@ -52,7 +53,8 @@ contexts = [mx.cpu(i) for i in range(args.contexts)]
 module = SampleDistributeModule(embeddings, CombinedMargin(1.0, 0.5, 0.0, 8.0), bank,
                                 MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-4),
                                 backbone_opt, contexts, batch_size=b, data_shape=data_shape,
-                                allgather=args.allgather, max_nonfinite_steps=args.max_nonfinite)
+                                allgather=args.allgather, max_nonfinite_steps=args.max_nonfinite,
+                                head_kernel=args.head_kernel)
 module.init_params(arg_params={"fc_embed_weight": mx.nd.array(init_weight),
                                "fc_embed_bias": mx.nd.zeros(args.embedding)}, aux_params={})
 module.broadcast_parameters()

@@ -1,0 +1,109 @@
+"""Tests for sample_fc.host_head: the CPU kernel against the NumPy reference head and SGD."""
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import reference as ref
+from sample_fc import host_head
+from sample_fc.host_head import HostHead, host_view
+from sample_fc.margin import CombinedMargin
+from sample_fc.memory_bank import MemoryBank
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from optimizer import MemoryBankSGDOptimizer  # noqa: E402
+
+MARGINS = (1.0, 0.5, 0.0, 16.0)
+
+
+def _identity(array, name):
+    return array
+
+
+def _bank(num_local, dim, seed=3):
+    bank = MemoryBank(num_local, num_local, dim, mx.cpu(), seed=seed)
+    rng = np.random.default_rng(seed)
+    bank.momentum[:] = mx.nd.array(rng.standard_normal((num_local, dim)) * 0.01)
+    return bank
+
+
+@pytest.mark.parametrize("rescale, clip", [(1.0, None), (0.5, 0.002)])
+def test_host_head_step_matches_numpy(monkeypatch, rescale, clip):
+    """Test that loss, d/d embeddings and the SGD-momentum update of the sampled rows equal
+    the float64 NumPy head + sgd_mom_update (a row whose target is on another rank, blocks of
+    rows smaller than the sample, gradient rescale and clipping), and that rows not sampled
+    stay bit-identical."""
+    monkeypatch.setattr(host_head, "BLOCK_ROWS", 3)            # several update blocks
+    rng = np.random.default_rng(11)
+    bank = _bank(20, 5)
+    weight0, momentum0 = bank.weight.asnumpy(), bank.momentum.asnumpy()
+    index = np.array([1, 2, 6, 7, 9, 13, 14, 19])
+    target = np.array([0, 7, 3, -1, 3, 5])
+    embeddings = rng.standard_normal((6, 5)).astype(np.float32)
+    optimizer = MemoryBankSGDOptimizer(lambda step: 0.3 * step, momentum=0.9, wd=0.01,
+                                       rescale_grad=rescale, clip_gradient=clip)
+    head = HostHead(bank, CombinedMargin(*MARGINS), optimizer)
+    loss, grad_x = head.forward_backward(mx.nd.array(embeddings), target, index, 6, _identity, _identity)
+    head.update(2)
+
+    want_loss, want_x, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index],
+                                                    target, *MARGINS)
+    want_weight, want_momentum = ref.sgd_momentum(weight0[index], want_w, momentum0[index], 0.6, 0.9,
+                                                  0.01, rescale, clip)
+    ref.assert_close(loss.asnumpy(), [want_loss], 1e-5)
+    ref.assert_close(grad_x.asnumpy(), want_x, 1e-5)
+    weight, momentum = bank.weight.asnumpy(), bank.momentum.asnumpy()
+    ref.assert_close(weight[index], want_weight, 1e-5)
+    ref.assert_close(momentum[index], want_momentum, 1e-5)
+    if clip is not None:    # the clip did bind: it changed the reference's update
+        unclipped = ref.sgd_momentum(weight0[index], want_w, momentum0[index], 0.6, 0.9, 0.01, rescale)
+        assert np.abs(unclipped[1] - want_momentum).max() > 1e-3
+    untouched = np.setdiff1d(np.arange(20), index)
+    np.testing.assert_array_equal(weight[untouched], weight0[untouched])
+    np.testing.assert_array_equal(momentum[untouched], momentum0[untouched])
+
+
+def test_host_head_whole_shard_updates_the_bank_in_place():
+    """Test that when every row is sampled (ratio 1.0) the update lands in the bank and
+    equals the NumPy reference."""
+    bank = _bank(7, 4)
+    weight0, momentum0 = bank.weight.asnumpy(), bank.momentum.asnumpy()
+    embeddings = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32)
+    target = np.array([0, 6, 2, 2, 5])
+    head = HostHead(bank, CombinedMargin(*MARGINS), MemoryBankSGDOptimizer(lambda step: 0.1))
+    loss, _ = head.forward_backward(mx.nd.array(embeddings), target, np.arange(7), 5, _identity, _identity)
+    head.update(1)
+    want_loss, _, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0, target, *MARGINS)
+    want_weight, want_momentum = ref.sgd_momentum(weight0, want_w, momentum0, 0.1, 0.9, 5e-4)
+    ref.assert_close(loss.asnumpy(), [want_loss], 1e-5)
+    ref.assert_close(bank.weight.asnumpy(), want_weight, 1e-5)
+    ref.assert_close(bank.momentum.asnumpy(), want_momentum, 1e-5)
+
+
+def test_host_head_rejects_a_bad_index():
+    """Test that an out-of-range or unsorted index is an error naming the valid range
+    (np.take's clip mode would otherwise clamp it silently)."""
+    head = HostHead(_bank(5, 3), CombinedMargin(), MemoryBankSGDOptimizer(lambda step: 0.1))
+    for index in (np.array([0, 5]), np.array([3, 1])):
+        with pytest.raises(ValueError, match=r"sorted distinct rows in \[0, 5\)"):
+            head.forward_backward(mx.nd.ones((2, 3)), np.array([0, 1]), index, 2, _identity, _identity)
+
+
+def test_host_view_shares_memory():
+    """Test that a host view reads and writes the NDArray's own memory, and that a GPU array
+    is refused with a message naming its context."""
+    array = mx.nd.zeros((3, 2))
+    view = host_view(array)
+    view[1] = 5.0
+    np.testing.assert_array_equal(array.asnumpy(), [[0, 0], [5, 5], [0, 0]])
+    array[2] = 7.0
+    mx.nd.waitall()
+    assert view[2, 0] == 7.0
+    with pytest.raises(ValueError, match="gpu"):
+        host_view(_FakeGpuArray())
+
+
+class _FakeGpuArray:
+    context = mx.gpu(0)
