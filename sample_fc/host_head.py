@@ -121,35 +121,37 @@ class HostHead:
         return loss, grad
 
     def update(self, num_update):
-        """10. SGD-momentum (sgd_mom_update semantics) on the sampled rows, block by block:
-        gradient = grad^T x_hat - w <d w_hat, w_hat> / |w|^2, then momentum and weight."""
+        """10. SGD-momentum (sgd_mom_update semantics) on the sampled rows, block by block.
+
+        The rows' gradient is g = G^T x_hat - w r (r = <d w_hat, w_hat> / |w|^2, G the scaled
+        d loss / d cosine); mom = momentum mom - lr (clip(rescale g) + wd w); w += mom. Without
+        clipping lr and rescale ride on x_hat and r, so a block costs one GEMM and four passes.
+        """
         index, whole_shard, rows, grad, x_hat, row_radial = self.pending
         opt = self.optimizer
         lr, momentum, wd, rescale = opt.lr_schedule(num_update), opt.momentum, opt.wd, opt.rescale_grad
         clip = opt.clip_gradient
+        if clip is None:       # lr (clip(rescale g) + wd w) = (lr rescale G)^T x_hat + w lr (wd - rescale r)
+            x_factor, row_factor = x_hat * (lr * rescale), lr * (wd - rescale * row_radial)
+        else:
+            x_factor, row_factor = x_hat, -row_radial
         block = min(BLOCK_ROWS, len(index))
-        grad_block_buffer = self.workspace.get("grad_block", (block, x_hat.shape[1]))
-        scaled_buffer = self.workspace.get("scaled_block", (block, x_hat.shape[1]))
-        momentum_buffer = self.workspace.get("momentum_block", (block, x_hat.shape[1]))
+        step_buffer, scaled_buffer, momentum_buffer = (
+            self.workspace.get(name, (block, x_hat.shape[1])) for name in ("step", "scaled", "momentum"))
         for lo in range(0, len(index), block):
             hi = min(lo + block, len(index))
             weight, n = rows[lo:hi], hi - lo
-            grad_rows = np.dot(grad[:, lo:hi].T, x_hat, out=grad_block_buffer[:n])
-            scaled = scaled_buffer[:n]
-            if clip is None:    # rescale * (A - w r) + wd w  =  rescale A + w (wd - rescale r)
-                if rescale != 1.0:
-                    grad_rows *= rescale
-                grad_rows += np.multiply(weight, (wd - rescale * row_radial[lo:hi])[:, None], out=scaled)
-            else:
-                grad_rows -= np.multiply(weight, row_radial[lo:hi, None], out=scaled)
-                grad_rows *= rescale
-                np.clip(grad_rows, -clip, clip, out=grad_rows)
-                grad_rows += np.multiply(weight, wd, out=scaled)
+            step = np.dot(grad[:, lo:hi].T, x_factor, out=step_buffer[:n])
+            step += np.multiply(weight, row_factor[lo:hi, None], out=scaled_buffer[:n])
+            if clip is not None:   # step is g here: lr (clip(rescale g) + wd w)
+                step *= rescale
+                np.clip(step, -clip, clip, out=step)
+                step += np.multiply(weight, wd, out=scaled_buffer[:n])
+                step *= lr
             mom = self.momentum[lo:hi] if whole_shard else np.take(
                 self.momentum, index[lo:hi], axis=0, mode="clip", out=momentum_buffer[:n])
             mom *= momentum
-            grad_rows *= lr
-            mom -= grad_rows
+            mom -= step
             weight += mom
             if not whole_shard:
                 self.weight[index[lo:hi]] = weight

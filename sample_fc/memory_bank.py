@@ -6,6 +6,7 @@ Rows are read and written by index (only the sampled rows of a step); the arrays
 import numpy as np
 import mxnet as mx
 
+from .host_head import host_view
 from .sampler import ClassCenterSampler, num_sample_for, shard_range
 
 INIT_BLOCK = 4096          # classes per independently seeded block of the initial weights
@@ -20,16 +21,24 @@ def fill_initial_centers(dest, class_start, seed):
 
     Generated in fixed blocks of classes, each seeded by (seed, block), so a class's
     initial center does not depend on how the classes are split across ranks; written
-    block by block so no second full-size copy is ever held.
+    block by block so no second full-size copy is ever held. A NumPy destination (a CPU
+    bank's host view) gets whole blocks generated in place.
     """
     num_local, embedding_size = dest.shape
     stop = class_start + num_local
+    in_place = isinstance(dest, np.ndarray) and dest.dtype == np.float32
     for block in range(class_start // INIT_BLOCK, (stop - 1) // INIT_BLOCK + 1):
         block_start = block * INIT_BLOCK
-        values = np.random.default_rng([seed, block]).standard_normal(
-            (INIT_BLOCK, embedding_size), dtype=np.float32) * INIT_STD
+        rng = np.random.default_rng([seed, block])
         lo, hi = max(class_start, block_start), min(stop, block_start + INIT_BLOCK)
+        if in_place and hi - lo == INIT_BLOCK:
+            values = rng.standard_normal(out=dest[lo - class_start:hi - class_start], dtype=np.float32)
+            values *= INIT_STD
+            continue
+        values = rng.standard_normal((INIT_BLOCK, embedding_size), dtype=np.float32) * INIT_STD
         dest[lo - class_start:hi - class_start] = values[lo - block_start:hi - block_start]
+        if isinstance(dest, mx.nd.NDArray):
+            dest.wait_to_read()      # bound the engine's queue of block copies (device banks)
     return dest
 
 
@@ -44,8 +53,9 @@ class MemoryBank:
         self.class_start, self.ctx, self.dtype = class_start, ctx, dtype
         self.num_classes = num_classes if num_classes is not None else num_local
         self.rank, self.world_size = rank, world_size
-        self.weight = fill_initial_centers(
-            mx.nd.empty((num_local, embedding_size), ctx=ctx, dtype=dtype), class_start, seed)
+        self.weight = mx.nd.empty((num_local, embedding_size), ctx=ctx, dtype=dtype)
+        fill_initial_centers(host_view(self.weight) if ctx.device_type == "cpu" else self.weight,
+                             class_start, seed)
         self.momentum = mx.nd.zeros((num_local, embedding_size), ctx=ctx, dtype=dtype)
         self.sampler = ClassCenterSampler(class_start, num_local, num_sample, seed=seed, rank=rank)
 
