@@ -14,9 +14,12 @@ The update is MXNet's sgd_mom_update (MemoryBankSGDOptimizer's semantics). Used 
 banks of float32 by SampleDistributeModule; GPU banks run head.py on the device.
 """
 import ctypes
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from .head import NORM_EPS, no_stage
 
@@ -36,6 +39,24 @@ def host_view(array):
     return np.frombuffer(buffer, dtype=dtype).reshape(array.shape)
 
 
+def default_threads(local_workers):
+    """Threads for one rank's bank update: OMP_NUM_THREADS when set, else the cores shared
+    by the ranks of this machine."""
+    configured = os.environ.get("OMP_NUM_THREADS", "")
+    if configured.isdigit() and int(configured) >= 1:
+        return int(configured)
+    return max(1, (os.cpu_count() or 1) // max(1, local_workers))
+
+
+def numpy_blas():
+    """A threadpoolctl controller of NumPy's own BLAS only: limiting every BLAS would also
+    set MXNet's OpenMP thread count (its OpenBLAS is the OpenMP build)."""
+    controller = ThreadpoolController()
+    paths = [lib.filepath for lib in controller.lib_controllers
+             if lib.user_api == "blas" and "numpy" in lib.filepath]
+    return controller.select(filepath=paths)
+
+
 class Workspace:
     """Reused float32 buffers by name, grown to the largest size asked for. Buffers of a
     step are views of their first elements, so every buffer is contiguous."""
@@ -53,13 +74,17 @@ class Workspace:
 class HostHead:
     """Head step and bank update of one rank whose MemoryBank is a float32 CPU bank."""
 
-    def __init__(self, bank, margin, memory_optimizer):
+    def __init__(self, bank, margin, memory_optimizer, threads=1):
+        if not (isinstance(threads, int) and threads >= 1):
+            raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if bank.ctx.device_type != "cpu" or np.dtype(bank.dtype) != np.float32:
             raise ValueError(f"HostHead needs a float32 bank on the CPU, got {bank.dtype} on {bank.ctx}")
         self.bank = bank
         self.weight, self.momentum = host_view(bank.weight), host_view(bank.momentum)
         self.margin, self.optimizer = margin, memory_optimizer
         self.workspace = Workspace()
+        self.threads, self.pool = threads, None
+        self.numpy_blas = numpy_blas() if threads > 1 else None
         self.pending = None
 
     def forward_backward(self, embeddings, target, index, total_rows, allreduce_max, allreduce_sum,
@@ -126,37 +151,54 @@ class HostHead:
         The rows' gradient is g = G^T x_hat - w r (r = <d w_hat, w_hat> / |w|^2, G the scaled
         d loss / d cosine); mom = momentum mom - lr (clip(rescale g) + wd w); w += mom. Without
         clipping lr and rescale ride on x_hat and r, so a block costs one GEMM and four passes.
+        Blocks hold distinct rows: `threads` threads take every threads-th block, each with
+        one BLAS thread (the blocks are memory-bound; measured 219 -> 166 ms at K = 100k on 2 cores).
         """
         index, whole_shard, rows, grad, x_hat, row_radial = self.pending
         opt = self.optimizer
         lr, momentum, wd, rescale = opt.lr_schedule(num_update), opt.momentum, opt.wd, opt.rescale_grad
-        clip = opt.clip_gradient
-        if clip is None:       # lr (clip(rescale g) + wd w) = (lr rescale G)^T x_hat + w lr (wd - rescale r)
+        if opt.clip_gradient is None:   # lr (rescale g + wd w) = (lr rescale G)^T x_hat + w lr (wd - rescale r)
             x_factor, row_factor = x_hat * (lr * rescale), lr * (wd - rescale * row_radial)
         else:
             x_factor, row_factor = x_hat, -row_radial
         block = min(BLOCK_ROWS, len(index))
-        step_buffer, scaled_buffer, momentum_buffer = (
-            self.workspace.get(name, (block, x_hat.shape[1])) for name in ("step", "scaled", "momentum"))
-        for lo in range(0, len(index), block):
-            hi = min(lo + block, len(index))
-            weight, n = rows[lo:hi], hi - lo
-            step = np.dot(grad[:, lo:hi].T, x_factor, out=step_buffer[:n])
-            step += np.multiply(weight, row_factor[lo:hi, None], out=scaled_buffer[:n])
-            if clip is not None:   # step is g here: lr (clip(rescale g) + wd w)
-                step *= rescale
-                np.clip(step, -clip, clip, out=step)
-                step += np.multiply(weight, wd, out=scaled_buffer[:n])
-                step *= lr
-            mom = self.momentum[lo:hi] if whole_shard else np.take(
-                self.momentum, index[lo:hi], axis=0, mode="clip", out=momentum_buffer[:n])
-            mom *= momentum
-            mom -= step
-            weight += mom
-            if not whole_shard:
-                self.weight[index[lo:hi]] = weight
-                self.momentum[index[lo:hi]] = mom
+        starts = range(0, len(index), block)
+        threads = min(self.threads, len(starts))
+
+        def update_blocks(thread):
+            step_buffer, scaled_buffer, momentum_buffer = (
+                self.workspace.get(f"{name}.{thread}", (block, x_hat.shape[1]))
+                for name in ("step", "scaled", "momentum"))
+            for lo in starts[thread::threads]:
+                hi = min(lo + block, len(index))
+                weight, n = rows[lo:hi], hi - lo
+                step = np.dot(grad[:, lo:hi].T, x_factor, out=step_buffer[:n])
+                step += np.multiply(weight, row_factor[lo:hi, None], out=scaled_buffer[:n])
+                if opt.clip_gradient is not None:   # step is g here: lr (clip(rescale g) + wd w)
+                    step *= rescale
+                    np.clip(step, -opt.clip_gradient, opt.clip_gradient, out=step)
+                    step += np.multiply(weight, wd, out=scaled_buffer[:n])
+                    step *= lr
+                mom = self.momentum[lo:hi] if whole_shard else np.take(
+                    self.momentum, index[lo:hi], axis=0, mode="clip", out=momentum_buffer[:n])
+                mom *= momentum
+                mom -= step
+                weight += mom
+                if not whole_shard:
+                    self.weight[index[lo:hi]] = weight
+                    self.momentum[index[lo:hi]] = mom
+
+        if threads == 1:
+            update_blocks(0)
+        else:
+            with self.numpy_blas.limit(limits=1):
+                list(self._pool(threads).map(update_blocks, range(threads)))
         self.pending = None
+
+    def _pool(self, threads):
+        if self.pool is None or self.pool._max_workers != threads:
+            self.pool = ThreadPoolExecutor(threads, thread_name_prefix="host_head")
+        return self.pool
 
     def discard(self):
         """Forget the pending update (a skipped step)."""

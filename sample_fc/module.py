@@ -15,7 +15,7 @@ import numpy as np
 
 from . import dist
 from .head import DeviceHead, no_stage
-from .host_head import HostHead
+from .host_head import HostHead, default_threads
 from .sampler import as_int_labels
 
 
@@ -218,7 +218,7 @@ def make_head(kernel, bank, margin, memory_optimizer):
         raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, got {kernel!r}")
     on_host = bank.ctx.device_type == "cpu" and np.dtype(bank.dtype) == np.float32
     if kernel == "host" or (kernel == "auto" and on_host):
-        return HostHead(bank, margin, memory_optimizer)
+        return HostHead(bank, margin, memory_optimizer, threads=default_threads(dist.local_size()))
     return DeviceHead(bank, margin, memory_optimizer)
 
 

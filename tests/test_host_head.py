@@ -29,12 +29,13 @@ def _bank(num_local, dim, seed=3):
     return bank
 
 
-@pytest.mark.parametrize("rescale, clip", [(1.0, None), (0.5, 0.002)])
-def test_host_head_step_matches_numpy(monkeypatch, rescale, clip):
+@pytest.mark.parametrize("rescale, clip, threads", [(1.0, None, 1), (0.5, 0.002, 1), (1.0, None, 2),
+                                                    (0.5, 0.002, 3)])
+def test_host_head_step_matches_numpy(monkeypatch, rescale, clip, threads):
     """Test that loss, d/d embeddings and the SGD-momentum update of the sampled rows equal
     the float64 NumPy head + sgd_mom_update (a row whose target is on another rank, blocks of
-    rows smaller than the sample, gradient rescale and clipping), and that rows not sampled
-    stay bit-identical."""
+    rows smaller than the sample shared by 1-3 update threads, gradient rescale and
+    clipping), and that rows not sampled stay bit-identical."""
     monkeypatch.setattr(host_head, "BLOCK_ROWS", 3)            # several update blocks
     rng = np.random.default_rng(11)
     bank = _bank(20, 5)
@@ -44,7 +45,7 @@ def test_host_head_step_matches_numpy(monkeypatch, rescale, clip):
     embeddings = rng.standard_normal((6, 5)).astype(np.float32)
     optimizer = MemoryBankSGDOptimizer(lambda step: 0.3 * step, momentum=0.9, wd=0.01,
                                        rescale_grad=rescale, clip_gradient=clip)
-    head = HostHead(bank, CombinedMargin(*MARGINS), optimizer)
+    head = HostHead(bank, CombinedMargin(*MARGINS), optimizer, threads=threads)
     loss, grad_x = head.forward_backward(mx.nd.array(embeddings), target, index, 6, _identity, _identity)
     head.update(2)
 
@@ -103,6 +104,18 @@ def test_host_view_shares_memory():
     assert view[2, 0] == 7.0
     with pytest.raises(ValueError, match="gpu"):
         host_view(_FakeGpuArray())
+
+
+def test_default_threads(monkeypatch):
+    """Test that the update threads follow OMP_NUM_THREADS when set, else the cores shared by
+    this machine's ranks (at least 1)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert host_head.default_threads(2) == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(host_head.os, "cpu_count", lambda: 8)
+    assert (host_head.default_threads(1), host_head.default_threads(4), host_head.default_threads(16)) == (8, 2, 1)
+    with pytest.raises(ValueError, match="threads must be an integer >= 1, got 0"):
+        HostHead(_bank(3, 2), CombinedMargin(), MemoryBankSGDOptimizer(lambda step: 0.1), threads=0)
 
 
 class _FakeGpuArray:
