@@ -1,5 +1,6 @@
 """Shared test fixtures: paths, and a bounded-time horovodrun launcher."""
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -23,9 +24,21 @@ def horovod_job():
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
         result = run_job(argv, num_proc=num_proc, controller=controller, timeout_s=timeout_s,
                          env=env, cwd=str(REPO))
-        assert not result.timed_out, f"job hung and was killed after {timeout_s}s:\n{result.output[-4000:]}"
+        assert not result.timed_out, f"job hung and was killed after {timeout_s}s:\n{per_rank_tail(result.output)}"
         return result
     return run
+
+
+def per_rank_tail(output, lines=25):
+    """The last `lines` lines of each rank's output (Horovod's "[N]<stdout>:" prefixes,
+    "[1,N]<stdout>:" under MPI), then the launcher's own last lines: a failing rank's
+    traceback stays visible even when another rank printed more after it."""
+    by_rank = {}
+    for line in output.splitlines():
+        match = re.match(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>:", line)
+        by_rank.setdefault(match.group(1) if match else "launcher", []).append(line)
+    return "\n".join(f"--- {'rank ' + key if key != 'launcher' else key} ---\n" + "\n".join(kept[-lines:])
+                     for key, kept in sorted(by_rank.items()))
 
 
 def mpi_available():
@@ -77,5 +90,5 @@ def run_train(models_root, rec, *extra, num_proc=2, timeout_s=300, script=None, 
     argv = [sys.executable, *entry, "--models-root", str(models_root), "--set", f"rec={rec}",
             *TINY_TRAIN, *map(str, extra)]
     result = run_job(argv, num_proc=num_proc, timeout_s=timeout_s, cwd=str(REPO))
-    assert not result.timed_out, f"train.py hung and was killed after {timeout_s}s:\n{result.output[-3000:]}"
+    assert not result.timed_out, f"train.py hung and was killed after {timeout_s}s:\n{per_rank_tail(result.output)}"
     return result

@@ -7,16 +7,16 @@ import shutil
 import mxnet as mx
 import pytest
 
-from conftest import run_train
+from conftest import per_rank_tail, run_train
 from sample_fc.checkpoint import list_checkpoints, model_prefix
 
 EXIT_BOUND_S = 60       # a failing job must be over within this after the fault
 
 
 def _fails(result, *messages):
-    assert result.returncode != 0, result.output[-3000:]
+    assert result.returncode != 0, per_rank_tail(result.output)
     for message in messages:
-        assert message in result.output, f"{message!r} not in output:\n{result.output[-4000:]}"
+        assert message in result.output, f"{message!r} not in output:\n{per_rank_tail(result.output)}"
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1].split(" ")[0]
     print(f"\nFAULT {test}: exit code {result.returncode} after {result.seconds:.1f} s")
     assert result.seconds < EXIT_BOUND_S + 30      # + start-up of two MXNet processes
@@ -111,7 +111,7 @@ def test_nan_on_one_rank_is_skipped(tiny_data, tmp_path):
     """Test that NaN features on one rank skip that step on all ranks and training goes on."""
     result = run_train(tmp_path / "m", tiny_data, "--set", "max_update=8",
                        script="faulty_train.py", script_args=("nan", 3, 1))
-    assert result.returncode == 0, result.output[-3000:]
+    assert result.returncode == 0, per_rank_tail(result.output)
     assert "non-finite loss or gradients after update 3: step skipped" in result.output
     _assert_checkpoints_usable(tmp_path / "m", [8])
 
@@ -126,6 +126,6 @@ def test_kill_during_checkpoint_save_then_resume(tiny_data, tmp_path):
     _assert_checkpoints_usable(root, [4])
     assert (root / "step-00000008.partial").is_dir()
     result = run_train(root, tiny_data, "--set", "max_update=8", "--set", "ckpt_period=4", "--resume", root)
-    assert result.returncode == 0, result.output[-3000:]
+    assert result.returncode == 0, per_rank_tail(result.output)
     assert "at step 4" in result.output
     _assert_checkpoints_usable(root, [4, 8])

@@ -1,6 +1,7 @@
 """Test that Partial FC on 2 Gloo workers equals 1 worker and the NumPy reference."""
 import numpy as np
 
+from conftest import per_rank_tail
 import partial_fc_case as case
 import reference as ref
 
@@ -17,7 +18,7 @@ def _args(prefix, **options):
 
 def _two_workers(horovod_job, prefix, **options):
     result = horovod_job("partial_fc_steps.py", *_args(prefix, **options))
-    assert result.returncode == 0, result.output[-4000:]
+    assert result.returncode == 0, per_rank_tail(result.output)
     return case.load_run(prefix, 2)
 
 

@@ -3,13 +3,13 @@ import os
 
 import pytest
 
-from conftest import mpi_available
+from conftest import mpi_available, per_rank_tail
 
 
 def _check(result):
-    assert result.returncode == 0, result.output[-4000:]
+    assert result.returncode == 0, per_rank_tail(result.output)
     for rank in range(2):
-        assert f"SMOKE_OK rank={rank} size=2" in result.stdout, result.output[-4000:]
+        assert f"SMOKE_OK rank={rank} size=2" in result.stdout, per_rank_tail(result.output)
 
 
 def test_gloo_collectives(horovod_job):

@@ -8,7 +8,7 @@ import sys
 import mxnet as mx
 import numpy as np
 
-from conftest import REPO, run_train
+from conftest import REPO, per_rank_tail, run_train
 from sample_fc.checkpoint import list_checkpoints, model_prefix
 from sample_fc.launch import single_thread_env
 from sample_fc.memory_bank import read_shard
@@ -44,7 +44,7 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     result = train(root, tiny_data, "--set", "max_update=32", "--set", "ckpt_period=8",
                    "--set", "ckpt_keep=2", "--set", "verbose=16", "--set", "tensorboard=true")
     losses = [float(x) for x in re.findall(r"step \d+/32 .* loss ([\d.]+)", result.stdout)]
-    assert len(losses) == 8, result.stdout[-3000:]
+    assert len(losses) == 8, per_rank_tail(result.stdout)
     assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 1.0, losses
     assert [s for s, _ in list_checkpoints(root)] == [24, 32]
     symbol, arg_params, _ = mx.model.load_checkpoint(str(root / "step-00000032" / "model"), 32)
@@ -55,7 +55,7 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     # in-training verification ran on both workers (steps 16 and 32) and the stand-alone tool
     # reproduces the number of the final model exactly
     trained = re.findall(r"step (16|32)  (demo_val: accuracy .*)", result.stdout)
-    assert [step for step, _ in trained] == ["16", "32"], result.stdout[-3000:]
+    assert [step for step, _ in trained] == ["16", "32"], per_rank_tail(result.stdout)
     bin_path = os.path.join(os.path.dirname(tiny_data), "demo_val.bin")
     verify = subprocess.run([sys.executable, "-m", "sample_fc.verify", "--model", str(root),
                              "--bin", bin_path], capture_output=True, text=True, timeout=120,
