@@ -105,6 +105,19 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))          # exits 2 with the message, on every rank
     dist.init(stall_shutdown_s=cfg.collective_timeout_s)
+    try:
+        return train(cfg, args)
+    except mx.base.MXNetError as error:
+        if dist.is_shutdown_error(error):
+            print(f"[rank {dist.rank()}] ERROR: Horovod shut the job down while this rank waited in a "
+                  f"collective: another rank failed or stalled for more than collective_timeout_s="
+                  f"{cfg.collective_timeout_s} s (rank 0's 'Missing ranks' report names it)",
+                  file=sys.stderr, flush=True)
+        raise
+
+
+def train(cfg, args):
+    """The training job on this rank, Horovod initialised; returns the exit code (0)."""
     rank, world = dist.rank(), dist.size()
     models_root = args.models_root or os.path.join("models", f"{cfg.dataset}_{cfg.network}")
     os.makedirs(models_root, exist_ok=True)

@@ -31,6 +31,12 @@ def init(stall_shutdown_s=None):
         hvd.init()
 
 
+def is_shutdown_error(error):
+    """Whether `error` (raised by a collective) means Horovod shut the job down: a rank
+    failed, or the stall inspector gave up on a rank (see init)."""
+    return "Horovod has been shut down" in str(error)
+
+
 def shutdown():
     """Stop Horovod's background thread (every rank, after its last collective)."""
     if hvd.is_initialized():

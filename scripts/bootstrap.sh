@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates or refreshes the project's virtual environment (.venv) with pinned packages and
-# horovod 0.28.1 built from source for MXNet + Gloo (+ MPI when `mpicxx` is on PATH).
+# horovod 0.28.1 built from source for MXNet + Gloo (+ MPI when `mpicxx` is on PATH), with
+# the source fixes of scripts/patch_horovod.py.
 # Idempotent: when nothing changed since the last successful run it returns in seconds.
 #   SAMPLE_FC_VENV   where the environment lives (default: <repo>/.venv)
 #   PYTHON           interpreter to create it with (default: python3)
@@ -18,7 +19,7 @@ die() { echo "[bootstrap] ERROR: $*" >&2; exit 1; }
 if command -v mpicxx >/dev/null 2>&1; then VARIANT=gloo-mpi; else VARIANT=gloo; fi
 
 # Everything that should trigger a refresh goes into the stamp.
-STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/requirements.txt" "$ROOT/setup.py";
+STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$ROOT/requirements.txt" "$ROOT/setup.py";
                 echo "$VARIANT"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)
 STAMP_FILE=$VENV/.sample_fc_stamp
 if [[ -f $STAMP_FILE && $(cat "$STAMP_FILE") == "$STAMP_WANT" && -x $VENV/bin/horovodrun ]]; then
@@ -40,19 +41,29 @@ pip_quiet install 'setuptools<70' wheel 'cmake<4' packaging
 pip_quiet install -r "$ROOT/requirements.txt"
 "$VENV/bin/python" -c 'import mxnet' || die "mxnet 1.9.1 does not import (numpy must be < 1.24)"
 
-WHEEL_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/sample_fc/wheels/horovod-$HOROVOD_VERSION-$VARIANT
-installed_variant=$(cat "$VENV/.horovod_variant" 2>/dev/null || true)
-if [[ $installed_variant != "$VARIANT" ]] || ! "$VENV/bin/python" -c 'import horovod.mxnet' 2>/dev/null; then
+# The build is keyed on version, variant and our source fixes (scripts/patch_horovod.py).
+BUILD_ID=$HOROVOD_VERSION-$VARIANT-fix$(sha256sum "$ROOT/scripts/patch_horovod.py" | cut -c1-8)
+WHEEL_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/sample_fc/wheels/horovod-$BUILD_ID
+installed_build=$(cat "$VENV/.horovod_build" 2>/dev/null || true)
+if [[ $installed_build != "$BUILD_ID" ]] || ! "$VENV/bin/python" -c 'import horovod.mxnet' 2>/dev/null; then
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-    log "building horovod $HOROVOD_VERSION ($VARIANT) from source, about 2-3 minutes on 2 cores"
+    log "building horovod $HOROVOD_VERSION ($VARIANT, patched) from source, about 3 minutes on 2 cores"
     mkdir -p "$WHEEL_DIR"
+    build_log=$WHEEL_DIR/build.log
+    source_dir=$(mktemp -d)
+    trap 'rm -rf "$source_dir"' EXIT
+    "${PIP[@]}" download --no-deps --no-binary :all: --no-build-isolation -d "$source_dir" \
+        "horovod==$HOROVOD_VERSION" >"$build_log" 2>&1 \
+      || { tail -n 20 "$build_log" >&2; die "could not download the horovod $HOROVOD_VERSION source from PyPI"; }
+    tar -xzf "$source_dir"/horovod-"$HOROVOD_VERSION".tar.gz -C "$source_dir"
+    "$VENV/bin/python" "$ROOT/scripts/patch_horovod.py" "$source_dir/horovod-$HOROVOD_VERSION" >>"$build_log" \
+      || die "could not patch the horovod source; see $build_log"
     export HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 \
            HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1
     if [[ $VARIANT == gloo-mpi ]]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
     export MAKEFLAGS="-j$(nproc)"
-    build_log=$WHEEL_DIR/build.log
     PATH="$VENV/bin:$PATH" "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir \
-        -w "$WHEEL_DIR" "horovod==$HOROVOD_VERSION" >"$build_log" 2>&1 \
+        -w "$WHEEL_DIR" "$source_dir/horovod-$HOROVOD_VERSION" >>"$build_log" 2>&1 \
       || { tail -n 40 "$build_log" >&2; rm -f "$WHEEL_DIR"/*.whl;
            die "horovod build failed; full log: $build_log (see README, Troubleshooting)"; }
   else
@@ -60,7 +71,7 @@ if [[ $installed_variant != "$VARIANT" ]] || ! "$VENV/bin/python" -c 'import hor
   fi
   pip_quiet install --force-reinstall --no-deps "$WHEEL_DIR"/horovod-*.whl
   pip_quiet install cloudpickle psutil pyyaml   # horovod's runtime requirements
-  echo "$VARIANT" > "$VENV/.horovod_variant"
+  echo "$BUILD_ID" > "$VENV/.horovod_build"
 fi
 
 check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"

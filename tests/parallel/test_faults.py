@@ -1,5 +1,5 @@
-"""Fault injection under 2 Gloo workers: bad input, a failing or killed rank, NaN, a kill
-during checkpointing. Every case must end quickly with a clear message and leave the
+"""Fault injection under 2 Gloo workers: bad input, a failing, killed or hung rank, NaN, a
+kill during checkpointing. Every case must end quickly with a clear message and leave the
 checkpoint directory usable. Each test prints the observed time to exit."""
 import os
 import shutil
@@ -104,6 +104,23 @@ def test_rank_failure_mid_training_ends_the_job(tiny_data, tmp_path, kind, messa
     result = run_train(tmp_path / "m", tiny_data, "--set", "max_update=40", "--set", "ckpt_period=4",
                        script="faulty_train.py", script_args=(kind, 6, 1))
     _fails(result, message)
+    _assert_checkpoints_usable(tmp_path / "m", [4])
+
+
+@pytest.mark.parametrize("hung_rank", [0, 1])
+def test_hung_rank_ends_the_job_after_collective_timeout(tiny_data, tmp_path, hung_rank):
+    """Test that a rank hanging outside any collective (rank 0, Horovod's coordinator, or
+    rank 1) ends the job non-zero soon after collective_timeout_s: Horovod's stall report
+    names the missing rank, the waiting rank says why it stops, the checkpoint stays usable.
+    Under Gloo this needs scripts/patch_horovod.py (without it the job hangs forever)."""
+    result = run_train(tmp_path / "m", tiny_data, "--set", "max_update=40", "--set", "ckpt_period=4",
+                       "--set", "collective_timeout_s=8",
+                       script="faulty_train.py", script_args=("hang", 6, hung_rank))
+    waiting_rank = 1 - hung_rank
+    _fails(result, f"INJECTING hang on rank {hung_rank}", f"{hung_rank}!: [",
+           "is stalled for longer than 8 seconds",
+           f"[rank {waiting_rank}] ERROR: Horovod shut the job down while this rank waited in a "
+           "collective: another rank failed or stalled for more than collective_timeout_s=8 s")
     _assert_checkpoints_usable(tmp_path / "m", [4])
 
 

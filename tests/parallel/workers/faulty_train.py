@@ -1,12 +1,13 @@
 """Worker: train.py's main() with one injected fault (tests only).
 
     faulty_train.py KIND STEP RANK -- <train.py arguments>
-KIND: raise | sigkill (at update STEP on rank RANK), nan (NaN in RANK's batch at update STEP),
-kill_in_save (SIGKILL on RANK right after it writes its bank shard for checkpoint STEP).
+KIND: raise | sigkill | hang (at update STEP on rank RANK; hang sleeps outside any collective),
+nan (NaN in RANK's batch at update STEP), kill_in_save (SIGKILL on RANK right after it writes its bank shard for checkpoint STEP).
 """
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -29,6 +30,8 @@ def faulty_forward(self, data_batch, is_train=True):
             raise RuntimeError(f"injected fault on rank {on_rank} at update {step}")
         if kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            time.sleep(3600)
         if kind == "nan":
             data_batch.data[0][0, 0, 0, 0] = float("nan")
     return original_forward(self, data_batch, is_train)
