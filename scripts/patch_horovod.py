@@ -27,12 +27,13 @@ def apply_fixes(source_root):
         if not path.is_file():
             sys.exit(f"patch_horovod: {path} not found; expected a horovod-0.28.1 source tree")
         text = path.read_text()
-        if text.count(old) == 0 and text.count(new) == 1:
+        found = text.count(old)
+        if found == 0 and text.count(new) == 1:
             print(f"patch_horovod: {relative}: already fixed")
             continue
-        if text.count(old) != 1:
+        if found != 1:
             sys.exit(f"patch_horovod: {relative}: expected {old!r} exactly once, "
-                     f"found it {text.count(old)} times; is this Horovod 0.28.1?")
+                     f"found it {found} times; is this Horovod 0.28.1?")
         path.write_text(text.replace(old, new))
         print(f"patch_horovod: {relative}: {old} -> {new}")
 

@@ -2,7 +2,8 @@
 
     faulty_train.py KIND STEP RANK -- <train.py arguments>
 KIND: raise | sigkill | hang (at update STEP on rank RANK; hang sleeps outside any collective),
-nan (NaN in RANK's batch at update STEP), kill_in_save (SIGKILL on RANK right after it writes its bank shard for checkpoint STEP).
+nan (NaN in RANK's batch at update STEP), kill_in_save (SIGKILL on RANK right after it writes
+its bank shard for checkpoint STEP).
 """
 import os
 import signal
