@@ -19,10 +19,7 @@ import math
 
 from easydict import EasyDict as edict
 
-CONTEXTS = ('auto', 'cpu', 'gpu')        # valid values of cfg.context
-BANK_CONTEXTS = ('same', 'cpu')          # valid values of cfg.bank_context
-ALLGATHERS = ('native', 'allreduce')     # valid values of cfg.allgather
-HEAD_KERNELS = ('auto', 'host', 'device')  # valid values of cfg.head_kernel
+from sample_fc.options import ALLGATHERS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS  # valid values
 
 
 def _base_config():
@@ -121,8 +118,8 @@ _NETWORK_PRESETS = {
 # global batch of 512 (emore: 240000 * 512 / 5.8M images = 21 epochs).
 _DATASET_PRESETS = {
     'demo': {
-        'rec': 'data/demo/train.rec',    # built by `python -m sample_fc.demo_data` (horovodrun.sh does it)
-        'num_classes': 200,              # = sample_fc.demo_data defaults (200 identities)
+        'rec': 'data/demo/train.rec',    # built by `python -m sample_fc.tools.demo_data` (horovodrun.sh does it)
+        'num_classes': 200,              # = sample_fc.tools.demo_data defaults (200 identities)
         'image_size': 32,                # = demo_data's default image size: trains in minutes on 2 CPU cores
         'num_images': 8000,              # 200 identities x 40 views
         'val_targets': ['demo_val'],     # data/demo/demo_val.bin, 600 pairs of held-out identities
@@ -187,19 +184,11 @@ _DATASET_PRESETS = {
         'lr_steps': [20000, 28000],      # original Partial FC benchmark schedule
         'max_update': 32000,             # benchmark length
     },
-    'synthetic_10m': {
-        'rec': '',                       # unused: random data
-        'num_classes': 10000000,         # ten million identities, the paper's headline scale
-        'image_size': 112,               # random 112x112 images
-        'num_images': 0,                 # endless random stream
-        'val_targets': [],               # nothing to verify on random data
-        'synthetic': True,               # random images and labels
-        'sample_ratio': 0.1,             # huge classifier: sample 10% of centers
-        'warmup_steps': 0,               # no warm-up
-        'lr_steps': [20000, 28000],      # original Partial FC benchmark schedule
-        'max_update': 32000,             # benchmark length
-    },
 }
+_DATASET_PRESETS['synthetic_10m'] = dict(
+    _DATASET_PRESETS['synthetic_1m'],    # the same random-data benchmark, with
+    num_classes=10000000,                # ten million identities, the paper's headline scale
+)
 
 # Loss presets: published margins.
 _LOSS_PRESETS = {

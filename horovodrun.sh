@@ -36,7 +36,7 @@ done
 DEMO_DIR=data/demo
 if [[ $DATASET == demo && ( ! -f $DEMO_DIR/train.rec || ! -f $DEMO_DIR/property ) ]]; then
   echo "[demo] building the demo dataset in $DEMO_DIR"
-  "$PY" -m sample_fc.demo_data --out "$DEMO_DIR"
+  "$PY" -m sample_fc.tools.demo_data --out "$DEMO_DIR"
 fi
 if [[ ${#TRAIN_ARGS[@]} -eq 0 ]]; then
   # CosFace with s=32, m=0.25 converges from scratch in the demo's few hundred steps;

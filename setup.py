@@ -1,11 +1,12 @@
-"""Installs the sample_fc library and the symbols package (backbones)."""
-from setuptools import setup
+"""Installs the sample_fc library (with its data, tools and bench subpackages) and the
+symbols package (backbones)."""
+from setuptools import find_packages, setup
 
 setup(
     name="sample_fc",
     version="0.1.0",
     description="Partial FC for MXNet + Horovod: face recognition with millions of identities",
-    packages=["sample_fc", "symbols"],
+    packages=find_packages(include=["sample_fc", "sample_fc.*", "symbols"]),
     python_requires=">=3.8",
     install_requires=["mxnet==1.9.1", "numpy<1.24", "easydict", "horovod==0.28.1"],
 )

@@ -5,7 +5,6 @@
 Every rank runs this; rank 0 logs, writes config.json and the backbone of each checkpoint.
 """
 import argparse
-import logging
 import os
 import sys
 
@@ -13,16 +12,9 @@ import mxnet as mx
 import numpy as np
 
 import default
-import symbols
-from optimizer import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
-from sample_fc import checkpoint, dist
-from sample_fc.bin_format import load_bin
+from sample_fc import builder, checkpoint, dist
 from sample_fc.callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from sample_fc.config import apply_overrides, format_config, save_config
-from sample_fc.data import FaceRecordIter, SyntheticIter
-from sample_fc.margin import CombinedMargin
-from sample_fc.memory_bank import MemoryBank
-from sample_fc.module import SampleDistributeModule
 from sample_fc.verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 
@@ -51,52 +43,6 @@ def build_config(args):
     return cfg
 
 
-def resolve_contexts(cfg, local_rank):
-    """(backbone context, bank context) for this rank; explicit, never implicit gpu(0)."""
-    gpus = mx.context.num_gpus()
-    kind = ("gpu" if gpus else "cpu") if cfg.context == "auto" else cfg.context
-    if kind == "gpu" and local_rank >= gpus:
-        raise RuntimeError(f"context=gpu but local rank {local_rank} has no GPU (this node has {gpus})")
-    ctx = mx.gpu(local_rank) if kind == "gpu" else mx.cpu()
-    return ctx, (ctx if cfg.bank_context == "same" else mx.cpu())
-
-
-def build_iterator(cfg, rank, world):
-    shape = (3, cfg.image_size, cfg.image_size)
-    if cfg.synthetic:
-        return SyntheticIter(cfg.batch_size, cfg.num_classes, shape, seed=cfg.seed, rank=rank)
-    return FaceRecordIter(cfg.rec, cfg.batch_size, shape, rank=rank, num_workers=world, seed=cfg.seed,
-                          num_threads=cfg.data_threads, num_classes=cfg.num_classes)
-
-
-def load_targets(cfg, logger):
-    """{name: (images, issame)} of the val_targets found next to the training data."""
-    folder = os.path.dirname(os.path.abspath(cfg.rec)) if cfg.rec else ""
-    targets = {}
-    for name in cfg.val_targets:
-        path = os.path.join(folder, name + ".bin")
-        if os.path.isfile(path):
-            targets[name] = load_bin(path, cfg.image_size)
-        else:
-            logger.warning("verification target %s not found at %s; skipped", name, path)
-    return targets
-
-
-def setup_logger(rank, models_root):
-    logger = logging.getLogger("sample_fc")
-    logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    logger.handlers.clear()
-    logger.propagate = False
-    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", "%H:%M:%S")
-    handlers = [logging.StreamHandler(sys.stdout)]
-    if rank == 0:
-        handlers.append(logging.FileHandler(os.path.join(models_root, "train.log")))
-    for handler in handlers:
-        handler.setFormatter(fmt)
-        logger.addHandler(handler)
-    return logger
-
-
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -121,47 +67,29 @@ def train(cfg, args):
     rank, world = dist.rank(), dist.size()
     models_root = args.models_root or os.path.join("models", f"{cfg.dataset}_{cfg.network}")
     os.makedirs(models_root, exist_ok=True)
-    logger = setup_logger(rank, models_root)
+    logger = builder.setup_logger(rank, models_root)
     if rank == 0:
         save_config(cfg, os.path.join(models_root, "config.json"))
         logger.info("world size %d, config:\n%s", world, format_config(cfg))
-    ctx, bank_ctx = resolve_contexts(cfg, dist.local_rank())
+    ctx, bank_ctx = builder.resolve_contexts(cfg, dist.local_rank())
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-
-    train_iter = build_iterator(cfg, rank, world)
-    symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size,
-                                "float16" if cfg.fp16 else "float32", cfg.dropout)
-    lr = cfg.lr * (cfg.batch_size * world / 512 if cfg.lr_scale_by_world else 1.0)
-    schedule = WarmupMultiStepSchedule(lr, cfg.warmup_steps, cfg.lr_steps, cfg.lr_factor)
-    backbone_optimizer = DistributedOptimizer(mx.optimizer.SGD(
-        learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
-        multi_precision=cfg.fp16))
-    bank = MemoryBank.for_rank(cfg.num_classes, rank, world, cfg.sample_ratio, cfg.embedding_size,
-                               bank_ctx, seed=cfg.seed)
-    module = SampleDistributeModule(
-        symbol, CombinedMargin(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3, cfg.loss_s), bank,
-        MemoryBankSGDOptimizer(schedule, cfg.momentum, cfg.wd), backbone_optimizer, ctx,
-        cfg.batch_size, (3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
-        head_kernel=cfg.head_kernel, max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
-    module.init_params()
-    module.broadcast_parameters()
+    train_iter = builder.build_iterator(cfg, rank, world)
+    symbol = builder.build_symbol(cfg)
+    module = builder.build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger)
     if args.resume:
-        resume_from = checkpoint.resolve_resume(args.resume)
+        resume_from = checkpoint.find_checkpoint(args.resume)
         step = checkpoint.restore_checkpoint(resume_from, module, train_iter, cfg.num_classes,
                                              cfg.embedding_size)
         logger.info("resumed from %s at step %d", resume_from, step)
 
     saved_steps = set()
+    train_state = {"world_size": world, "num_classes": cfg.num_classes,
+                   "embedding_size": cfg.embedding_size, "config": cfg}
 
     def save(step):
         saved_steps.add(step)
-        checkpoint.save_checkpoint(
-            models_root, step, module, symbol,
-            train_state={"world_size": world, "num_classes": cfg.num_classes,
-                         "embedding_size": cfg.embedding_size, "config": cfg},
-            rank_state={"sampler": bank.sampler.state_dict(), "data": train_iter.state_dict()},
-            keep=cfg.ckpt_keep)
+        checkpoint.save_checkpoint(models_root, step, module, symbol, train_iter, train_state, cfg.ckpt_keep)
         logger.info("step %d: checkpoint saved", step)
 
     def embed_images(images):
@@ -169,11 +97,8 @@ def train(cfg, args):
         embed = Embedder(symbol, arg_params, aux_params, ctx, cfg.image_size, batch_size=cfg.batch_size)
         return embed(to_nchw(images))
 
-    writer = None
-    if cfg.tensorboard and rank == 0:
-        from tensorboardX import SummaryWriter
-        writer = SummaryWriter(os.path.join(models_root, "tensorboard"))
-    verify = VerificationRunner(load_targets(cfg, logger), embed_images, logger, models_root, writer)
+    writer = builder.tensorboard_writer(cfg, rank, models_root)
+    verify = VerificationRunner(builder.load_targets(cfg, logger), embed_images, logger, models_root, writer)
     callbacks = [PeriodicCallback(cfg.ckpt_period, save), PeriodicCallback(cfg.verbose, verify)]
     if rank == 0:
         callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer))

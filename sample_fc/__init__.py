@@ -1,5 +1,10 @@
 """sample_fc: Partial FC for MXNet + Horovod.
 
+The modules at this level are the training step and its runtime (README "Layout"):
+dist, sampler, margin, softmax, memory_bank, head, host_head, module, optimizers, options,
+config, checkpoint, callbacks, verification, builder, launch. Subpackages: data/ (iterators,
+RecordIO, .bin, images), tools/ (command-line tools), bench/ (benchmarks).
+
 Public names are re-exported lazily (PEP 562), so `import sample_fc.config` or the
 command-line tools do not pay for importing mxnet/horovod until they need them, and
 importing the package has no side effects.
@@ -16,6 +21,9 @@ _EXPORTS = {
     "SampleDistributeModule": "module",
     "FaceRecordIter": "data",
     "SyntheticIter": "data",
+    "DistributedOptimizer": "optimizers",
+    "MemoryBankSGDOptimizer": "optimizers",
+    "WarmupMultiStepSchedule": "optimizers",
 }
 
 __all__ = sorted(_EXPORTS)

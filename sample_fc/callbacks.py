@@ -3,7 +3,6 @@ to stop; callbacks only observe (and, for checkpoints and verification, make eve
 take part in the same named collectives).
 """
 import datetime
-import json
 import os
 import time
 
@@ -11,6 +10,7 @@ import mxnet as mx
 import numpy as np
 
 from . import dist
+from .config import write_json
 from .verification import score
 
 
@@ -72,7 +72,7 @@ class VerificationRunner:
     def __init__(self, targets, embed_fn, logger, models_root=None, writer=None):
         self.targets, self.embed_fn, self.logger = targets, embed_fn, logger
         self.models_root, self.writer = models_root, writer
-        self.best_accuracy, self.best_step, self.last = -1.0, None, {}
+        self.best_accuracy, self.last = -1.0, {}
 
     def _embed_all(self, name, images, step):
         rank, world = dist.rank(), dist.size()
@@ -94,10 +94,9 @@ class VerificationRunner:
                 self.writer.add_scalar(f"verification/{name}", result.accuracy, step)
         mean = sum(r.accuracy for r in self.last.values()) / len(self.last)
         if mean > self.best_accuracy:
-            self.best_accuracy, self.best_step = mean, step
+            self.best_accuracy = mean
             if self.models_root:
-                with open(os.path.join(self.models_root, "best.json"), "w") as handle:
-                    json.dump({"step": step, "mean_accuracy": mean,
-                               "accuracy": {n: r.accuracy for n, r in self.last.items()}},
-                              handle, indent=2)
+                write_json(os.path.join(self.models_root, "best.json"),
+                           {"step": step, "mean_accuracy": mean,
+                            "accuracy": {n: r.accuracy for n, r in self.last.items()}})
         return self.last

@@ -20,6 +20,8 @@ import shutil
 
 import mxnet as mx
 
+from .config import write_json
+
 PATTERN = re.compile(r"^step-(\d{8})$")
 MODEL_PREFIX = "model"
 
@@ -46,19 +48,6 @@ def list_checkpoints(models_root):
     return sorted(found)
 
 
-def latest_checkpoint(models_root):
-    """Path of the newest complete checkpoint under models_root, or None."""
-    found = list_checkpoints(models_root)
-    return found[-1][1] if found else None
-
-
-def _write_json(path, payload):
-    with open(path, "w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -67,11 +56,11 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def save_checkpoint(models_root, step, module, symbol, train_state, rank_state, keep):
+def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, keep):
     """Write checkpoint `step`. Every rank must call it (it has named barriers).
 
     train_state: JSON-able dict, the same on all ranks (written by rank 0 to state.json).
-    rank_state: JSON-able dict of this rank (sampler RNG, data position).
+    Each rank writes its sampler's RNG and data_iter's position (rank<r>.json).
     keep: number of complete checkpoints to keep (older ones are deleted).
     """
     from . import dist
@@ -84,17 +73,18 @@ def save_checkpoint(models_root, step, module, symbol, train_state, rank_state, 
     dist.barrier(f"checkpoint.{step}.begin")
 
     module.bank.save(os.path.join(partial, f"bank-rank{rank}.params"))
-    _write_json(os.path.join(partial, f"rank{rank}.json"), rank_state)
+    write_json(os.path.join(partial, f"rank{rank}.json"),
+               {"sampler": module.sampler.state_dict(), "data": data_iter.state_dict()})
     arg_params, aux_params = module.get_export_params()        # collective
     if rank == 0:
         mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
                                  remove_amp_cast=False)
         module.backbone.save_optimizer_states(os.path.join(partial, "backbone.states"))
-        _write_json(os.path.join(partial, "state.json"), dict(train_state, step=step))
+        write_json(os.path.join(partial, "state.json"), dict(train_state, step=step))
     dist.barrier(f"checkpoint.{step}.written")
 
     if rank == 0:
-        _write_json(os.path.join(partial, "COMPLETE"), {"step": step})
+        write_json(os.path.join(partial, "COMPLETE"), {"step": step})
         _fsync_dir(partial)
         if os.path.exists(final):            # re-saving a step, e.g. after resume
             shutil.rmtree(final)
@@ -120,16 +110,22 @@ def bank_shard_paths(checkpoint, world_size):
     return [os.path.join(checkpoint, f"bank-rank{r}.params") for r in range(world_size)]
 
 
-def resolve_resume(path):
-    """A checkpoint directory from --resume: a checkpoint itself, or the newest complete
-    checkpoint under a models root. Incomplete (.partial) checkpoints are never used."""
-    if os.path.isfile(os.path.join(path, "COMPLETE")):
+def find_checkpoint(path, step=None, option="--resume"):
+    """A complete checkpoint directory: `path` itself when it is one (and step is None), else
+    the newest complete checkpoint under the models root `path`, or the one of `step`.
+    Incomplete (.partial) checkpoints are never used. FileNotFoundError names `option`."""
+    if step is None and os.path.isfile(os.path.join(path, "COMPLETE")):
         return path
-    latest = latest_checkpoint(path)
-    if latest is None:
-        raise FileNotFoundError(f"--resume {path}: no complete checkpoint (step-XXXXXXXX/ with a "
+    found = dict(list_checkpoints(path))
+    if not found:
+        raise FileNotFoundError(f"{option} {path}: no complete checkpoint (step-XXXXXXXX/ with a "
                                 f"COMPLETE file) there")
-    return latest
+    if step is None:
+        return found[max(found)]
+    if step not in found:
+        raise FileNotFoundError(f"{option} {path},{step}: no complete checkpoint step-{step:08d}/ "
+                                f"there (complete: {', '.join(map(str, sorted(found)))})")
+    return found[step]
 
 
 def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_size):
@@ -153,7 +149,7 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     if old_world == dist.size():
         module.bank.load(bank_shard_paths(checkpoint, old_world)[rank])
         rank_state = read_rank_state(checkpoint, rank)
-        module.bank.sampler.load_state_dict(rank_state["sampler"])
+        module.sampler.load_state_dict(rank_state["sampler"])
         data_state = rank_state["data"]
     else:
         module.bank.load_resharded(bank_shard_paths(checkpoint, old_world))

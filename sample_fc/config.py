@@ -171,9 +171,14 @@ def apply_overrides(cfg, overrides):
 
 
 def save_config(cfg, path):
-    """Write cfg as JSON (sorted keys, indent 2) to path atomically: a temporary file in
-    the same directory, then os.replace. The directory must exist."""
-    text = json.dumps(cfg, sort_keys=True, indent=2) + '\n'  # fails before touching disk
+    """Write cfg as JSON to path atomically (see write_json)."""
+    write_json(path, cfg)
+
+
+def write_json(path, payload):
+    """Write payload as JSON (sorted keys, indent 2) to path atomically: a temporary file in
+    the same directory, synced, then os.replace. The directory must exist."""
+    text = json.dumps(payload, sort_keys=True, indent=2) + '\n'  # fails before touching disk
     path = os.fspath(path)
     directory, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")

@@ -14,7 +14,7 @@ from PIL import Image  # noqa: F401  (import order matters, see above)
 import horovod.mxnet as hvd
 import mxnet as mx
 
-ALLGATHER_STRATEGIES = ("native", "allreduce")
+from .options import ALLGATHERS
 
 
 def init(stall_shutdown_s=None):
@@ -70,7 +70,7 @@ def allgather(array, name, strategy="native"):
     if strategy == "native":
         return hvd.allgather(array, name=name)
     if strategy != "allreduce":
-        raise ValueError(f"allgather strategy must be one of {ALLGATHER_STRATEGIES}, got {strategy!r}")
+        raise ValueError(f"allgather strategy must be one of {ALLGATHERS}, got {strategy!r}")
     rows = array.shape[0]
     buffer = mx.nd.zeros((rows * size(),) + array.shape[1:], ctx=array.context, dtype=array.dtype)
     buffer[rank() * rows:(rank() + 1) * rows] = array
@@ -109,11 +109,6 @@ def reducescatter_sum(array, name):
     return hvd.reducescatter(array, op=hvd.Sum, name=name)
 
 
-def broadcast_(array, root_rank, name):
-    """Overwrite `array` in place with root_rank's. Must match: name, shape, dtype."""
-    return hvd.broadcast_(array, root_rank=root_rank, name=name)
-
-
 def broadcast_parameters(params, root_rank=0, prefix="param"):
     """Broadcast a dict name -> NDArray in place, in sorted-name order.
 
@@ -121,16 +116,6 @@ def broadcast_parameters(params, root_rank=0, prefix="param"):
     """
     for key in sorted(params):
         hvd.broadcast_(params[key], root_rank=root_rank, name=f"{prefix}.{key}")
-
-
-def broadcast_object(obj, root_rank=0, name="object"):
-    """root_rank's picklable object, on every rank. Must match: name."""
-    return hvd.broadcast_object(obj, root_rank=root_rank, name=name)
-
-
-def allgather_object(obj, name="object"):
-    """List of every rank's picklable object, in rank order. Must match: name."""
-    return hvd.allgather_object(obj, name=name)
 
 
 def barrier(name):

@@ -13,7 +13,6 @@ than mx.nd.dot, and the K x D passes, not the B x K ones, are what cost:
 The update is MXNet's sgd_mom_update (MemoryBankSGDOptimizer's semantics). Used for CPU
 banks of float32 by SampleDistributeModule; GPU banks run head.py on the device.
 """
-import ctypes
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,30 +21,16 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from .head import NORM_EPS, no_stage
+from .launch import omp_threads
+from .memory_bank import host_view
 
 BLOCK_ROWS = 512         # rows per update block (measured at 1M classes, ratio 0.1: 512 best of 256-16384)
-
-
-def host_view(array):
-    """A NumPy array sharing the memory of a CPU NDArray (no copy). The NDArray must stay
-    alive and must not be written by pending MXNet operations while the view is used."""
-    if array.context.device_type != "cpu":
-        raise ValueError(f"host_view needs a CPU NDArray, got one on {array.context}")
-    mx.nd.waitall()                 # no pending write may land after the view is read
-    pointer = ctypes.c_void_p()
-    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
-    dtype = np.dtype(array.dtype)
-    buffer = (ctypes.c_byte * (array.size * dtype.itemsize)).from_address(pointer.value)
-    return np.frombuffer(buffer, dtype=dtype).reshape(array.shape)
 
 
 def default_threads(local_workers):
     """Threads for one rank's bank update: OMP_NUM_THREADS when set, else the cores shared
     by the ranks of this machine."""
-    configured = os.environ.get("OMP_NUM_THREADS", "")
-    if configured.isdigit() and int(configured) >= 1:
-        return int(configured)
-    return max(1, (os.cpu_count() or 1) // max(1, local_workers))
+    return omp_threads() or max(1, (os.cpu_count() or 1) // max(1, local_workers))
 
 
 def numpy_blas():

@@ -56,6 +56,12 @@ def horovodrun_command(argv, num_proc=2, controller="gloo", hosts=None):
     return [sys.executable, "-m", "sample_fc.launch", "-np", str(num_proc), "-H", hosts, f"--{controller}"] + list(argv)
 
 
+def omp_threads():
+    """OMP_NUM_THREADS as a positive int, or None when it is unset or not one."""
+    configured = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(configured) if configured.isdigit() and int(configured) >= 1 else None
+
+
 def single_thread_env(extra=None):
     """Environment for workers sharing a small machine: one compute thread per worker."""
     env = dict(os.environ)
@@ -82,8 +88,10 @@ def run_bounded(command, timeout_s=300, env=None, cwd=None):
 
 
 def run_job(argv, num_proc=2, controller="gloo", timeout_s=300, env=None, cwd=None):
-    """Run `argv` under horovodrun on local workers; kill everything after `timeout_s`."""
-    return run_bounded(horovodrun_command(argv, num_proc, controller), timeout_s, env, cwd)
+    """Run `argv` on `num_proc` local workers, under horovodrun when there are several (a
+    world of one runs the command alone); kill everything after `timeout_s`."""
+    command = horovodrun_command(argv, num_proc, controller) if num_proc > 1 else list(argv)
+    return run_bounded(command, timeout_s, env, cwd)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import math
 import mxnet as mx
 
 EPS = 1e-6
-PRESETS = {"arcface": (1.0, 0.5, 0.0), "cosface": (1.0, 0.0, 0.4)}
 
 
 class CombinedMargin:
@@ -32,12 +31,6 @@ class CombinedMargin:
         self.cos_only = self.m1 == 1.0 and self.m2 == 0.0      # psi(c) = c - m3 exactly
         self.theta_star = (math.pi - self.m2) / self.m1         # where m1 theta + m2 = pi
         self.cos_star = math.cos(self.theta_star) if self.theta_star < math.pi else -1.0
-
-    @classmethod
-    def from_name(cls, name, s=64.0):
-        if name not in PRESETS:
-            raise ValueError(f"unknown margin {name!r}; choose one of {sorted(PRESETS)}")
-        return cls(*PRESETS[name], s=s)
 
     def __repr__(self):
         return f"CombinedMargin(m1={self.m1}, m2={self.m2}, m3={self.m3}, s={self.s})"

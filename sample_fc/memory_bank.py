@@ -3,17 +3,31 @@
 Rows are read and written by index (only the sampled rows of a step); the arrays live on
 `ctx`, mx.cpu() or mx.gpu(i), with the same code for both.
 """
-import numpy as np
-import mxnet as mx
+import ctypes
 
-from .host_head import host_view
-from .sampler import ClassCenterSampler, num_sample_for, shard_range
+import mxnet as mx
+import numpy as np
+
+from .sampler import shard_range
 
 INIT_BLOCK = 4096          # classes per independently seeded block of the initial weights
 INIT_STD = 0.01
 FORMAT_VERSION = 1
 META_FIELDS = ("version", "num_classes", "world_size", "rank", "class_start", "num_local",
                "embedding_size")
+
+
+def host_view(array):
+    """A NumPy array sharing the memory of a CPU NDArray (no copy). The NDArray must stay
+    alive and must not be written by pending MXNet operations while the view is used."""
+    if array.context.device_type != "cpu":
+        raise ValueError(f"host_view needs a CPU NDArray, got one on {array.context}")
+    mx.nd.waitall()                 # no pending write may land after the view is read
+    pointer = ctypes.c_void_p()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    dtype = np.dtype(array.dtype)
+    buffer = (ctypes.c_byte * (array.size * dtype.itemsize)).from_address(pointer.value)
+    return np.frombuffer(buffer, dtype=dtype).reshape(array.shape)
 
 
 def fill_initial_centers(dest, class_start, seed):
@@ -45,11 +59,11 @@ def fill_initial_centers(dest, class_start, seed):
 class MemoryBank:
     """Class centers [class_start, class_start + num_local) and their momentum on `ctx`."""
 
-    def __init__(self, num_local, num_sample, embedding_size, ctx, class_start=0, num_classes=None,
-                 rank=0, world_size=1, seed=0, dtype="float32"):
-        if not 1 <= num_sample <= num_local:
-            raise ValueError(f"num_sample must be in [1, num_local={num_local}], got {num_sample}")
-        self.num_local, self.num_sample, self.embedding_size = num_local, num_sample, embedding_size
+    def __init__(self, num_local, embedding_size, ctx, *, class_start=0, num_classes=None, rank=0,
+                 world_size=1, seed=0, dtype="float32"):
+        if num_local < 1:
+            raise ValueError(f"num_local must be >= 1, got {num_local}")
+        self.num_local, self.embedding_size = num_local, embedding_size
         self.class_start, self.ctx, self.dtype = class_start, ctx, dtype
         self.num_classes = num_classes if num_classes is not None else num_local
         self.rank, self.world_size = rank, world_size
@@ -57,19 +71,13 @@ class MemoryBank:
         fill_initial_centers(host_view(self.weight) if ctx.device_type == "cpu" else self.weight,
                              class_start, seed)
         self.momentum = mx.nd.zeros((num_local, embedding_size), ctx=ctx, dtype=dtype)
-        self.sampler = ClassCenterSampler(class_start, num_local, num_sample, seed=seed, rank=rank)
 
     @classmethod
-    def for_rank(cls, num_classes, rank, world_size, sample_ratio, embedding_size, ctx, seed=0):
+    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0):
         """The bank of `rank` in a balanced split of `num_classes` over `world_size` ranks."""
         class_start, num_local = shard_range(num_classes, rank, world_size)
-        return cls(num_local, num_sample_for(num_local, sample_ratio), embedding_size, ctx,
-                   class_start=class_start, num_classes=num_classes, rank=rank,
-                   world_size=world_size, seed=seed)
-
-    def sample(self, labels):
-        """(remapped labels, sorted local index) for the global batch's integer labels."""
-        return self.sampler(labels)
+        return cls(num_local, embedding_size, ctx, class_start=class_start, num_classes=num_classes,
+                   rank=rank, world_size=world_size, seed=seed)
 
     def index_array(self, index):
         return mx.nd.array(index, ctx=self.ctx, dtype="int64")

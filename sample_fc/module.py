@@ -1,10 +1,4 @@
-"""SampleDistributeModule: data-parallel backbone + sharded class centers + exact softmax.
-
-One training step on rank r of W (DESIGN.md, "One training step"), see `forward`,
-`backward_all` and `update`. The collaborators are explicit: the backbone symbol, the
-margin, this rank's MemoryBank, the bank's optimizer, the backbone's optimizer (already
-wrapped to sum gradients over ranks) and the context(s) of the backbone.
-"""
+"""SampleDistributeModule: the Partial FC training step of one rank (DESIGN.md, "One training step")."""
 import logging
 import time
 import warnings
@@ -16,6 +10,7 @@ import numpy as np
 from . import dist
 from .head import DeviceHead, no_stage
 from .host_head import HostHead, default_threads
+from .options import ALLGATHERS, HEAD_KERNELS
 from .sampler import as_int_labels
 
 
@@ -27,7 +22,6 @@ class StepInfo:
     lr: float
     global_batch: int
     seconds: float         # wall time of this step
-    module: "SampleDistributeModule"
     skipped: bool = False  # non-finite loss or gradients on some rank: nothing was updated
 
 
@@ -36,31 +30,56 @@ class NonFiniteError(RuntimeError):
 
 
 class SampleDistributeModule:
-    def __init__(self, symbol, margin, memory_bank, memory_optimizer, backbone_optimizer, context,
-                 batch_size, data_shape=(3, 112, 112), work_load_list=None, allgather="native",
-                 max_nonfinite_steps=5, head_kernel="auto", logger=None):
-        self.contexts = context if isinstance(context, (list, tuple)) else [context]
-        self.margin, self.bank, self.memory_optimizer = margin, memory_bank, memory_optimizer
-        self.backbone_optimizer = backbone_optimizer
-        self.batch_size, self.allgather_strategy = batch_size, allgather
+    """A data-parallel backbone, this rank's shard of class centers, and an exact softmax
+    over a sample of every rank's centers: one rank's part of a Partial FC run.
+
+    `step(batch)` runs, in this order (rank r of W, b = batch_size, B = b * W):
+      forward_backbone       1. the backbone on this rank's batch -> embeddings (b x D)
+      loss_and_gradients     2. allgather the global batch: embeddings (B x D), integer labels
+                             3. sampler: every local positive + uniform negatives -> index I
+                             4-8. head: rows I of the bank, cosine, margin, exact distributed
+                                softmax, loss and gradients (head.py on a device bank,
+                                host_head.py on a float32 CPU bank: the same math)
+                             9. reducescatter d loss / d embeddings to this rank's b rows,
+                                then the backbone's backward
+      all_ranks_finite       skip the step everywhere when any rank saw NaN/Inf
+      apply_updates          10. SGD-momentum on bank rows I only; 11. the backbone's update
+                                (its optimizer sums the gradients over ranks)
+
+    Collaborators: `symbol` (input `data`, one output: the embeddings), `bank` (this rank's
+    MemoryBank), `sampler` (this rank's ClassCenterSampler), `margin` (CombinedMargin),
+    `bank_optimizer` (MemoryBankSGDOptimizer), `backbone_optimizer` (a DistributedOptimizer),
+    `context` (one mx.Context or a list: the backbone's devices).
+    Options: `batch_size` per rank, `data_shape` of one sample, `allgather` strategy (dist.py),
+    `head_kernel` (auto | host | device), `max_nonfinite_steps` in a row before NonFiniteError.
+    Every rank must build the same module (same symbol and shapes): the steps are collectives.
+    """
+
+    def __init__(self, symbol, *, bank, sampler, margin, bank_optimizer, backbone_optimizer, context,
+                 batch_size, data_shape=(3, 112, 112), allgather="native", head_kernel="auto",
+                 max_nonfinite_steps=5, logger=None):
+        if allgather not in ALLGATHERS:
+            raise ValueError(f"allgather must be one of {ALLGATHERS}, got {allgather!r}")
+        self.contexts = list(context) if isinstance(context, (list, tuple)) else [context]
+        self.bank, self.sampler, self.margin = bank, sampler, margin
+        self.bank_optimizer, self.backbone_optimizer = bank_optimizer, backbone_optimizer
+        self.batch_size, self.allgather = batch_size, allgather
+        self.max_nonfinite_steps = max_nonfinite_steps
         self.logger = logger or logging.getLogger("sample_fc")
         self.num_update = 0
-        self.max_nonfinite_steps = max_nonfinite_steps
         self.nonfinite_in_a_row = self.nonfinite_total = 0
         self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
-                                      context=self.contexts, work_load_list=work_load_list)
-        self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))],
-                           for_training=True)
-        self.head = make_head(head_kernel, memory_bank, margin, memory_optimizer)
-        self._grad_all_embeddings = None
-        self._labels = None
+                                      context=self.contexts)
+        self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
+        self.head = make_head(head_kernel, bank, margin, bank_optimizer)
+        self._labels = None                 # this rank's integer labels of the current batch
+        self._grad_all_embeddings = None    # this step's d loss / d (global embeddings), partial
 
     # ---- set-up -----------------------------------------------------------------------
     def init_params(self, initializer=None, arg_params=None, aux_params=None):
         """Initialise the backbone (then call broadcast_parameters so all ranks agree)."""
         self.backbone.init_params(initializer=initializer or mx.init.Xavier(magnitude=2.0),
-                                  arg_params=arg_params, aux_params=aux_params,
-                                  allow_missing=False)
+                                  arg_params=arg_params, aux_params=aux_params, allow_missing=False)
         param_names = self.backbone._exec_group.param_names
         kvstore = "local" if len(self.contexts) > 1 else None
         if kvstore is None:
@@ -100,46 +119,36 @@ class SampleDistributeModule:
                     for name in sorted(aux_params)}
         return arg_params, averaged
 
-    def allgather(self, array, name):
-        return dist.allgather(array, name, self.allgather_strategy)
-
-    # ---- one step ---------------------------------------------------------------------
-    def forward(self, data_batch, is_train=True):
-        """Step 1: backbone forward on this rank's batch; keeps the integer labels."""
+    # ---- the parts of one step --------------------------------------------------------
+    def forward_backbone(self, data_batch):
+        """1. The backbone's forward on this rank's batch; keeps its integer labels."""
         self._labels = as_int_labels(data_batch.label[0])
         if self._labels.shape != (self.batch_size,):
             raise ValueError(f"expected {self.batch_size} labels per rank, got shape {self._labels.shape}")
-        self.backbone.forward(data_batch, is_train=is_train)
+        self.backbone.forward(data_batch, is_train=True)
 
-    def backward_all(self, stage=no_stage):
-        """Steps 2-9: gather, sample, head loss and gradients, backbone backward. Returns loss.
+    def loss_and_gradients(self, stage=no_stage):
+        """2-9 after forward_backbone: returns the global mean loss ((1,) NDArray).
 
         stage(name) -> context manager wraps each block (see head.no_stage; benchmarks time them).
         """
         bank_ctx = self.bank.ctx
         embeddings = self.backbone.get_outputs(merge_multi_context=True)[0]
         with stage("allgather"):      # 2. the global batch: embeddings (B x D), integer labels (B)
-            all_embeddings = self.allgather(embeddings.as_in_context(bank_ctx), "embeddings")
+            all_embeddings = dist.allgather(embeddings.as_in_context(bank_ctx), "embeddings", self.allgather)
             all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
         with stage("sample"):         # 3. this rank's centers: all local positives + uniform negatives
-            target, index = self.bank.sample(all_labels)
+            target, index = self.sampler(all_labels)
         # 4-8. sampled rows, cosine, margin, exact distributed softmax, gradients
-        loss, grad_all_embeddings = self.head.forward_backward(
+        loss, self._grad_all_embeddings = self.head.forward_backward(
             all_embeddings, target, index, len(all_labels), dist.allreduce_max, dist.allreduce_sum, stage)
         with stage("reducescatter"):  # 9. this rank's rows of d loss / d embeddings, summed over ranks
-            grad_embeddings = dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
+            grad_embeddings = dist.reducescatter_sum(self._grad_all_embeddings, "embedding_grads")
         with stage("backbone_backward"):
             self.backbone.backward(out_grads=[grad_embeddings.as_in_context(self.contexts[0])])
-        self._grad_all_embeddings = grad_all_embeddings
         return loss
 
-    def update(self):
-        """Steps 10-11: SGD-momentum on the sampled bank rows; backbone update (summed grads)."""
-        self.num_update += 1
-        self.head.update(self.num_update)
-        self.backbone.update()
-
-    def step_is_finite(self, loss):
+    def all_ranks_finite(self, loss):
         """True when the loss and every gradient of this step are finite on every rank.
 
         Checks the loss, this rank's d loss / d embeddings (it shares every factor of the
@@ -157,6 +166,13 @@ class SampleDistributeModule:
         local_bad = 0.0 if np.isfinite(mx.nd.add_n(*checks).asscalar()) else 1.0
         return dist.allreduce_max(mx.nd.array([local_bad]), "step.nonfinite").asscalar() == 0.0
 
+    def apply_updates(self):
+        """10-11: SGD-momentum on the sampled bank rows; the backbone's update (summed grads)."""
+        self.num_update += 1
+        self.head.update(self.num_update)
+        self.backbone.update()
+
+    # ---- one step ---------------------------------------------------------------------
     def step(self, data_batch):
         """One full training step; returns (global mean loss, skipped).
 
@@ -165,10 +181,10 @@ class SampleDistributeModule:
         row NonFiniteError is raised.
         """
         aux_before = [[a.copy() for a in per_context] for per_context in self.backbone._exec_group.aux_arrays]
-        self.forward(data_batch)
-        loss = self.backward_all()
-        if self.step_is_finite(loss):
-            self.update()
+        self.forward_backbone(data_batch)
+        loss = self.loss_and_gradients()
+        if self.all_ranks_finite(loss):
+            self.apply_updates()
             self.nonfinite_in_a_row = 0
             return float(loss.asscalar()), False
         for saved, live in zip(aux_before, self.backbone._exec_group.aux_arrays):
@@ -186,7 +202,6 @@ class SampleDistributeModule:
                                  f"at update {self.num_update}, the last checkpoint is intact")
         return float(loss.asscalar()), True
 
-    # ---- loop -------------------------------------------------------------------------
     def fit(self, train_iter, max_update, batch_end_callbacks=()):
         """Train until `max_update` updates are done; the loop alone decides when to stop.
 
@@ -201,30 +216,19 @@ class SampleDistributeModule:
                 continue
             start = time.perf_counter()
             loss, skipped = self.step(batch)
-            info = StepInfo(self.num_update, loss, self.memory_optimizer.lr_schedule(self.num_update),
-                            global_batch, time.perf_counter() - start, self, skipped)
+            info = StepInfo(self.num_update, loss, self.bank_optimizer.lr_schedule(self.num_update),
+                            global_batch, time.perf_counter() - start, skipped)
             for callback in batch_end_callbacks:
                 callback(info)
         return self
 
 
-HEAD_KERNELS = ("auto", "host", "device")
-
-
-def make_head(kernel, bank, margin, memory_optimizer):
+def make_head(kernel, bank, margin, bank_optimizer):
     """The head step's kernel: `host` (NumPy BLAS, float32 CPU banks), `device` (MXNet
     operators on the bank's context), or `auto` = host where it applies."""
     if kernel not in HEAD_KERNELS:
         raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, got {kernel!r}")
     on_host = bank.ctx.device_type == "cpu" and np.dtype(bank.dtype) == np.float32
     if kernel == "host" or (kernel == "auto" and on_host):
-        return HostHead(bank, margin, memory_optimizer, threads=default_threads(dist.local_size()))
-    return DeviceHead(bank, margin, memory_optimizer)
-
-
-def numpy_params(module):
-    """{name: NumPy array} of the backbone's arg and aux params (for tests and tools)."""
-    arg_params, aux_params = module.get_export_params()
-    out = {k: v.asnumpy() for k, v in arg_params.items()}
-    out.update({k: v.asnumpy() for k, v in aux_params.items()})
-    return out
+        return HostHead(bank, margin, bank_optimizer, threads=default_threads(dist.local_size()))
+    return DeviceHead(bank, margin, bank_optimizer)

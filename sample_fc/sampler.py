@@ -101,11 +101,20 @@ class ClassCenterSampler:
     """
 
     def __init__(self, class_start, num_local, num_sample, seed=0, rank=0):
+        if not 1 <= num_sample <= num_local:
+            raise ValueError(f"num_sample must be in [1, num_local={num_local}], got {num_sample}")
         self.class_start, self.num_local, self.num_sample = class_start, num_local, num_sample
         self.seed, self.rank = seed, rank
         self.rng = np.random.default_rng([seed, rank])
 
+    @classmethod
+    def for_bank(cls, bank, sample_ratio, seed=0):
+        """The sampler of a MemoryBank's shard: ceil(sample_ratio * its classes) per step."""
+        return cls(bank.class_start, bank.num_local, num_sample_for(bank.num_local, sample_ratio),
+                   seed=seed, rank=bank.rank)
+
     def __call__(self, labels):
+        """(remapped labels, sorted local index) for the global batch's integer labels."""
         return class_center_sample(labels, self.num_local, self.num_sample,
                                    self.class_start, self.rng)
 

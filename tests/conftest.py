@@ -75,7 +75,7 @@ TINY_TRAIN = ["--dataset", "demo", "--network", "mbf", "--set", "num_classes=16"
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """A tiny demo set (16 identities x 8 images, 32 px): path of its train.rec."""
-    from sample_fc.demo_data import make_demo
+    from sample_fc.tools.demo_data import make_demo
     folder = tmp_path_factory.mktemp("tiny_demo")
     make_demo(str(folder), seed=1, num_identities=16, images_per_identity=8, num_val_identities=10,
               num_pairs=40, image_size=32, progress=False)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from sample_fc import bench, bench_report
-from sample_fc.bench_head import STAGES
-from sample_fc.bench_jobs import e2e_samples_per_s, worker_env
+from sample_fc.bench import report as bench_report, run as bench
+from sample_fc.bench.cases import STAGES
+from sample_fc.bench.jobs import e2e_samples_per_s, worker_env
 
 MACHINE_KEYS = {"cpu", "cores", "memory_gb", "python", "mxnet", "numpy", "horovod", "date"}
 
@@ -70,7 +70,7 @@ STAGED_VS_MODULE = r"""
 import sys
 import numpy as np
 from sample_fc import dist
-from sample_fc.bench_head import StageTimer, build_head_module, make_batches, staged_step
+from sample_fc.bench.cases import StageTimer, build_head_module, make_batches, staged_step
 dist.init()
 stepped, staged = (build_head_module(3000, 0.1, 16, 32, 0, 1) for _ in range(2))
 for batch in make_batches(3, 3000, 16, 32, 0):

@@ -355,9 +355,9 @@ def test_format_config_lists_every_key():
 
 def test_demo_preset_matches_the_demo_data_generator():
     """Test that the demo preset's class count, image size and image count are what
-    `python -m sample_fc.demo_data` writes by default (so ./horovodrun.sh needs no flags)."""
+    `python -m sample_fc.tools.demo_data` writes by default (so ./horovodrun.sh needs no flags)."""
     import inspect
-    from sample_fc.demo_data import make_demo
+    from sample_fc.tools.demo_data import make_demo
     defaults = {k: p.default for k, p in inspect.signature(make_demo).parameters.items()}
     demo = default.get_config()
     assert demo.num_classes == defaults['num_identities']

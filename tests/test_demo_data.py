@@ -1,4 +1,4 @@
-"""Tests for sample_fc.demo_data (synthetic faces) and sample_fc.bin_format (verification .bin)."""
+"""Tests for sample_fc.tools.demo_data (synthetic faces) and sample_fc.data.bin_format (verification .bin)."""
 import io
 import pickle
 import struct
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from sample_fc.bin_format import load_bin, write_bin
+from sample_fc.data.bin_format import load_bin, write_bin
 from sample_fc.data import FaceRecordIter
-from sample_fc.demo_data import TRAIN, VAL, identity_template, main, make_demo, raw_pixel_accuracy
+from sample_fc.tools.demo_data import TRAIN, VAL, identity_template, main, make_demo, raw_pixel_accuracy
 
 SMALL = dict(num_identities=6, images_per_identity=4, num_val_identities=4, num_pairs=10, image_size=48,
              progress=False)

@@ -1,4 +1,4 @@
-"""Tests for sample_fc.export: ONNX export of the backbones, checked with onnxruntime."""
+"""Tests for sample_fc.tools.export: ONNX export of the backbones, checked with onnxruntime."""
 import subprocess
 import sys
 
@@ -6,8 +6,8 @@ import mxnet as mx
 import onnx
 import pytest
 
-from sample_fc import export
-from sample_fc.export import TOLERANCE, compare_with_mxnet, export_onnx
+from sample_fc.tools import export
+from sample_fc.tools.export import TOLERANCE, compare_with_mxnet, export_onnx
 from sample_fc.launch import single_thread_env
 from test_tools import REPO, random_backbone
 
@@ -32,12 +32,12 @@ def mbf_checkpoint(tmp_path_factory):
 
 
 def test_mbf_command_exports_a_model_matching_mxnet(mbf_checkpoint, tmp_path):
-    """Test that `python -m sample_fc.export` writes an mbf ONNX file with input data
+    """Test that `python -m sample_fc.tools.export` writes an mbf ONNX file with input data
     (1, 3, 112, 112) and output embeddings (1, 512), weights as initializers only, and that
     its check against MXNet passes within 1e-4."""
     prefix, symbol, arg_params, aux_params = mbf_checkpoint
     path = tmp_path / "mbf.onnx"
-    result = subprocess.run([sys.executable, "-m", "sample_fc.export", "--model", prefix + ",1",
+    result = subprocess.run([sys.executable, "-m", "sample_fc.tools.export", "--model", prefix + ",1",
                              "--onnx", str(path)], cwd=str(REPO), capture_output=True, text=True,
                             timeout=300, env=single_thread_env())
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

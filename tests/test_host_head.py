@@ -8,12 +8,12 @@ import pytest
 
 import reference as ref
 from sample_fc import host_head
-from sample_fc.host_head import HostHead, host_view
+from sample_fc.host_head import HostHead
 from sample_fc.margin import CombinedMargin
-from sample_fc.memory_bank import MemoryBank
+from sample_fc.memory_bank import MemoryBank, host_view
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from optimizer import MemoryBankSGDOptimizer  # noqa: E402
+from sample_fc.optimizers import MemoryBankSGDOptimizer  # noqa: E402
 
 MARGINS = (1.0, 0.5, 0.0, 16.0)
 
@@ -23,7 +23,7 @@ def _identity(array, name):
 
 
 def _bank(num_local, dim, seed=3):
-    bank = MemoryBank(num_local, num_local, dim, mx.cpu(), seed=seed)
+    bank = MemoryBank(num_local, dim, mx.cpu(), seed=seed)
     rng = np.random.default_rng(seed)
     bank.momentum[:] = mx.nd.array(rng.standard_normal((num_local, dim)) * 0.01)
     return bank

@@ -8,7 +8,7 @@ from sample_fc.memory_bank import MemoryBank, fill_initial_centers, read_shard
 
 def test_get_set_touch_only_the_given_rows():
     """Test that set() writes exactly the indexed rows of weight and momentum."""
-    bank = MemoryBank(50, 10, 4, mx.cpu(), seed=1)
+    bank = MemoryBank(50, 4, mx.cpu(), seed=1)
     before = bank.weight.asnumpy()
     index = np.array([3, 17, 49])
     weight, momentum = bank.get(index)
@@ -25,9 +25,9 @@ def test_get_set_touch_only_the_given_rows():
 def test_initial_centers_do_not_depend_on_the_split():
     """Test that rank shards of 2 or 3 workers hold the same initial rows as 1 worker."""
     classes = 10_000                       # spans several init blocks of 4096
-    whole = MemoryBank.for_rank(classes, 0, 1, 1.0, 8, mx.cpu(), seed=3).weight.asnumpy()
+    whole = MemoryBank.for_rank(classes, 0, 1, 8, mx.cpu(), seed=3).weight.asnumpy()
     for world in (2, 3):
-        parts = [MemoryBank.for_rank(classes, r, world, 1.0, 8, mx.cpu(), seed=3).weight.asnumpy()
+        parts = [MemoryBank.for_rank(classes, r, world, 8, mx.cpu(), seed=3).weight.asnumpy()
                  for r in range(world)]
         np.testing.assert_array_equal(np.concatenate(parts), whole)
     assert abs(whole.std() - 0.01) < 5e-4
@@ -36,14 +36,14 @@ def test_initial_centers_do_not_depend_on_the_split():
 
 def test_save_load_round_trip_and_metadata(tmp_path):
     """Test that save/load restores weight and momentum and records the shard's metadata."""
-    bank = MemoryBank.for_rank(101, 1, 2, 0.5, 6, mx.cpu(), seed=0)
+    bank = MemoryBank.for_rank(101, 1, 2, 6, mx.cpu(), seed=0)
     bank.set(np.array([0, 7]), mx.nd.ones((2, 6)), mx.nd.full((2, 6), 3.0))
     path = str(tmp_path / "bank.params")
     bank.save(path)
     meta, _, _ = read_shard(path)
     assert meta == {"version": 1, "num_classes": 101, "world_size": 2, "rank": 1,
                     "class_start": 51, "num_local": 50, "embedding_size": 6}
-    other = MemoryBank.for_rank(101, 1, 2, 0.5, 6, mx.cpu(), seed=9)
+    other = MemoryBank.for_rank(101, 1, 2, 6, mx.cpu(), seed=9)
     other.load(path)
     np.testing.assert_array_equal(other.weight.asnumpy(), bank.weight.asnumpy())
     np.testing.assert_array_equal(other.momentum.asnumpy(), bank.momentum.asnumpy())
@@ -56,7 +56,7 @@ def test_save_load_round_trip_and_metadata(tmp_path):
 ])
 def test_load_mismatch_is_a_clear_error(tmp_path, change, message):
     """Test that loading a shard saved for another setup names the mismatching field."""
-    spec = dict(num_classes=101, rank=1, world_size=2, sample_ratio=0.5, embedding_size=6)
+    spec = dict(num_classes=101, rank=1, world_size=2, embedding_size=6)
     MemoryBank.for_rank(ctx=mx.cpu(), **spec).save(str(tmp_path / "bank.params"))
     spec.update(change)
     with pytest.raises(ValueError, match=message):

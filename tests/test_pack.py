@@ -1,4 +1,4 @@
-"""Tests for sample_fc.pack: folder -> insightface .rec/.idx/property, checked with mx.recordio."""
+"""Tests for sample_fc.tools.pack: folder -> insightface .rec/.idx/property, checked with mx.recordio."""
 import io
 
 import mxnet as mx
@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from sample_fc.data import FaceRecordIter
-from sample_fc.pack import main, pack_folder
+from sample_fc.tools.pack import main, pack_folder
 
 NAMES = ["alice", "bob", "carol"]  # sorted -> ids 0, 1, 2
 

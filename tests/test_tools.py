@@ -1,4 +1,4 @@
-"""Tests for the command-line tools sample_fc.make_bin, .verify, .embed and model_io."""
+"""Tests for the command-line tools sample_fc.tools.make_bin, .verify, .embed and model_io."""
 import io
 import json
 import os
@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 import symbols
-from sample_fc import embed, make_bin, model_io
-from sample_fc.bin_format import load_bin
+from sample_fc.tools import embed, make_bin, model_io
+from sample_fc.data.bin_format import load_bin
 from sample_fc.launch import single_thread_env
 from sample_fc.verification import Embedder, evaluate
 
@@ -165,9 +165,9 @@ def test_model_spec_resolves_checkpoints_and_infers_image_size(workspace, tmp_pa
 
 
 def test_verify_prints_what_evaluate_with_embedder_gives(workspace):
-    """Test that `python -m sample_fc.verify` prints exactly the line of verification.evaluate
+    """Test that `python -m sample_fc.tools.verify` prints exactly the line of verification.evaluate
     with an Embedder of the same params and training's batch size, plus the baseline."""
-    result = run_tool("sample_fc.verify", "--model", workspace["models"], "--bin", workspace["bin"],
+    result = run_tool("sample_fc.tools.verify", "--model", workspace["models"], "--bin", workspace["bin"],
                       "--baseline")
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
@@ -182,10 +182,10 @@ def test_verify_prints_what_evaluate_with_embedder_gives(workspace):
 def test_verify_errors_name_the_bad_path(workspace, tmp_path):
     """Test that verify exits 1 naming the path for a missing .bin and a bad model prefix."""
     missing_bin = tmp_path / "nope.bin"
-    result = run_tool("sample_fc.verify", "--model", workspace["models"], "--bin", missing_bin)
+    result = run_tool("sample_fc.tools.verify", "--model", workspace["models"], "--bin", missing_bin)
     assert result.returncode == 1 and str(missing_bin) in result.stderr, result.stderr
     bad_prefix = tmp_path / "no_model"
-    result = run_tool("sample_fc.verify", "--model", bad_prefix, "--bin", workspace["bin"])
+    result = run_tool("sample_fc.tools.verify", "--model", bad_prefix, "--bin", workspace["bin"])
     assert result.returncode == 1 and str(bad_prefix) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
@@ -231,7 +231,7 @@ def test_embed_errors_name_the_bad_path(workspace, tmp_path, capsys):
 
 def test_tools_do_not_import_horovod():
     """Test that importing the tools loads neither Horovod nor sample_fc.dist."""
-    code = ("import sys, sample_fc.verify, sample_fc.embed, sample_fc.export, sample_fc.make_bin; "
+    code = ("import sys, sample_fc.tools.verify, sample_fc.tools.embed, sample_fc.tools.export, sample_fc.tools.make_bin; "
             "bad = [m for m in sys.modules if m.startswith(('horovod', 'sample_fc.dist'))]; "
             "assert not bad, bad")
     result = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True,

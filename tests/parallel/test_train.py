@@ -57,7 +57,7 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     trained = re.findall(r"step (16|32)  (demo_val: accuracy .*)", result.stdout)
     assert [step for step, _ in trained] == ["16", "32"], per_rank_tail(result.stdout)
     bin_path = os.path.join(os.path.dirname(tiny_data), "demo_val.bin")
-    verify = subprocess.run([sys.executable, "-m", "sample_fc.verify", "--model", str(root),
+    verify = subprocess.run([sys.executable, "-m", "sample_fc.tools.verify", "--model", str(root),
                              "--bin", bin_path], capture_output=True, text=True, timeout=120,
                             cwd=str(REPO), env=single_thread_env())
     assert verify.returncode == 0, verify.stderr[-2000:]

@@ -19,11 +19,11 @@ from sample_fc.module import SampleDistributeModule  # noqa: E402
 
 kind, step, on_rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 train_args = sys.argv[sys.argv.index("--") + 1:]
-original_forward, original_save = SampleDistributeModule.forward, MemoryBank.save
+original_forward, original_save = SampleDistributeModule.forward_backbone, MemoryBank.save
 injected = []
 
 
-def faulty_forward(self, data_batch, is_train=True):
+def faulty_forward(self, data_batch):
     if dist.rank() == on_rank and self.num_update == step and not injected:
         injected.append(kind)
         print(f"INJECTING {kind} on rank {on_rank} at update {step}", flush=True)
@@ -35,7 +35,7 @@ def faulty_forward(self, data_batch, is_train=True):
             time.sleep(3600)
         if kind == "nan":
             data_batch.data[0][0, 0, 0, 0] = float("nan")
-    return original_forward(self, data_batch, is_train)
+    return original_forward(self, data_batch)
 
 
 def faulty_save(self, path):
@@ -45,6 +45,6 @@ def faulty_save(self, path):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-SampleDistributeModule.forward = faulty_forward
+SampleDistributeModule.forward_backbone = faulty_forward
 MemoryBank.save = faulty_save
 sys.exit(train.main(train_args))

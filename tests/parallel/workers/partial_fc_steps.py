@@ -5,18 +5,16 @@ global batch. Writes OUT.rank<r>.npz with the losses, the sampled global class i
 every step, the backbone parameters and this rank's bank (weight, momentum) afterwards.
 """
 import argparse
-import sys
-from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from optimizer import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule  # noqa: E402
-from sample_fc import dist  # noqa: E402
-from sample_fc.margin import CombinedMargin  # noqa: E402
-from sample_fc.memory_bank import MemoryBank  # noqa: E402
-from sample_fc.module import SampleDistributeModule, numpy_params  # noqa: E402
+from sample_fc import dist
+from sample_fc.margin import CombinedMargin
+from sample_fc.memory_bank import MemoryBank
+from sample_fc.module import SampleDistributeModule
+from sample_fc.optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from sample_fc.sampler import ClassCenterSampler
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -48,28 +46,37 @@ embeddings = mx.sym.FullyConnected(mx.sym.Flatten(mx.sym.var("data")), num_hidde
 schedule = WarmupMultiStepSchedule(args.lr, warmup_steps=0, steps=[2], factor=0.5)
 backbone_opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=args.lr, momentum=0.9, wd=5e-4,
                                                      rescale_grad=1.0, lr_scheduler=schedule))
-bank = MemoryBank.for_rank(args.classes, rank, world, args.ratio, args.embedding, mx.cpu(), seed=7)
+bank = MemoryBank.for_rank(args.classes, rank, world, args.embedding, mx.cpu(), seed=7)
+sampler = ClassCenterSampler.for_bank(bank, args.ratio, seed=7)
 contexts = [mx.cpu(i) for i in range(args.contexts)]
-module = SampleDistributeModule(embeddings, CombinedMargin(1.0, 0.5, 0.0, 8.0), bank,
-                                MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-4),
-                                backbone_opt, contexts, batch_size=b, data_shape=data_shape,
-                                allgather=args.allgather, max_nonfinite_steps=args.max_nonfinite,
-                                head_kernel=args.head_kernel)
+module = SampleDistributeModule(embeddings, bank=bank, sampler=sampler,
+                                margin=CombinedMargin(1.0, 0.5, 0.0, 8.0),
+                                bank_optimizer=MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-4),
+                                backbone_optimizer=backbone_opt, context=contexts, batch_size=b,
+                                data_shape=data_shape, allgather=args.allgather,
+                                max_nonfinite_steps=args.max_nonfinite, head_kernel=args.head_kernel)
 module.init_params(arg_params={"fc_embed_weight": mx.nd.array(init_weight),
                                "fc_embed_bias": mx.nd.zeros(args.embedding)}, aux_params={})
 module.broadcast_parameters()
 
+
+
+def backbone_params(module):
+    """{name: NumPy array} of the backbone's arg and aux params."""
+    arg_params, aux_params = module.get_export_params()
+    return {k: v.asnumpy() for k, v in {**arg_params, **aux_params}.items()}
+
+
 losses, sampled = [], []
-original_sample = bank.sample
 
 
-def recording_sample(all_labels):
-    target, index = original_sample(all_labels)
+def recording_sampler(all_labels):
+    target, index = sampler(all_labels)
     sampled.append(index + bank.class_start)
     return target, index
 
 
-bank.sample = recording_sample
+module.sampler = recording_sampler
 for step in range(args.steps):
     rows = slice(rank * b, (rank + 1) * b)
     rank_data = data[step, rows].copy()
@@ -82,5 +89,5 @@ for step in range(args.steps):
 
 np.savez(f"{args.out}.rank{rank}.npz", losses=np.array(losses), class_start=bank.class_start,
          bank_weight=bank.weight.asnumpy(), bank_momentum=bank.momentum.asnumpy(),
-         sampled=np.array(sampled, dtype=object), **numpy_params(module))
+         sampled=np.array(sampled, dtype=object), **backbone_params(module))
 print(f"STEPS_OK rank={rank}", flush=True)

@@ -1,6 +1,6 @@
 """Pack a pairs list into an insightface verification .bin.
 
-    python -m sample_fc.make_bin --pairs pairs.txt --out mine.bin [--image-size 112] [--root DIR]
+    python -m sample_fc.tools.make_bin --pairs pairs.txt --out mine.bin [--image-size 112] [--root DIR]
 
 pairs.txt has one pair per line, `path1 path2 1|0` (1: same identity); blank lines and
 lines starting with # are skipped. Relative paths are taken from --root, by default the
@@ -9,16 +9,13 @@ image is stored as its original file bytes when it is a JPEG or PNG that needs n
 otherwise re-encoded as JPEG, quality 95. Without --image-size all images must already
 share one size (a .bin is read back as one array). Errors name the line and the path.
 """
-import argparse
-import io
 import os
 import sys
 
-from PIL import Image
+from ..data.bin_format import write_bin
+from ..data.images import encode_jpeg, open_image, rgb_pixels
+from .cli import make_parser, run_or_exit
 
-from .bin_format import write_bin
-
-JPEG_QUALITY = 95
 KEPT_FORMATS = ("JPEG", "PNG")
 
 
@@ -46,17 +43,12 @@ def encode_image(path, image_size=None):
     of the right size, else the (resized) image as JPEG quality 95."""
     with open(path, "rb") as handle:
         data = handle.read()
-    image = Image.open(io.BytesIO(data))
-    image.load()                                  # decode now: a broken file fails here
+    image = open_image(data)
     target = None if image_size is None else (image_size, image_size)
     if image.format in KEPT_FORMATS and target in (None, image.size):
         return data, image.size
-    image = image.convert("RGB")
-    if target is not None and image.size != target:
-        image = image.resize(target, Image.BILINEAR)
-    buffer = io.BytesIO()
-    image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
-    return buffer.getvalue(), image.size
+    pixels = rgb_pixels(image, image_size)
+    return encode_jpeg(pixels), (pixels.shape[1], pixels.shape[0])
 
 
 def make_bin(pairs_file, out, image_size=None, root=None):
@@ -85,18 +77,14 @@ def make_bin(pairs_file, out, image_size=None, root=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.make_bin", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = make_parser("sample_fc.tools.make_bin", __doc__)
     parser.add_argument("--pairs", required=True, help="pairs file: lines 'path1 path2 1|0'")
     parser.add_argument("--out", required=True, help="the .bin to write")
     parser.add_argument("--image-size", type=int, default=None, help="resize every image to SxS")
     parser.add_argument("--root", default=None,
                         help="folder relative image paths start from (default: the pairs file's)")
     args = parser.parse_args(argv)
-    try:
-        count = make_bin(args.pairs, args.out, args.image_size, args.root)
-    except (OSError, ValueError) as err:
-        parser.exit(1, f"{parser.prog}: error: {err}\n")
+    count = run_or_exit(parser, lambda: make_bin(args.pairs, args.out, args.image_size, args.root))
     print(f"wrote {args.out}: {count} pairs")
     return 0
 

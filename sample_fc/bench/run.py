@@ -16,9 +16,9 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
-from . import bench_report
-from .bench_jobs import REPO, e2e_case, make_demo_set, run_worker, worker_env, write_result
-from .sampler import num_sample_for, shard_range
+from . import report as bench_report
+from .jobs import REPO, e2e_case, make_demo_set, run_worker, worker_env, write_result
+from ..sampler import num_sample_for, shard_range
 
 PARTS = ("head", "sampler", "data", "e2e")
 
@@ -155,21 +155,19 @@ def worker_main(argv):
     parser.add_argument("--budget-s", type=float)
     parser.add_argument("--rec")
     args = parser.parse_args(argv)
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)        # optimizer.py, as for train.py
     if args.worker == "head":
-        from .bench_head import head_case
+        from .cases import head_case
         record = head_case(args.classes, args.ratio, args.batch, args.dim, args.warmup, args.min_steps,
                            args.max_steps, args.budget_s, args.repeats)
     elif args.worker == "sampler":
-        from .bench_head import sampler_case
+        from .cases import sampler_case
         record = sampler_case(args.classes, args.positives, args.ratio, args.repeats)
     else:
-        from .bench_jobs import data_case
+        from .jobs import data_case
         record = data_case(args.rec, args.image_size, args.batch, args.batches, args.threads)
     write_result(args.out, record)
     if args.worker != "sampler":
-        from . import dist
+        from .. import dist
         dist.shutdown()
     return 0
 

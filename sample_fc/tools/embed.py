@@ -1,6 +1,6 @@
 """Embed every image of a folder with a trained backbone.
 
-    python -m sample_fc.embed --model models/demo_mbf --images faces/ --out emb.npy
+    python -m sample_fc.tools.embed --model models/demo_mbf --images faces/ --out emb.npy
 
 Writes emb.npy, float32 (N, D): one L2-normalised embedding per image, of the image plus
 its mirror (as verification embeds; --no-flip for the image alone), and emb.txt beside it
@@ -8,18 +8,15 @@ its mirror (as verification embeds; --no-flip for the image alone), and emb.txt 
 Images are all files with an image extension under --images (recursive), sorted by
 relative path, converted to RGB and resized (bilinear) to the model's input size.
 """
-import argparse
 import os
 import sys
 
-import mxnet as mx
 import numpy as np
-from PIL import Image
 
+from ..data.images import IMAGE_EXTENSIONS, decode_rgb, is_image_file
+from ..verification import Embedder, l2_normalize, to_nchw
+from .cli import make_parser, run_or_exit
 from .model_io import add_model_arguments, batch_size_or_default, load_model
-from .verification import Embedder, l2_normalize, to_nchw
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
 def list_images(folder):
@@ -29,7 +26,7 @@ def list_images(folder):
     found = []
     for parent, _, names in os.walk(folder):
         for name in names:
-            if name.lower().endswith(IMAGE_EXTENSIONS):
+            if is_image_file(name):
                 found.append(os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/"))
     if not found:
         raise ValueError(f"--images {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) under it")
@@ -39,13 +36,9 @@ def list_images(folder):
 def read_image(path, image_size):
     """uint8 (S, S, 3) RGB; OSError naming the path if it cannot be decoded."""
     try:
-        with Image.open(path) as image:
-            image = image.convert("RGB")
+        return decode_rgb(path, image_size)
     except OSError as err:
-        raise OSError(f"{path}: cannot read image ({err})") from err
-    if image.size != (image_size, image_size):
-        image = image.resize((image_size, image_size), Image.BILINEAR)
-    return np.asarray(image)
+        raise OSError(f"{path}: {err}") from err
 
 
 def embed_folder(model, folder, batch_size, ctx, flip=True):
@@ -69,8 +62,7 @@ def paths_file(out):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.embed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = make_parser("sample_fc.tools.embed", __doc__)
     add_model_arguments(parser)
     parser.add_argument("--images", required=True, metavar="DIR", help="folder of images (recursive)")
     parser.add_argument("--out", required=True, help="output .npy (the path list goes next to it as .txt)")
@@ -79,15 +71,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not args.out.endswith(".npy"):
         parser.error(f"--out must end in .npy, got {args.out!r}")
-    try:
+    def work():
         model = load_model(args.model, args.image_size)
         batch_size = batch_size_or_default(args.batch_size, model)
         embeddings, paths = embed_folder(model, args.images, batch_size, args.context, args.flip)
         np.save(args.out, embeddings)
         with open(paths_file(args.out), "w") as handle:
             handle.writelines(p + "\n" for p in paths)
-    except (OSError, ValueError, mx.base.MXNetError) as err:
-        parser.exit(1, f"{parser.prog}: error: {err}\n")
+        return embeddings
+
+    embeddings = run_or_exit(parser, work)
     print(f"wrote {args.out} {embeddings.shape} and {paths_file(args.out)}")
     return 0
 

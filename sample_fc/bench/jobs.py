@@ -15,10 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import launch
-from .launch import run_job, single_thread_env
+from ..launch import run_job, single_thread_env
 
-REPO = str(Path(__file__).resolve().parents[1])   # train.py and optimizer.py live here
+REPO = str(Path(__file__).resolve().parents[2])   # the repository: train.py lives here
 PROGRESS_LINE = re.compile(r"step (\d+)/(\d+)\s+([0-9.]+) samples/s")
 
 
@@ -32,13 +31,6 @@ def worker_env(world):
     return env
 
 
-def run_bounded(argv, num_proc, timeout_s, env):
-    """Run argv on num_proc local workers (horovodrun when > 1); kill it after timeout_s."""
-    if num_proc > 1:
-        return run_job(argv, num_proc=num_proc, timeout_s=timeout_s, env=env, cwd=REPO)
-    return launch.run_bounded(argv, timeout_s=timeout_s, env=env, cwd=REPO)
-
-
 def run_worker(kind, options, world, timeout_s, folder):
     """Run `python -m sample_fc.bench --worker kind` on `world` ranks.
 
@@ -49,7 +41,7 @@ def run_worker(kind, options, world, timeout_s, folder):
     argv = [sys.executable, "-m", "sample_fc.bench", "--worker", kind, "--out", prefix]
     for key, value in options.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
-    result = run_bounded(argv, world, timeout_s, worker_env(world))
+    result = run_job(argv, world, timeout_s=timeout_s, env=worker_env(world), cwd=REPO)
     if result.timed_out:
         return None, f"timed out after {timeout_s} s: {result.output[-1500:]}"
     paths = [f"{prefix}.rank{r}.json" for r in range(world)]
@@ -71,8 +63,8 @@ def write_result(path_prefix, record):
 # ---- data loader ---------------------------------------------------------------------------
 def data_case(rec, image_size, batch_size, num_batches, num_threads):
     """images/s of this rank's FaceRecordIter over `num_batches` batches after a warm-up batch."""
-    from . import dist
-    from .data import FaceRecordIter
+    from .. import dist
+    from ..data import FaceRecordIter
     dist.init()
     rank, world = dist.rank(), dist.size()
     loader = FaceRecordIter(rec, batch_size, (3, image_size, image_size), rank=rank,
@@ -99,12 +91,12 @@ def _next_batch(loader):
 
 
 def make_demo_set(folder, image_size, demo_options, timeout_s=900):
-    """Write a demo set with `python -m sample_fc.demo_data`; (train.rec path, None) or (None, error)."""
+    """Write a demo set with `python -m sample_fc.tools.demo_data`; (train.rec path, None) or (None, error)."""
     out = os.path.join(folder, f"demo{image_size}")
-    argv = [sys.executable, "-m", "sample_fc.demo_data", "--out", out, "--image-size", str(image_size)]
+    argv = [sys.executable, "-m", "sample_fc.tools.demo_data", "--out", out, "--image-size", str(image_size)]
     for key, value in demo_options.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
-    result = run_bounded(argv, 1, timeout_s, worker_env(1))
+    result = run_job(argv, 1, timeout_s=timeout_s, env=worker_env(1), cwd=REPO)
     if result.timed_out or result.returncode != 0:
         return None, f"make_demo failed (exit {result.returncode}): {result.output[-800:]}"
     return os.path.join(out, "train.rec"), None
@@ -140,7 +132,7 @@ def e2e_case(network, image_size, batch_size, num_classes, steps, frequent, worl
               "batch_per_rank": batch_size, "classes": num_classes, "steps": steps}
     with tempfile.TemporaryDirectory(prefix="sample_fc_bench_e2e_") as models_root:
         argv = e2e_argv(network, image_size, batch_size, num_classes, steps, frequent, models_root)
-        result = run_bounded(argv, world, timeout_s, worker_env(world))
+        result = run_job(argv, world, timeout_s=timeout_s, env=worker_env(world), cwd=REPO)
     record["seconds"] = round(result.seconds, 1)
     if result.timed_out or result.returncode != 0:
         reason = f"timed out after {timeout_s} s" if result.timed_out else f"exit code {result.returncode}"

@@ -1,6 +1,6 @@
 """A synthetic face-like dataset for demos: train.rec/.idx/property + an open-set demo_val.bin.
 
-    python -m sample_fc.demo_data --out DIR [--seed 0] [--num-identities 200]
+    python -m sample_fc.tools.demo_data --out DIR [--seed 0] [--num-identities 200]
         [--images-per-identity 40] [--num-val-identities 100] [--num-pairs 600] [--image-size 32]
 
 Each identity is a procedural face template (skin tone and texture, face shape and jaw,
@@ -11,13 +11,15 @@ softness (blur), noise and sometimes an occluding patch. Verification pairs use 
 held out of training (a separate random stream), half same-identity pairs of two different
 views and half different-identity pairs. Same seed and parameters -> byte-identical files.
 """
-import argparse
 import os
+import sys
 
 import numpy as np
 
-from .bin_format import load_bin, write_bin
-from .pack import Progress, RecordWriter, encode_jpeg
+from ..data.bin_format import load_bin, write_bin
+from ..data.images import encode_jpeg
+from ..data.recordio import RecordWriter
+from .cli import Progress, make_parser, run_or_exit
 
 TRAIN, VAL, PAIRS = 0, 1, 2  # random streams: (seed, stream, identity, 0=template/1=views)
 SKIN_DARK, SKIN_LIGHT = np.array([90, 56, 40.0]), np.array([240, 205, 180.0])
@@ -221,7 +223,7 @@ def _finish(c, v, size):
 def raw_pixel_accuracy(bin_path):
     """The raw-pixel cosine baseline on a .bin: the same protocol and numbers as training's
     final report (sample_fc.verification with raw_pixel_embed)."""
-    from .verification import evaluate, raw_pixel_embed
+    from ..verification import evaluate, raw_pixel_embed
     images, issame = load_bin(bin_path)
     return evaluate(raw_pixel_embed, images, issame).accuracy
 
@@ -269,7 +271,7 @@ def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_v
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Write a synthetic face-like demo dataset.")
+    parser = make_parser("sample_fc.tools.demo_data", __doc__)
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="same seed -> byte-identical files")
     parser.add_argument("--num-identities", type=int, default=200, help="training identities")
@@ -280,14 +282,16 @@ def main(argv=None):
                         help="verification pairs (half same, half different)")
     parser.add_argument("--image-size", type=int, default=32, help="side of the square images")
     args = parser.parse_args(argv)
-    summary = make_demo(args.out, args.seed, args.num_identities, args.images_per_identity,
-                        args.num_val_identities, args.num_pairs, args.image_size)
+    summary = run_or_exit(parser, lambda: make_demo(
+        args.out, args.seed, args.num_identities, args.images_per_identity, args.num_val_identities,
+        args.num_pairs, args.image_size))
     print(f"wrote {args.out}: {summary['num_images']} training images of {summary['num_classes']} "
           f"identities, "
           f"{summary['num_pairs']} pairs of {len(summary['val_identities'])} held-out identities")
     print(f"raw-pixel cosine baseline on demo_val.bin: {summary['raw_pixel_accuracy']:.4f} "
           f"(10-fold accuracy)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

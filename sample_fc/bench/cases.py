@@ -6,7 +6,7 @@ identity "backbone" (the data are the embeddings): `ms_per_step` times `module.s
 code a training step runs. The per-stage times come from `staged_step`, the same library
 calls in the same order with mx.nd.waitall() between stages (test_bench pins that it
 computes exactly what module.step computes). CPU only: the bound reads the bank's host
-memory in place (host_head.host_view). Started by `python -m sample_fc.bench`.
+memory in place (memory_bank.host_view). Started by `python -m sample_fc.bench`.
 """
 import contextlib
 import resource
@@ -15,12 +15,12 @@ import time
 import mxnet as mx
 import numpy as np
 
-from . import dist
-from .host_head import host_view
-from .margin import CombinedMargin
-from .memory_bank import MemoryBank
-from .module import SampleDistributeModule
-from .sampler import class_center_sample, num_sample_for, shard_range
+from .. import dist
+from ..margin import CombinedMargin
+from ..memory_bank import MemoryBank, host_view
+from ..module import SampleDistributeModule
+from ..optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from ..sampler import ClassCenterSampler, class_center_sample, num_sample_for, shard_range
 
 STAGES = ("allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "reducescatter",
           "backbone_backward", "finite_check", "bank_update")
@@ -43,15 +43,16 @@ def median_ms(seconds):
 # ---- the head step -------------------------------------------------------------------------
 def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, seed=0, lr=0.1):
     """SampleDistributeModule over this rank's bank with an identity backbone (no parameters)."""
-    import optimizer    # the repository's top-level optimizer.py (on sys.path, like train.py)
-    schedule = optimizer.WarmupMultiStepSchedule(lr)
-    bank = MemoryBank.for_rank(classes, rank, world, ratio, embedding_size, mx.cpu(), seed=seed)
+    schedule = WarmupMultiStepSchedule(lr)
+    bank = MemoryBank.for_rank(classes, rank, world, embedding_size, mx.cpu(), seed=seed)
     backbone = mx.sym.identity(mx.sym.Variable("data"), name="embeddings")
-    backbone_optimizer = optimizer.DistributedOptimizer(
+    backbone_optimizer = DistributedOptimizer(
         mx.optimizer.SGD(learning_rate=lr, lr_scheduler=schedule))
-    module = SampleDistributeModule(backbone, CombinedMargin(), bank,
-                                    optimizer.MemoryBankSGDOptimizer(schedule), backbone_optimizer,
-                                    mx.cpu(), batch_size, (embedding_size,))
+    module = SampleDistributeModule(
+        backbone, bank=bank, sampler=ClassCenterSampler.for_bank(bank, ratio, seed=seed),
+        margin=CombinedMargin(), bank_optimizer=MemoryBankSGDOptimizer(schedule),
+        backbone_optimizer=backbone_optimizer, context=mx.cpu(), batch_size=batch_size,
+        data_shape=(embedding_size,))
     module.init_params()
     return module
 
@@ -83,16 +84,17 @@ class StageTimer:
 
 def staged_step(module, batch, timer):
     """SampleDistributeModule.step with each block of the module's own code timed: the
-    module's backward_all with `timer` as its stage, then step_is_finite and update, in the
-    order module.step makes them (the identity backbone has nothing to run). Returns the loss."""
-    module.forward(batch)
-    loss = module.backward_all(stage=timer)
+    module's loss_and_gradients with `timer` as its stage, then all_ranks_finite and
+    apply_updates, in the order module.step makes them (the identity backbone has nothing to
+    run). Returns the loss."""
+    module.forward_backbone(batch)
+    loss = module.loss_and_gradients(stage=timer)
     with timer("finite_check"):      # loss and gradients finite on every rank (one allreduce)
-        finite = module.step_is_finite(loss)
+        finite = module.all_ranks_finite(loss)
     if not finite:
         raise FloatingPointError(f"non-finite loss or gradients at update {module.num_update + 1}")
     with timer("bank_update"):       # 10. SGD-momentum on the sampled rows, written back
-        module.update()
+        module.apply_updates()
     return loss
 
 

@@ -1,6 +1,6 @@
 """Verification accuracy of a trained backbone on insightface .bin pair sets.
 
-    python -m sample_fc.verify --model models/demo_mbf --bin data/lfw.bin [--bin ...]
+    python -m sample_fc.tools.verify --model models/demo_mbf --bin data/lfw.bin [--bin ...]
 
 Prints, per .bin, the line training's verification prints (10-fold accuracy +- std,
 TAR@FAR=1e-3, mean embedding norm), computed the same way: verification.Embedder +
@@ -8,21 +8,18 @@ verification.evaluate, images loaded with bin_format.load_bin at the model's inp
 and by default batches of the model's training batch size. --baseline adds the raw-pixel
 baseline line. Exits 1 with a message naming the path for a missing file or a bad model.
 """
-import argparse
 import os
 import pickle
 import sys
 
-import mxnet as mx
-
-from .bin_format import load_bin
+from ..data.bin_format import load_bin
 from .model_io import add_model_arguments, batch_size_or_default, load_model
-from .verification import Embedder, evaluate, raw_pixel_embed
+from ..verification import Embedder, evaluate, raw_pixel_embed
+from . import cli
 
 
 def make_parser():
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.verify", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.make_parser("sample_fc.tools.verify", __doc__)
     add_model_arguments(parser)
     parser.add_argument("--bin", action="append", required=True, metavar="FILE",
                         help="a verification .bin (repeatable)")
@@ -57,7 +54,7 @@ def verify(model, bin_paths, batch_size, ctx, baseline=False):
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
-    try:
+    def work():
         missing = [path for path in args.bin if not os.path.isfile(path)]
         if missing:
             raise FileNotFoundError(f"--bin {missing[0]}: no such file")
@@ -67,8 +64,8 @@ def main(argv=None):
               f"{model.image_size}, batch size {batch_size}, context {args.context}", flush=True)
         for name, result in verify(model, args.bin, batch_size, args.context, args.baseline):
             print(result.line(name), flush=True)
-    except (OSError, ValueError, mx.base.MXNetError) as err:
-        parser.exit(1, f"{parser.prog}: error: {err}\n")
+
+    cli.run_or_exit(parser, work)
     return 0
 
 

@@ -10,16 +10,15 @@ at the end of each epoch; calling it before the first batch skips epoch 0).
 and mirrors.
 """
 import collections
-import io
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
 import numpy as np
-from PIL import Image
 
-from .record_index import label_to_int, open_record, read_property
+from .images import decode_rgb
+from .recordio import label_to_int, open_record, read_property
 
 DTYPES = ("float32", "float16")
 
@@ -174,12 +173,9 @@ class FaceRecordIter(_EpochIter):
                 raise ValueError(f"record key {key}: label {label} outside [0, {self.num_classes})")
             labels_out[j] = label
             try:
-                image = Image.open(io.BytesIO(encoded)).convert("RGB")
+                pixels = decode_rgb(encoded, (height, width))
             except OSError as err:
-                raise ValueError(f"record key {key}: cannot decode image ({err})") from err
-            if image.size != (width, height):
-                image = image.resize((width, height), Image.BILINEAR)
-            pixels = np.asarray(image)
+                raise ValueError(f"record key {key}: {err}") from err
             data_out[j] = (pixels[:, ::-1] if mirror[j] else pixels).transpose(2, 0, 1)
 
     def next(self):

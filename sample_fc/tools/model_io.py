@@ -20,7 +20,7 @@ from typing import Optional
 
 import mxnet as mx
 
-from .checkpoint import MODEL_PREFIX, list_checkpoints, model_prefix
+from ..checkpoint import find_checkpoint, model_prefix
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
 
 
@@ -96,16 +96,7 @@ def resolve_prefix(path, epoch=None):
     inside = model_prefix(path)
     if os.path.isfile(inside + "-symbol.json"):
         return inside
-    checkpoints = dict(list_checkpoints(path))
-    if not checkpoints:
-        raise FileNotFoundError(f"--model {path}: no {MODEL_PREFIX}-symbol.json there and no "
-                                f"complete checkpoint (step-XXXXXXXX/ with a COMPLETE file) under it")
-    if epoch is None:
-        return model_prefix(checkpoints[max(checkpoints)])
-    if epoch not in checkpoints:
-        raise FileNotFoundError(f"--model {path},{epoch}: no complete checkpoint step-{epoch:08d}/ "
-                                f"there (complete: {', '.join(map(str, sorted(checkpoints)))})")
-    return model_prefix(checkpoints[epoch])
+    return model_prefix(find_checkpoint(path, epoch, option="--model"))
 
 
 def available_epochs(prefix):

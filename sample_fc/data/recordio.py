@@ -1,4 +1,5 @@
-"""The insightface RecordIO layout: which keys are images, their integer labels, `property`.
+"""The insightface RecordIO layout: reading (which keys are images, their integer labels,
+`property`) and writing it (RecordWriter).
 
 A dataset is `train.rec` + `train.idx` (lines "key<TAB>offset") + `property`
 ("num_classes,height,width") in the same folder. Record 0 is a header when its
@@ -79,3 +80,52 @@ def open_record(path_imgrec, path_imgidx=None):
                          f"identities [{start}, {end}), but {missing.size} of those keys are "
                          f"missing from the index (first: {missing[0]})")
     return reader, image_keys, (start, end)
+
+
+class RecordWriter:
+    """Write identities in id order, then the identity records, header and `property`.
+
+    Use as a context manager; if the block raises, the partial .rec/.idx are deleted.
+    """
+
+    def __init__(self, out_prefix, image_size):
+        self.folder = os.path.dirname(os.path.abspath(out_prefix))
+        os.makedirs(self.folder, exist_ok=True)
+        self.paths = (out_prefix + ".rec", out_prefix + ".idx")
+        self.image_size = image_size
+        self._writer = mx.recordio.MXIndexedRecordIO(self.paths[1], self.paths[0], "w")
+        self.ranges = []  # (first_image_key, end_image_key) per identity
+        self._next_key = 1
+
+    def add_identity(self, encoded_images):
+        """Write the encoded images of the next identity (id = number of identities so far)."""
+        label, first = len(self.ranges), self._next_key
+        for encoded in encoded_images:
+            header = mx.recordio.IRHeader(0, float(label), self._next_key, 0)
+            self._writer.write_idx(self._next_key, mx.recordio.pack(header, encoded))
+            self._next_key += 1
+        self.ranges.append((first, self._next_key))
+        return label
+
+    def finish(self):
+        """Write identity records, header record 0 and `property`; return (images, identities)."""
+        start = self._next_key
+        end = start + len(self.ranges)
+        if end >= FLOAT32_EXACT_LIMIT:
+            raise ValueError(f"{end} records exceed what float32 RecordIO labels address exactly (2**24)")
+        for key, image_range in enumerate(self.ranges, start=start):
+            self._writer.write_idx(key, mx.recordio.pack(mx.recordio.IRHeader(0, image_range, key, 0), b""))
+        self._writer.write_idx(0, mx.recordio.pack(mx.recordio.IRHeader(0, (start, end), 0, 0), b""))
+        self._writer.close()
+        write_property(self.folder, len(self.ranges), self.image_size, self.image_size)
+        return start - 1, len(self.ranges)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self._writer.close()
+            for path in self.paths:
+                if os.path.exists(path):
+                    os.remove(path)

@@ -4,11 +4,11 @@ A .bin holds `(bins, issame)`: `bins` a list of 2P encoded images (JPEG/PNG byte
 being images 2i and 2i+1, and `issame` a list of P bools. Files written by Python 2 need
 pickle.load(f, encoding='bytes'), which also reads Python 3 files.
 """
-import io
 import pickle
 
 import numpy as np
-from PIL import Image
+
+from .images import decode_rgb
 
 
 def write_bin(path, encoded_images, issame):
@@ -35,18 +35,13 @@ def load_bin(path, image_size=None):
     issame = np.asarray(issame, dtype=np.bool_)
     if len(bins) != 2 * len(issame):
         raise ValueError(f"{path}: {len(bins)} images for {len(issame)} pairs; expected {2 * len(issame)}")
-    if isinstance(image_size, int):
-        image_size = (image_size, image_size)
     images = []
     for i, encoded in enumerate(bins):
         data = encoded.tobytes() if isinstance(encoded, np.ndarray) else bytes(encoded)
         try:
-            image = Image.open(io.BytesIO(data)).convert("RGB")
+            images.append(decode_rgb(data, image_size))
         except OSError as err:
-            raise ValueError(f"{path}: image {i} cannot be decoded ({err})") from err
-        if image_size is not None and image.size != (image_size[1], image_size[0]):
-            image = image.resize((image_size[1], image_size[0]), Image.BILINEAR)
-        images.append(np.asarray(image))
+            raise ValueError(f"{path}: image {i}: {err}") from err
     shapes = {im.shape for im in images}
     if len(shapes) > 1:
         raise ValueError(f"{path}: images have different sizes {sorted(shapes)}; pass image_size to resize")

@@ -1,6 +1,6 @@
 """Export a trained backbone to ONNX and check the file with onnxruntime.
 
-    python -m sample_fc.export --model models/demo_mbf --onnx mbf.onnx [--batch-size 1]
+    python -m sample_fc.tools.export --model models/demo_mbf --onnx mbf.onnx [--batch-size 1]
 
 The ONNX model has input `data` (batch, 3, S, S), raw RGB pixels 0..255 (the symbol
 normalises them in the graph, as in training), and output `embeddings` (batch, D), not
@@ -14,16 +14,16 @@ with MXNet (inference mode) and onnxruntime and fails (exit 1) unless
     max |onnx - mxnet| / max |mxnet| <= --tolerance (1e-4),
 i.e. the largest absolute difference relative to the largest embedding component.
 """
-import argparse
 import contextlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 
 import mxnet as mx
 import numpy as np
 
+from ..launch import omp_threads
+from .cli import make_parser, run_or_exit
 from .model_io import add_model_arguments, load_model
 
 TOLERANCE = 1e-4
@@ -133,8 +133,7 @@ def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, batch_s
     module.bind(data_shapes=[("data", shape)], for_training=False)
     module.set_params(arg_params, aux_params, allow_missing=False)
     options = onnxruntime.SessionOptions()
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    options.intra_op_num_threads = int(threads) if threads.isdigit() else 0   # 0: ORT's default
+    options.intra_op_num_threads = omp_threads() or 0     # 0: onnxruntime's default
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     max_abs = reference_max = 0.0
     for _ in range(batches):
@@ -150,8 +149,7 @@ def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, batch_s
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = make_parser("sample_fc.tools.export", __doc__)
     add_model_arguments(parser, batch_size=False)
     parser.add_argument("--onnx", required=True, metavar="OUT.onnx", help="file to write")
     parser.add_argument("--batch-size", type=int, default=1, help="the ONNX input's (static) batch size")
@@ -162,14 +160,15 @@ def main(argv=None):
     if args.batch_size <= 0 or args.check_batches <= 0:
         parser.error(f"--batch-size and --check-batches must be positive, got "
                      f"{args.batch_size} and {args.check_batches}")
-    try:
+    def work():
         model = load_model(args.model, args.image_size)
         export_onnx(model.symbol, model.arg_params, model.aux_params, model.image_size,
                     args.batch_size, args.onnx)
-        check = compare_with_mxnet(args.onnx, model.symbol, model.arg_params, model.aux_params,
-                                   model.image_size, args.batch_size, args.context, args.check_batches)
-    except (OSError, ValueError, mx.base.MXNetError) as err:
-        parser.exit(1, f"{parser.prog}: error: {err}\n")
+        return model, compare_with_mxnet(args.onnx, model.symbol, model.arg_params, model.aux_params,
+                                         model.image_size, args.batch_size, args.context,
+                                         args.check_batches)
+
+    model, check = run_or_exit(parser, work)
     print(f"wrote {args.onnx}: input data ({args.batch_size}, 3, {model.image_size}, "
           f"{model.image_size}), output embeddings {check.output_shape}")
     print("onnxruntime check: " + check.line())

@@ -1,0 +1,7 @@
+"""Benchmarks of sample_fc on this machine: `python -m sample_fc.bench [--quick] --json OUT`.
+
+    run      the plan (quick/full), the report's parts, the command line (and --worker)
+    cases    what a worker measures: the head step by stage, its NumPy bound, the sampler
+    jobs     bounded worker processes, the data loader case, the end-to-end train.py run
+    report   machine facts, memory model, Markdown tables, targets
+"""

@@ -1,0 +1,56 @@
+"""Images: the one decode (any file Pillow reads -> RGB uint8, resized), the one JPEG
+encoder, and the one list of file extensions the tools read (pack, embed).
+
+Sizes are an int (square) or (height, width); resizing is bilinear and only happens when
+the size differs. Undecodable input raises OSError; callers add where it came from.
+"""
+import io
+
+import numpy as np
+from PIL import Image
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+JPEG_QUALITY = 95
+
+
+def is_image_file(name):
+    """Whether a file name has one of IMAGE_EXTENSIONS (any case)."""
+    return name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def open_image(source):
+    """A fully decoded PIL image from a path or encoded bytes (OSError if it cannot be)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    else:
+        with open(source, "rb") as handle:
+            data = handle.read()
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()                       # decode now: a truncated file fails here
+    except (OSError, ValueError, SyntaxError) as err:   # Pillow raises all three for bad data
+        raise OSError(f"cannot decode image ({err})") from err
+    return image
+
+
+def rgb_pixels(image, size=None):
+    """uint8 (H, W, 3) RGB pixels of a PIL image, resized to `size` when given and different."""
+    image = image.convert("RGB")
+    if size is not None:
+        height, width = (size, size) if isinstance(size, int) else size
+        if image.size != (width, height):
+            image = image.resize((width, height), Image.BILINEAR)
+    return np.asarray(image)
+
+
+def decode_rgb(source, size=None):
+    """uint8 (H, W, 3) RGB pixels of an image file path or encoded bytes (see rgb_pixels)."""
+    return rgb_pixels(open_image(source), size)
+
+
+def encode_jpeg(pixels, quality=JPEG_QUALITY):
+    """JPEG bytes of (H, W, 3) uint8 RGB pixels or a PIL image (deterministic)."""
+    image = pixels if isinstance(pixels, Image.Image) else Image.fromarray(pixels)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()

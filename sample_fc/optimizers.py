@@ -1,0 +1,114 @@
+"""Optimizers of a Partial FC run and their shared learning-rate schedule.
+
+- WarmupMultiStepSchedule: lr(step), linear warm-up then a factor at each step boundary;
+  a pure function of the 1-based update number, so a resumed run continues it exactly.
+- DistributedOptimizer: wraps any mx.optimizer.Optimizer for the data-parallel backbone;
+  sums each gradient over the ranks (named collectives) before the wrapped update.
+- MemoryBankSGDOptimizer: SGD with momentum and weight decay on the sampled rows of the
+  class-center bank, with MXNet's sgd_mom_update semantics.
+"""
+import bisect
+
+import mxnet as mx
+
+from . import dist
+
+
+class WarmupMultiStepSchedule(mx.lr_scheduler.LRScheduler):
+    """lr(n) = base_lr * min(1, n / warmup_steps) * factor ** (number of steps <= n)."""
+
+    def __init__(self, base_lr, warmup_steps=0, steps=(), factor=0.1):
+        super().__init__(base_lr=base_lr)
+        steps = list(steps)
+        if any(b <= a for a, b in zip(steps, steps[1:])) or any(s <= 0 for s in steps):
+            raise ValueError(f"lr steps must be positive and increasing, got {steps}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.warmup_steps, self.steps, self.factor = warmup_steps, steps, factor
+
+    def __call__(self, num_update):
+        lr = self.base_lr * self.factor ** bisect.bisect_right(self.steps, num_update)
+        if num_update < self.warmup_steps:
+            lr *= num_update / self.warmup_steps
+        return lr
+
+
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """Sum gradients over all ranks, then apply the wrapped optimizer.
+
+    Gradients are summed, not averaged: the step's loss is already the mean over the
+    global batch, so the per-rank gradients are partial sums of the exact gradient.
+    Collective names are "backbone_grad.<param index>": every rank must own the same
+    parameters in the same order (the same symbol), which data parallelism guarantees.
+    """
+
+    def __init__(self, optimizer):
+        # no super().__init__: every Optimizer attribute is the wrapped one's
+        self._optimizer = optimizer
+
+    def __getattr__(self, item):
+        if item == "_optimizer":          # during unpickling, before __init__ ran
+            raise AttributeError(item)
+        return getattr(self._optimizer, item)
+
+    def set_param_names(self, idx2name):
+        """Give the wrapped optimizer the parameter names, so wd_mult/lr_mult defaults
+        (no weight decay on biases and BN betas) apply as for a Module-created one."""
+        self._optimizer.idx2name = dict(idx2name)
+        self._optimizer.set_wd_mult({})
+        self._optimizer.set_lr_mult({})
+
+    def set_num_update(self, num_update):
+        """Restart the wrapped optimizer's update counts at num_update (resume)."""
+        inner = self._optimizer
+        inner.begin_num_update = inner.num_update = num_update
+        for counts in inner._all_index_update_counts.values():
+            counts.clear()
+
+    def _sum_gradients(self, index, grad):
+        if isinstance(index, (list, tuple)):
+            dist.grouped_allreduce_sum_(grad, [f"backbone_grad.{i}" for i in index])
+        else:
+            dist.allreduce_sum_(grad, f"backbone_grad.{index}")
+
+    def create_state(self, index, weight):
+        return self._optimizer.create_state(index, weight)
+
+    def create_state_multi_precision(self, index, weight):
+        return self._optimizer.create_state_multi_precision(index, weight)
+
+    def update(self, index, weight, grad, state):
+        self._sum_gradients(index, grad)
+        self._optimizer.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        self._sum_gradients(index, grad)
+        self._optimizer.update_multi_precision(index, weight, grad, state)
+
+    def set_learning_rate(self, lr):
+        self._optimizer.set_learning_rate(lr)
+
+    def set_lr_mult(self, args_lr_mult):
+        self._optimizer.set_lr_mult(args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult):
+        self._optimizer.set_wd_mult(args_wd_mult)
+
+
+class MemoryBankSGDOptimizer:
+    """SGD with momentum for rows of the memory bank (weights and momentum given as rows).
+
+    mom = momentum * mom - lr * (rescale_grad * clip(grad) + wd * weight); weight += mom,
+    exactly MXNet's sgd_mom_update, with lr = lr_schedule(num_update).
+    """
+
+    def __init__(self, lr_schedule, momentum=0.9, wd=5e-4, rescale_grad=1.0, clip_gradient=None):
+        self.lr_schedule, self.momentum, self.wd = lr_schedule, momentum, wd
+        self.rescale_grad, self.clip_gradient = rescale_grad, clip_gradient
+
+    def update(self, weight_rows, momentum_rows, grad_rows, num_update):
+        """Update weight_rows and momentum_rows in place; num_update is 1-based."""
+        mx.nd.sgd_mom_update(weight_rows, grad_rows, momentum_rows, out=weight_rows,
+                             lr=self.lr_schedule(num_update), momentum=self.momentum, wd=self.wd,
+                             rescale_grad=self.rescale_grad,
+                             clip_gradient=-1.0 if self.clip_gradient is None else self.clip_gradient)

@@ -1,0 +1,9 @@
+"""The valid values of the library's string options, in one place.
+
+default.py checks a config against these and the library checks its arguments against
+them; this module imports nothing, so default.py stays light.
+"""
+CONTEXTS = ("auto", "cpu", "gpu")           # backbone device: auto = gpu when MXNet sees one
+BANK_CONTEXTS = ("same", "cpu")             # memory bank device: the backbone's, or host memory
+ALLGATHERS = ("native", "allreduce")        # dist.allgather strategies
+HEAD_KERNELS = ("auto", "host", "device")   # module.make_head kernels

@@ -1,0 +1,10 @@
+"""Command-line tools, each `python -m sample_fc.tools.<name> --help`:
+
+    verify     verification accuracy of a trained backbone on .bin pair sets
+    embed      embeddings of a folder of images
+    export     ONNX export, checked against MXNet with onnxruntime
+    pack       a folder of identity subfolders -> insightface RecordIO
+    make_bin   a pairs list -> a verification .bin
+    demo_data  the built-in synthetic demo dataset
+model_io loads a trained backbone for verify/embed/export; cli holds what the tools share.
+"""

@@ -1,0 +1,96 @@
+"""Pack a folder of face images into an insightface RecordIO dataset.
+
+    python -m sample_fc.tools.pack --images DIR --out PREFIX [--image-size 112] [--skip-bad] [--quality 95]
+
+DIR holds one subfolder per identity; sorted folder names become ids 0..K-1 (a folder with
+no usable image keeps its id and gets an empty range). Images (any extension in
+sample_fc.data.images.IMAGE_EXTENSIONS) are converted to RGB, resized (bilinear) to
+image_size x image_size when needed and re-encoded as JPEG. Output: PREFIX.rec, PREFIX.idx
+and `property` in PREFIX's folder, laid out as in sample_fc/data/recordio.py (image keys
+1..N, identity records after them, header record 0 written last as insightface's own
+tools do; the .idx maps every key to its offset).
+"""
+import os
+import sys
+
+from ..data.images import IMAGE_EXTENSIONS, decode_rgb, encode_jpeg, is_image_file
+from ..data.recordio import RecordWriter
+from .cli import Progress, make_parser, run_or_exit
+
+
+def list_identities(images_dir):
+    """Return [(identity_name, [image paths sorted])] for the sorted subfolders of images_dir."""
+    if not os.path.isdir(images_dir):
+        raise FileNotFoundError(f"images folder not found: {images_dir}")
+    names = sorted(n for n in os.listdir(images_dir)
+                   if not n.startswith(".") and os.path.isdir(os.path.join(images_dir, n)))
+    if not names:
+        raise ValueError(f"{images_dir} has no identity subfolders (expected DIR/<identity>/<image>.jpg)")
+    listing = []
+    for name in names:
+        folder = os.path.join(images_dir, name)
+        listing.append((name, sorted(os.path.join(folder, f) for f in os.listdir(folder) if is_image_file(f))))
+    if not any(paths for _, paths in listing):
+        raise ValueError(f"{images_dir}: its {len(names)} identity subfolders hold no image files "
+                         f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
+    return listing
+
+
+def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=95, progress=True):
+    """Pack images_dir into out_prefix.rec/.idx + property; return a summary dict.
+
+    Unreadable images raise OSError naming the file, unless skip_bad, in which case they are
+    left out and listed in summary['skipped'].
+    """
+    if not (isinstance(image_size, int) and image_size > 0):
+        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+    if not (isinstance(quality, int) and 1 <= quality <= 100):
+        raise ValueError(f"quality must be an integer in [1, 100], got {quality!r}")
+    identities = list_identities(images_dir)
+    skipped = []
+    bar = Progress(sum(len(paths) for _, paths in identities), "packing", enabled=progress)
+
+    def encoded_images(paths):
+        for path in paths:
+            bar.update()
+            try:
+                pixels = decode_rgb(path, image_size)
+            except OSError as err:
+                if not skip_bad:
+                    raise OSError(f"cannot read image {path}: {err} (use --skip-bad to skip it)") from err
+                skipped.append(path)
+                continue
+            yield encode_jpeg(pixels, quality)
+
+    with RecordWriter(out_prefix, image_size) as writer:
+        for _, paths in identities:
+            writer.add_identity(encoded_images(paths))
+        num_images, num_identities = writer.finish()
+    empty = [name for (name, _), (a, b) in zip(identities, writer.ranges) if a == b]
+    return {"num_images": num_images, "num_identities": num_identities, "skipped": skipped,
+            "empty_identities": empty, "rec": writer.paths[0], "idx": writer.paths[1]}
+
+
+def main(argv=None):
+    parser = make_parser("sample_fc.tools.pack", __doc__)
+    parser.add_argument("--images", required=True, help="folder with one subfolder of images per identity")
+    parser.add_argument("--out", required=True,
+                        help="output prefix: writes PREFIX.rec, PREFIX.idx and property beside them")
+    parser.add_argument("--image-size", type=int, default=112, help="side of the square output images")
+    parser.add_argument("--skip-bad", action="store_true", help="skip unreadable images instead of failing")
+    parser.add_argument("--quality", type=int, default=95, help="JPEG quality of the packed images")
+    args = parser.parse_args(argv)
+    summary = run_or_exit(parser, lambda: pack_folder(args.images, args.out, args.image_size,
+                                                      args.skip_bad, args.quality))
+    print(f"wrote {summary['rec']}: {summary['num_images']} images, {summary['num_identities']} identities")
+    if summary["skipped"]:
+        print(f"skipped {len(summary['skipped'])} unreadable images:", *summary["skipped"],
+              sep="\n  ", file=sys.stderr)
+    if summary["empty_identities"]:
+        print(f"{len(summary['empty_identities'])} identities have no images:",
+              *summary["empty_identities"], sep="\n  ", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
