@@ -98,7 +98,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 class MemoryBankSGDOptimizer:
     """SGD with momentum for rows of the memory bank (weights and momentum given as rows).
 
-    mom = momentum * mom - lr * (rescale_grad * clip(grad) + wd * weight); weight += mom,
+    mom = momentum * mom - lr * (clip(rescale_grad * grad) + wd * weight); weight += mom,
     exactly MXNet's sgd_mom_update, with lr = lr_schedule(num_update).
     """
 

@@ -1,0 +1,196 @@
+"""Tests for sample_fc.optimizers: the lr schedule, the bank's SGD, the distributed wrapper."""
+import mxnet as mx
+import numpy as np
+import pytest
+
+import reference as ref
+from sample_fc import dist
+from sample_fc.optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    """Horovod in this process (world size 1, no horovodrun): the wrapper's allreduce runs."""
+    dist.init()
+    assert dist.size() == 1
+
+
+def schedule_by_hand(n):
+    """base 0.4, warm-up 4 updates, steps [6, 9], factor 0.1, written out case by case."""
+    ramp = n / 4 if n < 4 else 1.0
+    decay = 1.0 if n < 6 else 0.1 if n < 9 else 0.01
+    return 0.4 * ramp * decay
+
+
+def test_schedule_matches_the_formula_at_the_warmup_and_every_boundary():
+    """Test that lr(n) ramps linearly over the warm-up, then drops by the factor exactly at each
+    step (n = step is already decayed), for every n around the boundaries."""
+    schedule = WarmupMultiStepSchedule(0.4, warmup_steps=4, steps=[6, 9], factor=0.1)
+    for n in range(0, 13):
+        assert schedule(n) == pytest.approx(schedule_by_hand(n), rel=1e-12, abs=0.0), n
+    assert schedule(0) == 0.0 and schedule(2) == pytest.approx(0.2)
+    assert schedule(5) == pytest.approx(0.4) and schedule(6) == pytest.approx(0.04)
+    assert schedule(8) == pytest.approx(0.04) and schedule(9) == pytest.approx(0.004)
+    assert WarmupMultiStepSchedule(0.3)(10**6) == 0.3          # no warm-up, no steps
+
+
+def test_schedule_is_a_pure_function_of_the_update_number():
+    """Test that calling the schedule out of order (as a resumed run does) gives the same values
+    as calling it in order; MXNet's own MultiFactorScheduler would not."""
+    updates = list(range(1, 15))
+    in_order = [WarmupMultiStepSchedule(1.0, 3, [5, 10], 0.5)(n) for n in updates]
+    schedule = WarmupMultiStepSchedule(1.0, 3, [5, 10], 0.5)
+    shuffled = np.random.default_rng(0).permutation(updates)
+    out_of_order = {int(n): schedule(int(n)) for n in shuffled}
+    assert [out_of_order[n] for n in updates] == in_order
+    assert [schedule(n) for n in reversed(updates)] == in_order[::-1]
+    assert schedule(7) == schedule(7) == 0.5
+
+
+@pytest.mark.parametrize("steps", [[0, 5], [-3], [5, 5], [8, 4], [2, 6, 6]])
+def test_schedule_rejects_bad_steps_naming_them(steps):
+    """Test that non-positive or non-increasing steps are refused with the steps in the message."""
+    with pytest.raises(ValueError, match=f"increasing, got {steps}".replace("[", r"\[").replace("]", r"\]")):
+        WarmupMultiStepSchedule(0.1, steps=steps)
+
+
+def test_schedule_rejects_negative_warmup_naming_it():
+    """Test that a negative warm-up is refused with the value in the message."""
+    with pytest.raises(ValueError, match="warmup_steps must be >= 0, got -2"):
+        WarmupMultiStepSchedule(0.1, warmup_steps=-2)
+
+
+def _bank_rows(seed, rows=5, dim=4):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, dim)), rng.standard_normal((rows, dim)) * 0.1,
+            rng.standard_normal((rows, dim)) * 3.0)
+
+
+def numpy_sgd_momentum(weight, mom, grad, lr, momentum, wd, rescale, clip):
+    """mom = momentum*mom - lr*(clip(rescale*grad) + wd*weight); weight += mom (float64)."""
+    step = rescale * grad
+    if clip is not None:
+        step = np.clip(step, -clip, clip)
+    mom = momentum * mom - lr * (step + wd * weight)
+    return weight + mom, mom
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_bank_update_matches_numpy_in_place(clip):
+    """Test that MemoryBankSGDOptimizer.update rewrites the given weight and momentum rows in
+    place exactly as SGD-momentum with weight decay (and clipping when set) in NumPy, with the
+    lr of the schedule at num_update, over two successive updates."""
+    schedule = WarmupMultiStepSchedule(0.2, warmup_steps=0, steps=[2], factor=0.1)
+    opt = MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-3, clip_gradient=clip)
+    weight, mom, grad = _bank_rows(1)
+    weight_nd, mom_nd = mx.nd.array(weight), mx.nd.array(mom)
+    expected_w, expected_m = weight, mom
+    for num_update, lr in ((1, 0.2), (2, 0.02)):
+        opt.update(weight_nd, mom_nd, mx.nd.array(grad), num_update)
+        expected_w, expected_m = numpy_sgd_momentum(expected_w, expected_m, grad, lr, 0.9, 5e-3, 1.0, clip)
+        ref.assert_close(weight_nd.asnumpy(), expected_w, 1e-6)
+        ref.assert_close(mom_nd.asnumpy(), expected_m, 1e-6)
+    if clip is not None:   # the clip took effect: some |grad| exceed it
+        assert np.abs(grad).max() > clip
+        unclipped, _ = numpy_sgd_momentum(weight, mom, grad, 0.2, 0.9, 5e-3, 1.0, None)
+        first, _ = numpy_sgd_momentum(weight, mom, grad, 0.2, 0.9, 5e-3, 1.0, clip)
+        assert not np.allclose(first, unclipped)
+
+
+def test_bank_update_clips_the_rescaled_gradient_like_mxnet():
+    """Test that with rescale_grad != 1 the clip applies to rescale*grad, as MXNet's
+    sgd_mom_update does and as the host head computes it (both kernels must agree)."""
+    schedule = WarmupMultiStepSchedule(0.1)
+    opt = MemoryBankSGDOptimizer(schedule, momentum=0.5, wd=1e-2, rescale_grad=0.25, clip_gradient=0.3)
+    weight, mom, grad = _bank_rows(2)
+    weight_nd, mom_nd = mx.nd.array(weight), mx.nd.array(mom)
+    opt.update(weight_nd, mom_nd, mx.nd.array(grad), 1)
+    expected_w, expected_m = ref.sgd_momentum(weight, grad, mom, 0.1, 0.5, 1e-2, rescale_grad=0.25, clip=0.3)
+    ref.assert_close(weight_nd.asnumpy(), expected_w, 1e-6)
+    ref.assert_close(mom_nd.asnumpy(), expected_m, 1e-6)
+
+
+def _arrays(seed, shape=(3, 4)):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape), rng.standard_normal(shape)
+
+
+def _sgd(schedule=None, lr=0.1, **kwargs):
+    return mx.optimizer.SGD(learning_rate=lr, momentum=0.9, wd=1e-2, lr_scheduler=schedule, **kwargs)
+
+
+def test_distributed_update_equals_the_wrapped_sgd_at_world_size_1():
+    """Test that DistributedOptimizer(SGD).update, for one index and for a group of indices (as
+    Module's aggregated updater calls it), gives the weights and momenta of the bare SGD and of
+    NumPy over three updates."""
+    shapes = [(3, 4), (4,)]
+    wrapped, bare = DistributedOptimizer(_sgd()), _sgd()
+    rng = np.random.default_rng(3)
+    start = [rng.standard_normal(s) for s in shapes]
+    w_wrapped = [mx.nd.array(w) for w in start]
+    w_bare = [mx.nd.array(w) for w in start]
+    s_wrapped = [wrapped.create_state(i, w) for i, w in enumerate(w_wrapped)]
+    s_bare = [bare.create_state(i, w) for i, w in enumerate(w_bare)]
+    expected, moms = [w.copy() for w in start], [np.zeros(s) for s in shapes]
+    for update in range(3):
+        grads = [rng.standard_normal(s) for s in shapes]
+        if update == 1:       # grouped call, the form Module's updater uses
+            wrapped.update([0, 1], w_wrapped, [mx.nd.array(g) for g in grads], s_wrapped)
+        else:
+            for i in range(2):
+                wrapped.update(i, w_wrapped[i], mx.nd.array(grads[i]), s_wrapped[i])
+        for i in range(2):
+            bare.update(i, w_bare[i], mx.nd.array(grads[i]), s_bare[i])
+            expected[i], moms[i] = ref.sgd_momentum(expected[i], grads[i], moms[i], 0.1, 0.9, 1e-2)
+    for i in range(2):
+        np.testing.assert_array_equal(w_wrapped[i].asnumpy(), w_bare[i].asnumpy())
+        np.testing.assert_array_equal(s_wrapped[i].asnumpy(), s_bare[i].asnumpy())
+        ref.assert_close(w_wrapped[i].asnumpy(), expected[i], 1e-5)
+        ref.assert_close(s_wrapped[i].asnumpy(), moms[i], 1e-5)
+    assert wrapped.num_update == bare.num_update == 3
+
+
+def test_set_param_names_gives_no_weight_decay_to_biases_and_betas():
+    """Test that after set_param_names a zero-gradient update decays *_weight and *_gamma
+    (MXNet's Module default) by lr*wd but leaves *_bias and *_beta untouched, as an SGD created
+    with param_idx2name (what Module does) would."""
+    names = {0: "fc_weight", 1: "fc_bias", 2: "bn_gamma", 3: "bn_beta"}
+    opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.0, wd=0.1))
+    opt.set_param_names(names)
+    module_made = mx.optimizer.SGD(learning_rate=0.5, momentum=0.0, wd=0.1, param_idx2name=names)
+    after = {}
+    for index, name in names.items():
+        weight = mx.nd.full((2, 3), 2.0)
+        opt.update(index, weight, mx.nd.zeros((2, 3)), opt.create_state(index, weight))
+        after[name] = weight.asnumpy()
+        assert opt._get_wd(index) == module_made._get_wd(index), name
+    np.testing.assert_allclose(after["fc_weight"], 2.0 * (1 - 0.5 * 0.1), rtol=1e-6)
+    np.testing.assert_allclose(after["bn_gamma"], 2.0 * (1 - 0.5 * 0.1), rtol=1e-6)
+    np.testing.assert_array_equal(after["fc_bias"], 2.0)
+    np.testing.assert_array_equal(after["bn_beta"], 2.0)
+
+
+def test_set_num_update_continues_the_schedule_from_that_update():
+    """Test that set_num_update(k) makes the next update use lr(k + 1), even after the counts had
+    gone past k, and matches an SGD that starts at begin_num_update=k (a resumed run)."""
+    def schedule():
+        return WarmupMultiStepSchedule(1.0, warmup_steps=0, steps=[3, 6], factor=0.1)
+
+    opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=0.0,
+                                                lr_scheduler=schedule()))
+    weight, grad = mx.nd.zeros((2,)), mx.nd.ones((2,))
+    state = opt.create_state(0, weight)
+    for _ in range(7):                        # counts reach 7: lr 0.01 from now on
+        opt.update(0, weight, grad, state)
+    assert opt.num_update == 7
+    for resume, lr in ((4, 0.1), (1, 1.0), (6, 0.01)):
+        opt.set_num_update(resume)
+        before = weight.asnumpy()
+        opt.update(0, weight, grad, state)
+        assert opt.num_update == resume + 1
+        np.testing.assert_allclose(before - weight.asnumpy(), lr, rtol=1e-6)
+        fresh = mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=0.0, lr_scheduler=schedule(),
+                                 begin_num_update=resume)
+        other = mx.nd.array(before)
+        fresh.update(0, other, grad, fresh.create_state(0, other))
+        np.testing.assert_array_equal(other.asnumpy(), weight.asnumpy())
