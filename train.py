@@ -2,29 +2,54 @@
 
     horovodrun -np 8 -H localhost:8 python train.py --dataset emore --network r100 --loss arcface \
         --models-root models/r100 [--set key=value ...] [--resume models/r100]
-Every rank runs this; rank 0 logs, writes config.json and the backbone of each checkpoint.
+With no arguments it trains the demo (built on first use in data/demo/). Every rank runs
+this; rank 0 logs and writes config.json and the backbone of each checkpoint. A mistake in
+the config, the data or a checkpoint ends the job with one line and exit code 2, before
+anything is written to the models root.
 """
 import argparse
 import os
 import sys
+import time
 
 import mxnet as mx
 import numpy as np
 
 import default
 from sample_fc import builder, checkpoint, dist
-from sample_fc.callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from sample_fc.config import apply_overrides, format_config, save_config
-from sample_fc.verification import Embedder, evaluate, raw_pixel_embed, to_nchw
+from sample_fc.data import DataError
+from sample_fc.launch import launcher_rank
+from sample_fc.module import NonFiniteError
+
+USAGE_ERROR, RUNTIME_ERROR = 2, 1       # exit codes: a mistake to fix / a failure during the run
+SHUTDOWN_GRACE_S = 3    # a rank stopped by another's failure exits this much later, so the
+                        # launcher reports the failing rank's exit code, not the waiting one's
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        """Usage and config mistakes: one line from the first rank only, exit 2."""
+        fail(f"{message} (see train.py --help)", USAGE_ERROR, print_it=launcher_rank() == 0)
+
+
+def fail(message, code, print_it=True):
+    """Exit with one error line. Only the rank that prints exits non-zero; the others exit 0
+    right away, so the launcher (mpirun, horovodrun) never stops the job on a silent rank
+    before the printing rank's line has reached the terminal, and reports the printer's code."""
+    if print_it:
+        print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code if print_it else 0)
 
 
 def make_parser():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="train.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="demo", choices=default.DATASETS)
     parser.add_argument("--network", "--net", default=None, choices=default.NETWORKS,
-                        help="default: the dataset's (write --net under a plain horovodrun, whose "
-                             "parser mistakes --network for its --network-interface)")
-    parser.add_argument("--loss", default="arcface", choices=default.LOSSES)
+                        help="default: the dataset's")
+    parser.add_argument("--loss", default=None, choices=default.LOSSES,
+                        help="margins as published; default: the dataset's recipe")
     parser.add_argument("--models-root", default=None, help="output dir (default models/<dataset>_<network>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (repeatable); see default.py")
@@ -40,6 +65,9 @@ def build_config(args):
             raise ValueError(f"--set {text}: choose presets with --dataset/--network/--loss instead")
     apply_overrides(cfg, args.overrides)
     default.check_config(cfg)
+    if cfg.dataset == "demo" and cfg.rec == default.get_config("demo").rec:
+        from sample_fc.tools.demo_data import ensure_demo   # first use: build it (ranks wait on a lock)
+        ensure_demo(os.path.dirname(cfg.rec), log=lambda line: print(line, flush=True))
     return cfg
 
 
@@ -48,74 +76,59 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         cfg = build_config(args)
-    except ValueError as error:
-        parser.error(str(error))          # exits 2 with the message, on every rank
+    except (ValueError, OSError) as error:
+        parser.error(str(error))
     dist.init(stall_shutdown_s=cfg.collective_timeout_s)
     try:
         return train(cfg, args)
+    except NonFiniteError as error:      # every rank raises it at the same step
+        fail(str(error), RUNTIME_ERROR, print_it=dist.rank() == 0)
+    except DataError as error:           # found by this rank's reader; horovodrun stops the others
+        fail(f"{error} (rank {dist.rank()})", USAGE_ERROR)
     except mx.base.MXNetError as error:
         if dist.is_shutdown_error(error):
-            print(f"[rank {dist.rank()}] ERROR: Horovod shut the job down while this rank waited in a "
-                  f"collective: another rank failed or stalled for more than collective_timeout_s="
-                  f"{cfg.collective_timeout_s} s (rank 0's 'Missing ranks' report names it)",
-                  file=sys.stderr, flush=True)
+            time.sleep(SHUTDOWN_GRACE_S)   # the launcher should see the causing rank's exit first
+            fail(f"Horovod shut the job down while rank {dist.rank()} waited in a collective: another "
+                 f"rank failed or stalled for more than collective_timeout_s={cfg.collective_timeout_s} s "
+                 f"(rank 0's 'Missing ranks' report names it)", RUNTIME_ERROR)
         raise
 
 
 def train(cfg, args):
     """The training job on this rank, Horovod initialised; returns the exit code (0)."""
     rank, world = dist.rank(), dist.size()
-    models_root = args.models_root or os.path.join("models", f"{cfg.dataset}_{cfg.network}")
-    os.makedirs(models_root, exist_ok=True)
-    logger = builder.setup_logger(rank, models_root)
-    if rank == 0:
-        save_config(cfg, os.path.join(models_root, "config.json"))
-        logger.info("world size %d, config:\n%s", world, format_config(cfg))
-    ctx, bank_ctx = builder.resolve_contexts(cfg, dist.local_rank())
+    logger = builder.setup_logger(rank)
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    train_iter = builder.build_iterator(cfg, rank, world)
-    symbol = builder.build_symbol(cfg)
-    module = builder.build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger)
-    if args.resume:
-        resume_from = checkpoint.find_checkpoint(args.resume)
-        step = checkpoint.restore_checkpoint(resume_from, module, train_iter, cfg.num_classes,
-                                             cfg.embedding_size)
-        logger.info("resumed from %s at step %d", resume_from, step)
+    models_root = args.models_root or os.path.join("models", f"{cfg.dataset}_{cfg.network}")
+    try:            # every rank checks config, data and checkpoint before anything is written
+        run = builder.open_run(cfg, models_root, args.resume, rank, world, dist.local_rank(), logger)
+        problem = None
+    except (ValueError, OSError) as error:
+        problem = str(error)
+    problems = dist.allgather_object(problem, "setup.problems")    # all ranks agree to go on or stop
+    if any(problems):
+        first = next(r for r, p in enumerate(problems) if p)
+        dist.shutdown()
+        fail(problems[first], USAGE_ERROR, print_it=rank == first)
 
-    saved_steps = set()
-    train_state = {"world_size": world, "num_classes": cfg.num_classes,
-                   "embedding_size": cfg.embedding_size, "config": cfg}
-
-    def save(step):
-        saved_steps.add(step)
-        checkpoint.save_checkpoint(models_root, step, module, symbol, train_iter, train_state, cfg.ckpt_keep)
-        logger.info("step %d: checkpoint saved", step)
-
-    def embed_images(images):
-        arg_params, aux_params = module.get_export_params()
-        embed = Embedder(symbol, arg_params, aux_params, ctx, cfg.image_size, batch_size=cfg.batch_size)
-        return embed(to_nchw(images))
-
-    writer = builder.tensorboard_writer(cfg, rank, models_root)
-    verify = VerificationRunner(builder.load_targets(cfg, logger), embed_images, logger, models_root, writer)
-    callbacks = [PeriodicCallback(cfg.ckpt_period, save), PeriodicCallback(cfg.verbose, verify)]
+    os.makedirs(models_root, exist_ok=True)
     if rank == 0:
-        callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer))
-    module.fit(train_iter, cfg.max_update, callbacks)
-
-    if module.num_update not in saved_steps:      # a run always ends with a checkpoint
-        save(module.num_update)
-    if not cfg.verbose or module.num_update % cfg.verbose:
-        verify(module.num_update)
-    for name, (images, issame) in (verify.targets.items() if rank == 0 else ()):
-        baseline = evaluate(raw_pixel_embed, images, issame)
-        logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
-                    name, verify.last[name].accuracy, baseline.accuracy)
+        builder.log_to_file(logger, os.path.join(models_root, "train.log"))
+        save_config(cfg, os.path.join(models_root, "config.json"))
+        logger.info("world size %d, config:\n%s", world, format_config(cfg))
+    module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, logger)
+    if run.resume_from:
+        step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,
+                                             cfg.embedding_size)
+        logger.info("resumed from %s at step %d", run.resume_from, step)
+    callbacks, finish = builder.run_callbacks(cfg, run, module, rank, world, logger)
+    module.fit(run.train_iter, cfg.max_update, callbacks)
+    finish(module.num_update)
     logger.info("done: %d steps, checkpoints in %s", module.num_update, models_root)
     mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod
-    if hasattr(train_iter, "close"):
-        train_iter.close()
+    if hasattr(run.train_iter, "close"):
+        run.train_iter.close()
     dist.shutdown()
     return 0
 

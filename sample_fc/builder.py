@@ -6,11 +6,14 @@ nothing here reads default.py or the command line.
 import logging
 import os
 import sys
+from types import SimpleNamespace
 
 import mxnet as mx
 
 import symbols
 
+from . import checkpoint
+from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from .data import FaceRecordIter, SyntheticIter
 from .data.bin_format import load_bin
 from .margin import CombinedMargin
@@ -18,6 +21,7 @@ from .memory_bank import MemoryBank
 from .module import SampleDistributeModule
 from .optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
 from .sampler import ClassCenterSampler
+from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 
 def resolve_contexts(cfg, local_rank):
@@ -25,7 +29,8 @@ def resolve_contexts(cfg, local_rank):
     gpus = mx.context.num_gpus()
     kind = ("gpu" if gpus else "cpu") if cfg.context == "auto" else cfg.context
     if kind == "gpu" and local_rank >= gpus:
-        raise RuntimeError(f"context=gpu but local rank {local_rank} has no GPU (this node has {gpus})")
+        raise ValueError(f"context=gpu but local rank {local_rank} has no GPU (this node has {gpus}); "
+                         f"use context=auto or cpu, or fewer workers per node")
     ctx = mx.gpu(local_rank) if kind == "gpu" else mx.cpu()
     return ctx, (ctx if cfg.bank_context == "same" else mx.cpu())
 
@@ -81,20 +86,31 @@ def load_targets(cfg, logger):
     return targets
 
 
-def setup_logger(rank, models_root):
-    """The run's logger: rank 0 logs INFO to stdout and models_root/train.log, others WARNING."""
+def setup_logger(rank):
+    """The run's logger on stdout: rank 0 logs INFO, the others WARNING (see log_to_file)."""
     logger = logging.getLogger("sample_fc")
     logger.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     logger.handlers.clear()
     logger.propagate = False
-    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", "%H:%M:%S")
-    handlers = [logging.StreamHandler(sys.stdout)]
-    if rank == 0:
-        handlers.append(logging.FileHandler(os.path.join(models_root, "train.log")))
-    for handler in handlers:
-        handler.setFormatter(fmt)
-        logger.addHandler(handler)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
     return logger
+
+
+def log_to_file(logger, path):
+    """Also write the logger's lines to `path` (rank 0's train.log), in the same format."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logger.handlers[0].formatter)
+    logger.addHandler(handler)
+
+
+def check_world(cfg, world):
+    """Config checks that need the world size (ValueError naming the values and the fix)."""
+    if cfg.num_classes < world:
+        raise ValueError(f"num_classes={cfg.num_classes} is less than the {world} workers: every "
+                         f"worker needs at least one class center; use at most {cfg.num_classes} "
+                         f"workers (-np) or a dataset with more classes")
 
 
 def tensorboard_writer(cfg, rank, models_root):
@@ -103,3 +119,57 @@ def tensorboard_writer(cfg, rank, models_root):
         return None
     from tensorboardX import SummaryWriter
     return SummaryWriter(os.path.join(models_root, "tensorboard"))
+
+
+def open_run(cfg, models_root, resume, rank, world, local_rank, logger):
+    """Everything of a run that can be checked before anything is written (no collectives,
+    no writes): ValueError/OSError naming the problem. Returns a namespace of models_root,
+    resume_from (a checkpoint or None), train_iter, symbol, targets, ctx, bank_ctx."""
+    if os.path.exists(models_root) and not os.path.isdir(models_root):
+        raise ValueError(f"--models-root {models_root} is a file, not a directory")
+    check_world(cfg, world)
+    ctx, bank_ctx = resolve_contexts(cfg, local_rank)
+    resume_from = checkpoint.find_checkpoint(resume) if resume else None
+    if resume_from:
+        checkpoint.compatible_state(resume_from, cfg.num_classes, cfg.embedding_size)
+    return SimpleNamespace(models_root=models_root, resume_from=resume_from, symbol=build_symbol(cfg),
+                           train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
+                           targets=load_targets(cfg, logger))
+
+
+def run_callbacks(cfg, run, module, rank, world, logger):
+    """(batch-end callbacks for module.fit, finish(step)): checkpoints every ckpt_period,
+    verification every verbose steps, progress lines on rank 0; finish saves and verifies the
+    last step if the periods missed it and logs the final accuracy next to the raw-pixel
+    baseline. Checkpoints and verification are collectives: every rank runs them."""
+    saved_steps = set()
+    train_state = {"world_size": world, "num_classes": cfg.num_classes,
+                   "embedding_size": cfg.embedding_size, "config": cfg}
+
+    def save(step):
+        saved_steps.add(step)
+        checkpoint.save_checkpoint(run.models_root, step, module, run.symbol, run.train_iter, train_state,
+                                   cfg.ckpt_keep)
+        logger.info("step %d: checkpoint saved", step)
+
+    def embed_images(images):
+        arg_params, aux_params = module.get_export_params()
+        embed = Embedder(run.symbol, arg_params, aux_params, run.ctx, cfg.image_size, batch_size=cfg.batch_size)
+        return embed(to_nchw(images))
+
+    writer = tensorboard_writer(cfg, rank, run.models_root)
+    verify = VerificationRunner(run.targets, embed_images, logger, run.models_root, writer)
+    callbacks = [PeriodicCallback(cfg.ckpt_period, save), PeriodicCallback(cfg.verbose, verify)]
+    if rank == 0:
+        callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer))
+
+    def finish(step):
+        if step not in saved_steps:           # a run always ends with a checkpoint
+            save(step)
+        if not cfg.verbose or step % cfg.verbose:
+            verify(step)
+        for name, (images, issame) in (run.targets.items() if rank == 0 else ()):
+            baseline = evaluate(raw_pixel_embed, images, issame)
+            logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
+                        name, verify.last[name].accuracy, baseline.accuracy)
+    return callbacks, finish

@@ -128,6 +128,20 @@ def find_checkpoint(path, step=None, option="--resume"):
     return found[step]
 
 
+def compatible_state(checkpoint, num_classes, embedding_size):
+    """The checkpoint's state.json, checked against this run's num_classes and
+    embedding_size (ValueError naming the key and both values)."""
+    try:
+        state = read_state(checkpoint)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"checkpoint {checkpoint}: cannot read state.json ({err})") from None
+    for key, want in (("num_classes", num_classes), ("embedding_size", embedding_size)):
+        if state.get(key) != want:
+            raise ValueError(f"checkpoint {checkpoint} was trained with {key}={state.get(key)}, "
+                             f"this run has {key}={want}")
+    return state
+
+
 def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_size):
     """Load a checkpoint into a built module (and data iterator); returns its step.
 
@@ -136,11 +150,7 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     is carried over approximately (the same epoch, the same fraction of it).
     """
     from . import dist
-    state = read_state(checkpoint)
-    for key, want in (("num_classes", num_classes), ("embedding_size", embedding_size)):
-        if state[key] != want:
-            raise ValueError(f"checkpoint {checkpoint} was trained with {key}={state[key]}, "
-                             f"this run has {key}={want}")
+    state = compatible_state(checkpoint, num_classes, embedding_size)
     step, old_world, rank = state["step"], state["world_size"], dist.rank()
     _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(checkpoint), step)
     module.backbone.set_params(arg_params, aux_params, allow_missing=False)

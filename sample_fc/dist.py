@@ -118,6 +118,11 @@ def broadcast_parameters(params, root_rank=0, prefix="param"):
         hvd.broadcast_(params[key], root_rank=root_rank, name=f"{prefix}.{key}")
 
 
+def allgather_object(obj, name):
+    """List of every rank's picklable object, in rank order. Must match: name."""
+    return hvd.allgather_object(obj, name=name)
+
+
 def barrier(name):
     """Return only when every rank has reached the barrier with the same name."""
     hvd.allreduce(mx.nd.zeros(1), op=hvd.Sum, name=f"barrier.{name}").wait_to_read()

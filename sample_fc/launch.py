@@ -28,24 +28,26 @@ class JobResult:
 
 
 def horovodrun_main():
-    """`python -m sample_fc.launch ARGS` = `horovodrun ARGS`, without abbreviation matching.
+    """`python -m sample_fc.launch ARGS` = `horovodrun ARGS` under this interpreter.
 
-    horovodrun's argparse (Python >= 3.11) also scans the training command's arguments and
-    rejects `--network` as an ambiguous abbreviation of its --network-interface(s). With
-    abbreviations off, the command's options pass through untouched; horovodrun's own
-    options must then be spelled in full (-np, -H, --gloo, --mpi ...).
+    The bootstrap builds horovodrun with scripts/patch_horovod.py's fixes: it passes the
+    training command's options through untouched (no abbreviation matching, so
+    `train.py --network r100` works) and a worker's error exit ends it with that worker's
+    exit code and one line, not a traceback.
     """
-    import argparse
-    original_init = argparse.ArgumentParser.__init__
-
-    def init_without_abbrev(self, *args, **kwargs):
-        kwargs["allow_abbrev"] = False
-        original_init(self, *args, **kwargs)
-
-    argparse.ArgumentParser.__init__ = init_without_abbrev
     from horovod.runner.launch import run_commandline
     sys.argv[0] = "horovodrun"
     return run_commandline()
+
+
+def launcher_rank():
+    """This process's rank as its launcher set it (horovodrun under Gloo or MPI, mpirun,
+    srun), readable before Horovod starts; 0 when there is no launcher."""
+    for variable in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        value = os.environ.get(variable, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def horovodrun_command(argv, num_proc=2, controller="gloo", hosts=None):

@@ -11,6 +11,19 @@ Horovod source never gets half-patched.
    that list to find missing ranks, so under the Gloo controller it never warns and never
    shuts a stalled job down: HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (train.py's
    collective_timeout_s) did nothing and a hung rank hung the whole job. MPI is unaffected.
+2. Abbreviations. horovodrun's argparse matches abbreviations, and on Python >= 3.11 it
+   also scans the training command: `python train.py --network r100` (or `--net`) fails as
+   "ambiguous option: --network could match --network-interfaces, --network-interface".
+   The parser gets allow_abbrev=False: the command's options pass through untouched;
+   horovodrun's own options must be spelled in full (-np, -H, --gloo, --mpi, ...).
+3. A worker's error exit under Gloo. When a worker exits non-zero, horovodrun raised a
+   RuntimeError whose traceback followed the worker's own one-line error and exited 1.
+   Now it prints one line naming the process and exits with the worker's code, as mpirun
+   does (static Gloo jobs; the elastic driver is unchanged).
+4. A worker's error exit under MPI. OpenMPI's mpirun followed the worker's one-line error
+   with a 10-line "Primary job terminated normally, but 1 process returned a non-zero exit
+   code" banner; horovodrun now passes --quiet, which drops only such help texts (the
+   workers' output and the exit code are unchanged).
 """
 import sys
 from pathlib import Path
@@ -18,10 +31,32 @@ from pathlib import Path
 FIXES = [
     ("horovod/common/gloo/gloo_controller.cc",
      "global_ranks_.reserve(size_);", "global_ranks_.resize(size_);"),
+    ("horovod/runner/launch.py",
+     "parser = argparse.ArgumentParser(description='Horovod Runner')",
+     "parser = argparse.ArgumentParser(description='Horovod Runner', allow_abbrev=False)"),
+    ("horovod/runner/mpi_run.py",
+     "basic_args = '-l' if impi_or_mpich else '--allow-run-as-root --tag-output'",
+     "basic_args = '-l' if impi_or_mpich else '--allow-run-as-root --tag-output --quiet'"),
+    ("horovod/runner/gloo_run.py",
+     """    for name, value in sorted(res.items(), key=lambda item: item[1][1]):
+        exit_code, timestamp = value
+        if exit_code != 0:
+            raise RuntimeError('Horovod detected that one or more processes exited with non-zero '
+                               'status, thus causing the job to be terminated. The first process '
+                               'to do so was:\\nProcess name: {name}\\nExit code: {code}\\n'
+                               .format(name=name, code=exit_code))""",
+     """    for name, value in sorted(res.items(), key=lambda item: item[1][1]):
+        exit_code, timestamp = value
+        if exit_code != 0:
+            sys.stderr.write('horovodrun: process {name} exited first, with code {code}; the job '
+                             'was stopped\\n'.format(name=name, code=exit_code))
+            sys.exit(exit_code if 0 < exit_code < 256 else 1)"""),
 ]
 
 
 def apply_fixes(source_root):
+    """Check every fix against the source first, then write: all fixes or none."""
+    writes = []
     for relative, old, new in FIXES:
         path = Path(source_root) / relative
         if not path.is_file():
@@ -34,8 +69,10 @@ def apply_fixes(source_root):
         if found != 1:
             sys.exit(f"patch_horovod: {relative}: expected {old!r} exactly once, "
                      f"found it {found} times; is this Horovod 0.28.1?")
-        path.write_text(text.replace(old, new))
-        print(f"patch_horovod: {relative}: {old} -> {new}")
+        writes.append((path, relative, text.replace(old, new), new))
+    for path, relative, text, new in writes:
+        path.write_text(text)
+        print(f"patch_horovod: {relative}: fixed ({new.strip().splitlines()[-1].strip()})")
 
 
 if __name__ == "__main__":

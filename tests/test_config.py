@@ -58,8 +58,10 @@ def test_margins_are_the_published_values():
     """Test that arcface is (s, m1, m2, m3) = (64, 1, 0.5, 0) and cosface (64, 1, 0, 0.4)."""
     def margins(cfg):
         return (cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3)
-    assert margins(default.get_config(loss='arcface')) == (64.0, 1.0, 0.5, 0.0)
-    assert margins(default.get_config(loss='cosface')) == (64.0, 1.0, 0.0, 0.4)
+    for dataset in ('demo', 'emore'):
+        assert margins(default.get_config(dataset, loss='arcface')) == (64.0, 1.0, 0.5, 0.0)
+        assert margins(default.get_config(dataset, loss='cosface')) == (64.0, 1.0, 0.0, 0.4)
+    assert margins(default.get_config('emore')) == (64.0, 1.0, 0.5, 0.0)   # the base: ArcFace
 
 
 def test_dataset_presets_hold_the_dataset_facts():
@@ -72,7 +74,9 @@ def test_dataset_presets_hold_the_dataset_facts():
         cfg = default.get_config(dataset=name)
         assert (cfg.num_classes, cfg.num_images, cfg.sample_ratio, cfg.synthetic) == expected
     demo = default.get_config()
-    assert (demo.dataset, demo.network, demo.loss) == ('demo', 'mbf', 'arcface')
+    assert (demo.dataset, demo.network, demo.loss) == ('demo', 'mbf', 'cosface')
+    assert (demo.loss_s, demo.loss_m1, demo.loss_m2, demo.loss_m3) == (32.0, 1.0, 0.0, 0.25)
+    assert default.get_config(dataset='emore').loss == 'arcface'
     assert demo.rec == 'data/demo/train.rec' and demo.val_targets == ['demo_val']
     assert demo.max_update <= 1000 and demo.lr_steps[-1] < demo.max_update
     assert (demo.context, demo.bank_context, demo.allgather) == ('auto', 'same', 'native')

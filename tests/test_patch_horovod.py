@@ -1,4 +1,5 @@
-"""Tests for scripts/patch_horovod.py, the source fix applied before building Horovod."""
+"""Tests for scripts/patch_horovod.py, the source fixes applied before building Horovod."""
+import ast
 import subprocess
 import sys
 
@@ -6,36 +7,84 @@ from conftest import REPO
 
 SCRIPT = REPO / "scripts" / "patch_horovod.py"
 GLOO_CONTROLLER = "horovod/common/gloo/gloo_controller.cc"
-BUGGY = "  global_ranks_.reserve(size_);\n  {\n    auto this_global_rank = 0;\n"
+LAUNCH = "horovod/runner/launch.py"
+GLOO_RUN = "horovod/runner/gloo_run.py"
+MPI_RUN = "horovod/runner/mpi_run.py"
+# The pieces of Horovod 0.28.1's source the fixes replace, with a line of context each.
+BUGGY = {
+    GLOO_CONTROLLER: "  global_ranks_.reserve(size_);\n  {\n    auto this_global_rank = 0;\n",
+    LAUNCH: "def parse_args():\n    parser = argparse.ArgumentParser(description='Horovod Runner')\n",
+    MPI_RUN: "    basic_args = '-l' if impi_or_mpich else '--allow-run-as-root --tag-output'\n",
+    GLOO_RUN: (
+        "import sys\n\n\ndef launch_gloo(res):\n"
+        "    for name, value in sorted(res.items(), key=lambda item: item[1][1]):\n"
+        "        exit_code, timestamp = value\n"
+        "        if exit_code != 0:\n"
+        "            raise RuntimeError('Horovod detected that one or more processes exited with non-zero '\n"
+        "                               'status, thus causing the job to be terminated. The first process '\n"
+        "                               'to do so was:\\nProcess name: {name}\\nExit code: {code}\\n'\n"
+        "                               .format(name=name, code=exit_code))\n"),
+}
 
 
-def _tree(tmp_path, text):
-    path = tmp_path / GLOO_CONTROLLER
-    path.parent.mkdir(parents=True)
-    path.write_text(text)
-    return path
+def _tree(tmp_path, files=BUGGY):
+    for relative, text in files.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def _patch(tmp_path):
     return subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
 
 
-def test_fixes_the_gloo_rank_list_and_is_idempotent(tmp_path):
-    """Test that reserve() becomes resize() and nothing else changes, also on a second run."""
-    path = _tree(tmp_path, BUGGY)
+def test_fixes_apply_once_and_are_idempotent(tmp_path):
+    """Test that reserve() becomes resize(), horovodrun's parser loses abbreviations, mpirun
+    runs --quiet, the Gloo launcher exits with the worker's code instead of raising, and a
+    second run changes nothing."""
+    _tree(tmp_path)
     for _ in range(2):
         result = _patch(tmp_path)
         assert result.returncode == 0, result.stderr
-        assert path.read_text() == BUGGY.replace("reserve(size_)", "resize(size_)")
+        assert (tmp_path / GLOO_CONTROLLER).read_text() == BUGGY[GLOO_CONTROLLER].replace(
+            "reserve(size_)", "resize(size_)")
+        assert (tmp_path / LAUNCH).read_text() == BUGGY[LAUNCH].replace(
+            "'Horovod Runner')", "'Horovod Runner', allow_abbrev=False)")
+        assert (tmp_path / MPI_RUN).read_text() == BUGGY[MPI_RUN].replace(
+            "--tag-output'", "--tag-output --quiet'")
+        gloo_run = (tmp_path / GLOO_RUN).read_text()
+        assert "raise RuntimeError" not in gloo_run and "sys.exit(exit_code" in gloo_run
+
+
+def test_patched_gloo_launcher_exits_with_the_workers_code(tmp_path, capsys):
+    """Test that the patched launcher code runs: one stderr line naming the process, and
+    SystemExit with the worker's exit code (2 stays 2; a signal's negative code becomes 1)."""
+    _tree(tmp_path)
+    assert _patch(tmp_path).returncode == 0
+    source = (tmp_path / GLOO_RUN).read_text()
+    ast.parse(source)
+    namespace = {}
+    exec(compile(source, GLOO_RUN, "exec"), namespace)
+    for worker_code, expected in ((2, 2), (-9, 1)):
+        try:
+            namespace["launch_gloo"]({"localhost[0]": (0, 1.0), "localhost[1]": (worker_code, 2.0)})
+        except SystemExit as stop:
+            assert stop.code == expected
+        else:
+            raise AssertionError("the patched launcher did not exit")
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "localhost[1]" in err and str(worker_code) in err
 
 
 def test_unexpected_source_stops_with_the_file_named(tmp_path):
-    """Test that a source without the expected text (another Horovod) fails, naming file and text."""
-    path = _tree(tmp_path, "  global_ranks_.assign(size_, 0);\n")
+    """Test that a source without the expected text (another Horovod) fails, naming file and
+    text, and that no other file was changed."""
+    _tree(tmp_path, dict(BUGGY, **{GLOO_CONTROLLER: "  global_ranks_.assign(size_, 0);\n"}))
     result = _patch(tmp_path)
     assert result.returncode != 0
     assert GLOO_CONTROLLER in result.stderr and "global_ranks_.reserve(size_);" in result.stderr
-    assert path.read_text() == "  global_ranks_.assign(size_, 0);\n"
+    assert (tmp_path / GLOO_CONTROLLER).read_text() == "  global_ranks_.assign(size_, 0);\n"
+    assert (tmp_path / LAUNCH).read_text() == BUGGY[LAUNCH]        # all fixes or none
 
 
 def test_missing_file_is_reported(tmp_path):

@@ -1,14 +1,113 @@
-"""insightface verification .bin files: pickle of (encoded images, issame flags).
+"""insightface verification .bin files: a pickle of (encoded images, issame flags), read safely.
 
 A .bin holds `(bins, issame)`: `bins` a list of 2P encoded images (JPEG/PNG bytes), pair i
-being images 2i and 2i+1, and `issame` a list of P bools. Files written by Python 2 need
-pickle.load(f, encoding='bytes'), which also reads Python 3 files.
+being images 2i and 2i+1, and `issame` a list of P bools. Some published files hold the
+images as 1-D uint8 NumPy arrays and the flags as a NumPy bool array (or np.bool_ items).
+Files written by Python 2 (images as `str`) need encoding='bytes', which also reads Python 3
+files.
+
+.bin files come from third-party mirrors, and a plain pickle.load calls whatever the file
+names (os.system, builtins.eval, ...). load_bin instead admits only the globals that this
+data needs, ADMITTED below, and refuses any other by name before anything is called; then it
+checks the structure. Every problem with a file is a ValueError naming it.
 """
+import os
 import pickle
 
 import numpy as np
 
 from .images import decode_rgb
+
+
+def _latin1_bytes(text, encoding):
+    """_codecs.encode as pickle uses it for bytes at protocols 0-2 (Python 3): latin1 only."""
+    if type(text) is not str or encoding != "latin1":
+        raise pickle.UnpicklingError(f"_codecs.encode({type(text).__name__}, {encoding!r}) refused; "
+                                     f"only (str, 'latin1') encodes pickled bytes")
+    return text.encode("latin1")
+
+
+ADMITTED = {
+    # a NumPy array at protocols 0-4: _reconstruct(ndarray, (0,), b'b'), then its __setstate__
+    ("numpy.core.multiarray", "_reconstruct"): np.core.multiarray._reconstruct,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    # a NumPy array at protocol 5 (Python 3.8+'s HIGHEST_PROTOCOL): _frombuffer(data, dtype, shape, order)
+    ("numpy.core.numeric", "_frombuffer"): np.core.numeric._frombuffer,
+    # a NumPy scalar such as an np.bool_ flag in a list: scalar(dtype, raw bytes)
+    ("numpy.core.multiarray", "scalar"): np.core.multiarray.scalar,
+    # bytes (images, array data) pickled by Python 3 at protocols 0-2: encode(str, 'latin1')
+    ("_codecs", "encode"): _latin1_bytes,
+}
+# NumPy 2 names the same functions numpy._core.*
+ADMITTED.update({(module.replace("numpy.core", "numpy._core"), name): value
+                 for (module, name), value in list(ADMITTED.items()) if module.startswith("numpy.core")})
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    pass
+
+
+class _BinUnpickler(pickle.Unpickler):
+    """An Unpickler that resolves only ADMITTED globals (also for EXT opcodes, which call this)."""
+
+    def find_class(self, module, name):
+        if (module, name) not in ADMITTED:
+            raise _RefusedGlobal(f"{module}.{name}")
+        return ADMITTED[module, name]
+
+
+def _describe(value):
+    if isinstance(value, np.ndarray):
+        return f"a {value.dtype} array of shape {value.shape}"
+    return f"of type {type(value).__name__}"
+
+
+def read_bin(path):
+    """(list of 2P encoded images as bytes, issame np.bool_ (P,)) from a .bin, checked.
+
+    ValueError naming the file if it calls any global outside ADMITTED (refused, not run), is
+    not a pickle, or does not hold (images, issame) as described in the module docstring.
+    """
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        try:
+            content = _BinUnpickler(f, encoding="bytes").load()
+        except _RefusedGlobal as err:
+            raise ValueError(f"{path}: not a verification .bin: refused to call {err}, which a "
+                             f"verification .bin never needs (nothing in the file was run)") from None
+        except Exception as err:  # with only ADMITTED callables, any failure means a malformed file
+            reason = " ".join(f"{type(err).__name__}: {err}".split())  # one line
+            raise ValueError(f"{path}: not a verification .bin (cannot unpickle: {reason})") from None
+    if not (isinstance(content, (tuple, list)) and len(content) == 2):
+        raise ValueError(f"{path}: not a verification .bin: its content is {_describe(content)}, "
+                         f"expected a pair (images, issame)")
+    bins, issame = content
+    if isinstance(issame, np.ndarray):
+        if issame.dtype != np.bool_ or issame.ndim != 1:
+            raise ValueError(f"{path}: issame is {_describe(issame)}; expected 1-D bool")
+    elif not isinstance(issame, (list, tuple)):
+        raise ValueError(f"{path}: issame is {_describe(issame)}; expected a list of bools")
+    else:
+        for i, flag in enumerate(issame):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise ValueError(f"{path}: issame[{i}] is {_describe(flag)}; expected a bool")
+    if not isinstance(bins, (list, tuple)):
+        raise ValueError(f"{path}: images are {_describe(bins)}; expected a list of encoded images")
+    if len(bins) != 2 * len(issame):
+        raise ValueError(f"{path}: {len(bins)} images for {len(issame)} pairs; expected {2 * len(issame)}")
+    encoded = []
+    for i, image in enumerate(bins):
+        if isinstance(image, bytes):
+            encoded.append(image)
+        # all of a real array's data is in the file: a bigger one is a never-filled allocation
+        elif (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.ndim == 1
+              and image.nbytes <= file_size):
+            encoded.append(image.tobytes())
+        else:
+            raise ValueError(f"{path}: image {i} is {_describe(image)}; expected encoded bytes "
+                             f"or a 1-D uint8 array")
+    return encoded, np.array(issame, dtype=np.bool_)
 
 
 def write_bin(path, encoded_images, issame):
@@ -27,17 +126,13 @@ def write_bin(path, encoded_images, issame):
 def load_bin(path, image_size=None):
     """Return (images uint8 (2P, H, W, 3) RGB, issame np.bool_ (P,)) from a .bin file.
 
-    image_size: None (all images must share one size), an int, or (height, width); images of
-    another size are resized (bilinear).
+    The file is read by read_bin (only the data a .bin holds; ValueError naming the file
+    otherwise). image_size: None (all images must share one size), an int, or (height,
+    width); images of another size are resized (bilinear).
     """
-    with open(path, "rb") as f:
-        bins, issame = pickle.load(f, encoding="bytes")
-    issame = np.asarray(issame, dtype=np.bool_)
-    if len(bins) != 2 * len(issame):
-        raise ValueError(f"{path}: {len(bins)} images for {len(issame)} pairs; expected {2 * len(issame)}")
+    bins, issame = read_bin(path)
     images = []
-    for i, encoded in enumerate(bins):
-        data = encoded.tobytes() if isinstance(encoded, np.ndarray) else bytes(encoded)
+    for i, data in enumerate(bins):
         try:
             images.append(decode_rgb(data, image_size))
         except OSError as err:

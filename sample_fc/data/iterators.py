@@ -23,6 +23,11 @@ from .recordio import label_to_int, open_record, read_property
 DTYPES = ("float32", "float16")
 
 
+class DataError(ValueError):
+    """A training record that cannot be used: unreadable, a bad label, an undecodable image.
+    Raised by FaceRecordIter.next(); the message names the file and the record key."""
+
+
 def _positive_int(x):
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1
 
@@ -117,6 +122,7 @@ class FaceRecordIter(_EpochIter):
             raise ValueError(f"num_classes must be None or a positive integer, got {num_classes!r}")
         self.rank, self.num_workers = int(rank), int(num_workers)
         self.shuffle, self.rand_mirror, self.prefetch = bool(shuffle), bool(rand_mirror), int(prefetch)
+        self.path = path_imgrec
         self._reader, self._keys, self.identity_range = open_record(path_imgrec, path_imgidx)
         folder = os.path.dirname(os.path.abspath(path_imgrec))
         prop = read_property(folder)
@@ -167,15 +173,21 @@ class FaceRecordIter(_EpochIter):
         for j, key in enumerate(keys):
             with self._lock:
                 record = self._reader.read_idx(int(key))
+            if not record:
+                raise DataError(f"{self.path}: record key {key} cannot be read (the file ends "
+                                f"before it: truncated, or the .idx belongs to another .rec)")
             header, encoded = mx.recordio.unpack(record)
-            label = label_to_int(header, key)
+            try:
+                label = label_to_int(header, key)
+            except ValueError as err:
+                raise DataError(f"{self.path}: {err}") from None
             if self.num_classes is not None and label >= self.num_classes:
-                raise ValueError(f"record key {key}: label {label} outside [0, {self.num_classes})")
+                raise DataError(f"{self.path}: record key {key}: label {label} outside [0, {self.num_classes})")
             labels_out[j] = label
             try:
                 pixels = decode_rgb(encoded, (height, width))
             except OSError as err:
-                raise ValueError(f"record key {key}: {err}") from err
+                raise DataError(f"{self.path}: record key {key}: {err}") from None
             data_out[j] = (pixels[:, ::-1] if mirror[j] else pixels).transpose(2, 0, 1)
 
     def next(self):

@@ -54,15 +54,24 @@ def open_record(path_imgrec, path_imgidx=None):
 
     identity_range is (start, end) from header record 0, or None for a plain file.
     """
+    if path_imgrec.endswith(".idx"):
+        raise ValueError(f"{path_imgrec} is the index; give the record file (.rec) next to it")
     if path_imgidx is None:
         path_imgidx = os.path.splitext(path_imgrec)[0] + ".idx"
     for path, what in ((path_imgrec, "record file (.rec)"), (path_imgidx, "index file (.idx)")):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{what} not found: {path}")
-    reader = mx.recordio.MXIndexedRecordIO(path_imgidx, path_imgrec, "r")
+    try:
+        reader = mx.recordio.MXIndexedRecordIO(path_imgidx, path_imgrec, "r")
+    except ValueError as err:        # a line of the .idx is not "key<TAB>offset"
+        raise ValueError(f"index file {path_imgidx} is not a RecordIO index ({err})") from None
     keys = np.array(sorted(reader.keys), dtype=np.int64)
     if len(keys) == 0:
         raise ValueError(f"index file {path_imgidx} lists no records")
+    last_offset, size = max(reader.idx.values()), os.path.getsize(path_imgrec)
+    if last_offset >= size:
+        raise ValueError(f"{path_imgidx} points to offset {last_offset} but {path_imgrec} has only "
+                         f"{size} bytes: the .rec is truncated or the .idx belongs to another file")
     if keys[0] != 0:
         return reader, keys, None
     header, _ = mx.recordio.unpack(reader.read_idx(0))

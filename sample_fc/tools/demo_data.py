@@ -270,6 +270,43 @@ def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_v
             "raw_pixel_accuracy": raw_pixel_accuracy(bin_path)}
 
 
+DEMO_FILES = ("train.rec", "train.idx", "property", "demo_val.bin")
+
+
+def ensure_demo(out_dir, log=print):
+    """Build the default demo dataset in out_dir unless it is already there; returns whether
+    it built it. Safe when several processes (the ranks of a job, or two jobs) call it at
+    once: one builds, under an exclusive lock on a file beside out_dir, into a temporary
+    sibling folder that is renamed into place when complete; the others wait for the lock
+    and find it done. A half-written out_dir is never seen and never left behind."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    def complete():
+        return all(os.path.isfile(os.path.join(out_dir, name)) for name in DEMO_FILES)
+
+    if complete():
+        return False
+    parent, base = os.path.split(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    with open(os.path.join(parent, f".{base}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if complete():
+            return False
+        if os.path.exists(out_dir):
+            raise ValueError(f"{out_dir} exists but lacks {', '.join(DEMO_FILES)}: not a demo "
+                             f"dataset; remove it (it is rebuilt on the next run) or pick another rec")
+        log(f"building the demo dataset in {out_dir} (first run only, a few seconds)")
+        building = tempfile.mkdtemp(prefix=f".{base}.building.", dir=parent)
+        try:
+            make_demo(building, progress=False)
+            os.rename(building, out_dir)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    return True
+
+
 def main(argv=None):
     parser = make_parser("sample_fc.tools.demo_data", __doc__)
     parser.add_argument("--out", required=True, help="output folder")

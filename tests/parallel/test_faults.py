@@ -13,8 +13,13 @@ from sample_fc.checkpoint import list_checkpoints, model_prefix
 EXIT_BOUND_S = 60       # a failing job must be over within this after the fault
 
 
-def _fails(result, *messages):
+def _fails(result, *messages, mistake=False):
+    """The job failed with `messages` in its output; a `mistake` (config, data, checkpoint)
+    exits 2 with `train.py: error:` lines and no traceback."""
     assert result.returncode != 0, per_rank_tail(result.output)
+    if mistake:
+        assert result.returncode == 2 and "train.py: error:" in result.output, per_rank_tail(result.output)
+        assert "Traceback" not in result.output, per_rank_tail(result.output)
     for message in messages:
         assert message in result.output, f"{message!r} not in output:\n{per_rank_tail(result.output)}"
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1].split(" ")[0]
@@ -30,19 +35,19 @@ def _copy_data(tiny_data, tmp_path):
 
 def test_missing_rec(tmp_path):
     """Test that a missing .rec is named in the error."""
-    _fails(run_train(tmp_path / "m", tmp_path / "nowhere" / "train.rec"), "nowhere/train.rec")
+    _fails(run_train(tmp_path / "m", tmp_path / "nowhere" / "train.rec"), "nowhere/train.rec", mistake=True)
 
 
 def test_missing_idx(tiny_data, tmp_path):
     """Test that a missing .idx next to the .rec is named in the error."""
     folder = _copy_data(tiny_data, tmp_path)
     os.remove(folder / "train.idx")
-    _fails(run_train(tmp_path / "m", folder / "train.rec"), "train.idx")
+    _fails(run_train(tmp_path / "m", folder / "train.rec"), "train.idx", mistake=True)
 
 
 def test_property_mismatch(tiny_data, tmp_path):
     """Test that num_classes disagreeing with the dataset's property names both values."""
-    _fails(run_train(tmp_path / "m", tiny_data, "--set", "num_classes=20"), "num_classes=20", "says 16")
+    _fails(run_train(tmp_path / "m", tiny_data, "--set", "num_classes=20"), "num_classes=20", "says 16", mistake=True)
 
 
 def test_label_out_of_range(tiny_data, tmp_path):
@@ -50,7 +55,7 @@ def test_label_out_of_range(tiny_data, tmp_path):
     folder = _copy_data(tiny_data, tmp_path)
     (folder / "property").write_text("12,32,32")
     _fails(run_train(tmp_path / "m", folder / "train.rec", "--set", "num_classes=12"),
-           "outside [0, 12)", "record key")
+           "outside [0, 12)", "record key", mistake=True)
 
 
 def test_unreadable_image(tiny_data, tmp_path):
@@ -64,30 +69,30 @@ def test_unreadable_image(tiny_data, tmp_path):
         handle.seek(offset + 8 + 24 + 4)
         handle.write(b"\x00" * 64)
     _fails(run_train(tmp_path / "m", folder / "train.rec", "--set", "max_update=40"),
-           "record key 5", "cannot decode image")
+           "record key 5", "cannot decode image", mistake=True)
 
 
 def test_shard_smaller_than_batch(tiny_data, tmp_path):
     """Test that a per-rank shard smaller than one batch is refused with the sizes."""
-    _fails(run_train(tmp_path / "m", tiny_data, "--set", "batch_size=100"), "fewer than batch_size=100")
+    _fails(run_train(tmp_path / "m", tiny_data, "--set", "batch_size=100"), "fewer than batch_size=100", mistake=True)
 
 
 def test_fewer_classes_than_workers(tiny_data, tmp_path):
     """Test that num_classes < world size is refused."""
     _fails(run_train(tmp_path / "m", tiny_data, "--set", "synthetic=true", "--set", "num_classes=1"),
-           "num_classes (1) must be >= world size (2)")
+           "num_classes=1 is less than the 2 workers", mistake=True)
 
 
 def test_bad_sample_ratio(tiny_data, tmp_path):
     """Test that sample_ratio outside (0, 1] is refused, naming the value."""
-    _fails(run_train(tmp_path / "m", tiny_data, "--set", "sample_ratio=1.5"), "sample_ratio", "1.5")
+    _fails(run_train(tmp_path / "m", tiny_data, "--set", "sample_ratio=1.5"), "sample_ratio", "1.5", mistake=True)
 
 
 def test_resume_with_other_embedding_size(tiny_data, tmp_path):
     """Test that resuming a checkpoint with a different embedding size names both sizes."""
     assert run_train(tmp_path / "a", tiny_data, "--set", "max_update=2").returncode == 0
     _fails(run_train(tmp_path / "b", tiny_data, "--set", "max_update=4", "--set", "embedding_size=64",
-                     "--resume", tmp_path / "a"), "embedding_size=32", "embedding_size=64")
+                     "--resume", tmp_path / "a"), "embedding_size=32", "embedding_size=64", mistake=True)
 
 
 def _assert_checkpoints_usable(root, steps):
@@ -121,7 +126,7 @@ def test_hung_rank_ends_the_job_after_collective_timeout(tiny_data, tmp_path, hu
     waiting_rank = 1 - hung_rank
     _fails(result, f"INJECTING hang on rank {hung_rank}", f"{hung_rank}!: [",
            "is stalled for longer than 15 seconds",
-           f"[rank {waiting_rank}] ERROR: Horovod shut the job down while this rank waited in a "
+           f"train.py: error: Horovod shut the job down while rank {waiting_rank} waited in a "
            "collective: another rank failed or stalled for more than collective_timeout_s=15 s")
     _assert_checkpoints_usable(tmp_path / "m", [4])
 
