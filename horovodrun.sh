@@ -6,7 +6,7 @@
 # verification accuracy on the demo's held-out identities. -np defaults to 2, -H to
 # localhost:N, the controller to Gloo. Paths are relative to the directory you run it in.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)   # also when called through a link
 NP=2; HOSTS=""; CONTROLLER=--gloo; TRAIN_ARGS=()
 while [[ $# -gt 0 ]]; do
   case $1 in
