@@ -17,6 +17,7 @@ import numpy as np
 
 import default
 from sample_fc import builder, checkpoint, dist
+from sample_fc.checkpoint import CheckpointError
 from sample_fc.config import apply_overrides, format_config, save_config
 from sample_fc.data import DataError
 from sample_fc.launch import launcher_rank
@@ -36,10 +37,17 @@ class OneLineParser(argparse.ArgumentParser):
 def fail(message, code, print_it=True):
     """Exit with one error line. Only the rank that prints exits non-zero; the others exit 0
     right away, so the launcher (mpirun, horovodrun) never stops the job on a silent rank
-    before the printing rank's line has reached the terminal, and reports the printer's code."""
+    before the printing rank's line has reached the terminal, and reports the printer's code.
+    Once Horovod runs, the exit skips interpreter teardown (os._exit): MXNet's engine, the
+    decode threads and Horovod's thread may still be busy, and tearing down under them can
+    crash ("corrupted size vs. prev_size") and replace the exit code."""
     if print_it:
         print(f"train.py: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(code if print_it else 0)
+    code = code if print_it else 0
+    if dist.is_started():
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def make_parser():
@@ -81,7 +89,7 @@ def main(argv=None):
     dist.init(stall_shutdown_s=cfg.collective_timeout_s)
     try:
         return train(cfg, args)
-    except NonFiniteError as error:      # every rank raises it at the same step
+    except (NonFiniteError, CheckpointError) as error:     # every rank raises it at the same step
         fail(str(error), RUNTIME_ERROR, print_it=dist.rank() == 0)
     except DataError as error:           # found by this rank's reader; horovodrun stops the others
         fail(f"{error} (rank {dist.rank()})", USAGE_ERROR)
@@ -109,7 +117,7 @@ def train(cfg, args):
     problems = dist.allgather_object(problem, "setup.problems")    # all ranks agree to go on or stop
     if any(problems):
         first = next(r for r, p in enumerate(problems) if p)
-        dist.shutdown()
+        dist.shutdown()                   # in step: MPI counts an exit without it as a failure
         fail(problems[first], USAGE_ERROR, print_it=rank == first)
 
     os.makedirs(models_root, exist_ok=True)

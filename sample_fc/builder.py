@@ -9,6 +9,7 @@ import sys
 from types import SimpleNamespace
 
 import mxnet as mx
+import numpy as np
 
 import symbols
 
@@ -132,9 +133,19 @@ def open_run(cfg, models_root, resume, rank, world, local_rank, logger):
     resume_from = checkpoint.find_checkpoint(resume) if resume else None
     if resume_from:
         checkpoint.compatible_state(resume_from, cfg.num_classes, cfg.embedding_size)
-    return SimpleNamespace(models_root=models_root, resume_from=resume_from, symbol=build_symbol(cfg),
+    symbol = build_symbol(cfg)
+    checkpoint.check_space(models_root, checkpoint.checkpoint_bytes(
+        parameter_values(symbol, cfg.image_size), cfg.num_classes, cfg.embedding_size))
+    return SimpleNamespace(models_root=models_root, resume_from=resume_from, symbol=symbol,
                            train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
                            targets=load_targets(cfg, logger))
+
+
+def parameter_values(symbol, image_size):
+    """How many numbers the backbone's parameters and auxiliary states hold."""
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, image_size, image_size))
+    shapes = [s for name, s in zip(symbol.list_arguments(), arg_shapes) if name != "data"] + aux_shapes
+    return sum(int(np.prod(shape)) for shape in shapes)
 
 
 def run_callbacks(cfg, run, module, rank, world, logger):

@@ -2,7 +2,8 @@
 
 Layout of one checkpoint, `<models_root>/step-00000300/`:
     model-symbol.json, model-0300.params   backbone, loadable by mx.model.load_checkpoint
-    backbone.states                         backbone optimizer state (momentum)
+    optimizer.params                        backbone optimizer state (momentum), MXNet's
+                                            NDArray format: restoring never unpickles
     bank-rank<r>.params                     every rank's bank shard (weight, momentum, metadata)
     rank<r>.json                            every rank's sampler RNG and data position
     state.json                              step, world size, class count, config
@@ -24,6 +25,43 @@ from .config import write_json
 
 PATTERN = re.compile(r"^step-(\d{8})$")
 MODEL_PREFIX = "model"
+OPTIMIZER_FILE = "optimizer.params"
+
+
+def _updater(module):
+    updater = module.backbone._updater     # None when the kvstore updates (several devices)
+    if updater is None:
+        raise ValueError("saving optimizer state needs the backbone updated by its own updater "
+                         "(one context per rank)")
+    return updater
+
+
+def save_optimizer_states(module, path):
+    """The backbone optimizer's state per parameter index (an NDArray, a tuple of them, or
+    None) in MXNet's NDArray format, keyed "<index>.<part>.<parts>"; MXNet's own
+    save_optimizer_states pickles, and a pickle runs code when loaded."""
+    arrays = {}
+    for index, state in _updater(module).states.items():
+        parts = () if state is None else tuple(state) if isinstance(state, (tuple, list)) else (state,)
+        for k, part in enumerate(parts):
+            arrays[f"{index}.{k}.{len(parts)}"] = part
+    mx.nd.save(path, arrays)
+
+
+def load_optimizer_states(module, path):
+    """Restore what save_optimizer_states wrote (missing indices: no state, as at the start)."""
+    try:
+        saved = mx.nd.load(path)
+    except mx.base.MXNetError as err:
+        raise ValueError(f"cannot read optimizer state {path}: {str(err).splitlines()[0]}") from None
+    parts = {}
+    for key, array in (saved.items() if isinstance(saved, dict) else ()):
+        index, k, count = (int(x) for x in key.split("."))
+        parts.setdefault(index, [None] * count)[k] = array
+    updater = _updater(module)
+    updater.states = {index: arrays[0] if len(arrays) == 1 else tuple(arrays)
+                      for index, arrays in parts.items()}
+    updater.states_synced = dict.fromkeys(updater.states, False)   # moved to the weights' devices on use
 
 
 def checkpoint_path(models_root, step):
@@ -56,43 +94,102 @@ def _fsync_dir(path):
         os.close(fd)
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (e.g. the disk is full). Its partial directory has
+    been removed and the previous complete checkpoint is intact."""
+
+
+def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4):
+    """Estimated size of one checkpoint: the backbone's parameters and their momentum, and
+    every class center with its momentum (all ranks' shards), plus 1 MB of small files."""
+    return 2 * itemsize * (backbone_values + num_classes * embedding_size) + 2 ** 20
+
+
+def free_bytes(path):
+    """Free bytes on the file system that holds `path` (or its nearest existing parent)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return shutil.disk_usage(path).free
+
+
+def _space_note(models_root, needed):
+    return (f"a checkpoint needs about {needed / 1e6:,.0f} MB and {free_bytes(models_root) / 1e6:,.0f} MB "
+            f"are free at {models_root}")
+
+
+def check_space(models_root, needed):
+    """ValueError when the file system of models_root cannot hold one checkpoint of `needed`
+    bytes: a run that could never save stops at start-up, not at its first checkpoint."""
+    if free_bytes(models_root) < needed:
+        raise ValueError(f"not enough space for checkpoints: {_space_note(models_root, needed)}; "
+                         f"free some space or choose another --models-root")
+
+
 def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, keep):
-    """Write checkpoint `step`. Every rank must call it (it has named barriers).
+    """Write checkpoint `step`. Every rank must call it (the ranks agree after each stage).
 
     train_state: JSON-able dict, the same on all ranks (written by rank 0 to state.json).
     Each rank writes its sampler's RNG and data_iter's position (rank<r>.json).
     keep: number of complete checkpoints to keep (older ones are deleted).
+    A write that fails on any rank (OSError: a full disk, a lost mount) raises CheckpointError
+    on every rank, with the partial directory removed and the previous checkpoint intact.
     """
     from . import dist
     rank = dist.rank()
     final = checkpoint_path(models_root, step)
     partial = final + ".partial"
-    if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-    dist.barrier(f"checkpoint.{step}.begin")
-
-    module.bank.save(os.path.join(partial, f"bank-rank{rank}.params"))
-    write_json(os.path.join(partial, f"rank{rank}.json"),
-               {"sampler": module.sampler.state_dict(), "data": data_iter.state_dict()})
     arg_params, aux_params = module.get_export_params()        # collective
-    if rank == 0:
-        mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
-                                 remove_amp_cast=False)
-        module.backbone.save_optimizer_states(os.path.join(partial, "backbone.states"))
-        write_json(os.path.join(partial, "state.json"), dict(train_state, step=step))
-    dist.barrier(f"checkpoint.{step}.written")
 
-    if rank == 0:
-        write_json(os.path.join(partial, "COMPLETE"), {"step": step})
-        _fsync_dir(partial)
-        if os.path.exists(final):            # re-saving a step, e.g. after resume
-            shutil.rmtree(final)
-        os.rename(partial, final)
-        _fsync_dir(models_root)
-        for _, old in list_checkpoints(models_root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier(f"checkpoint.{step}.done")
+    def agree(stage, work):
+        """Run this rank's `work`; then every rank learns whether all of them succeeded."""
+        try:
+            work()
+            problem = None
+        except (OSError, mx.base.MXNetError) as error:     # MXNet's writers raise MXNetError
+            last_line = str(error).strip().splitlines()[-1]    # MXNet's: after its C++ traceback
+            problem = f"rank {rank}: {last_line.replace('MXNetError: ', '')}"
+        problems = [p for p in dist.allgather_object(problem, f"checkpoint.{step}.{stage}") if p]
+        if problems:
+            if rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            values = sum(v.size for v in list(arg_params.values()) + list(aux_params.values()))
+            needed = checkpoint_bytes(values, module.bank.num_classes, module.bank.embedding_size)
+            previous = list_checkpoints(models_root)
+            raise CheckpointError(f"cannot write checkpoint {final} ({problems[0]}); "
+                                  f"{_space_note(models_root, needed)}; the partial checkpoint was "
+                                  f"removed, the last complete one is "
+                                  f"{previous[-1][1] if previous else 'none'}")
+
+    def begin():
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(partial)
+
+    def write_files():
+        module.bank.save(os.path.join(partial, f"bank-rank{rank}.params"))
+        write_json(os.path.join(partial, f"rank{rank}.json"),
+                   {"sampler": module.sampler.state_dict(), "data": data_iter.state_dict()})
+        if rank == 0:
+            mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
+                                     remove_amp_cast=False)
+            save_optimizer_states(module, os.path.join(partial, OPTIMIZER_FILE))
+            write_json(os.path.join(partial, "state.json"), dict(train_state, step=step))
+
+    def finish():
+        if rank == 0:
+            write_json(os.path.join(partial, "COMPLETE"), {"step": step})
+            _fsync_dir(partial)
+            if os.path.exists(final):            # re-saving a step, e.g. after resume
+                shutil.rmtree(final)
+            os.rename(partial, final)
+            _fsync_dir(models_root)
+            for _, old in list_checkpoints(models_root)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+
+    agree("begin", begin)
+    agree("written", write_files)
+    agree("done", finish)
     return final
 
 
@@ -154,7 +251,7 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     step, old_world, rank = state["step"], state["world_size"], dist.rank()
     _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(checkpoint), step)
     module.backbone.set_params(arg_params, aux_params, allow_missing=False)
-    module.backbone.load_optimizer_states(os.path.join(checkpoint, "backbone.states"))
+    load_optimizer_states(module, os.path.join(checkpoint, OPTIMIZER_FILE))
     module.set_num_update(step)
     if old_world == dist.size():
         module.bank.load(bank_shard_paths(checkpoint, old_world)[rank])

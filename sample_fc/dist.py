@@ -16,6 +16,8 @@ import mxnet as mx
 
 from .options import ALLGATHERS
 
+_started = False          # init() ran in this process
+
 
 def init(stall_shutdown_s=None):
     """Initialise Horovod (idempotent). Call once per process before anything below.
@@ -27,8 +29,15 @@ def init(stall_shutdown_s=None):
     if stall_shutdown_s:
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(stall_shutdown_s) // 2)))
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall_shutdown_s)))
+    global _started
     if not hvd.is_initialized():
         hvd.init()
+    _started = True
+
+
+def is_started():
+    """Whether init() ran in this process (Horovod may be shut down since)."""
+    return _started
 
 
 def is_shutdown_error(error):

@@ -144,7 +144,7 @@ def test_save_writes_the_documented_layout(saved):
     assert checkpoint == os.path.join(models_root, "step-00000002")
     assert os.listdir(models_root) == ["step-00000002"]
     assert sorted(os.listdir(checkpoint)) == sorted([
-        "model-symbol.json", "model-0002.params", "backbone.states", "bank-rank0.params",
+        "model-symbol.json", "model-0002.params", "optimizer.params", "bank-rank0.params",
         "rank0.json", "state.json", "COMPLETE"])
     assert read_state(checkpoint) == dict(train_state(), step=2)
     with open(os.path.join(checkpoint, "COMPLETE")) as handle:
@@ -162,15 +162,24 @@ def test_save_writes_the_documented_layout(saved):
     assert list_checkpoints(models_root) == [(2, checkpoint)]
 
 
-def test_restore_then_step_matches_the_uninterrupted_run(saved):
+def test_restore_then_step_matches_the_uninterrupted_run(saved, monkeypatch):
     """Test that a fresh module (other initial backbone, bank and sampler seed) restored from the
     checkpoint takes step 3 exactly as the original: same loss, backbone params (BatchNorm
     statistics included) and bank, which needs the backbone momentum, update count (the lr
-    halves at 3), sampler RNG and data position all restored."""
+    halves at 3), sampler RNG and data position all restored; and that restoring unpickles
+    nothing (a checkpoint's files are data only)."""
+    import pickle
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("restore_checkpoint unpickled something")
+
     _, checkpoint, original, original_iter, at_save = saved
     restored, _, restored_iter = build(seed=2)
     assert not np.array_equal(snapshot(restored)["bank_weight"], at_save["bank_weight"])
+    monkeypatch.setattr(pickle, "loads", no_unpickling)
+    monkeypatch.setattr(pickle, "load", no_unpickling)
     assert restore_checkpoint(checkpoint, restored, restored_iter, CLASSES, EMBEDDING) == 2
+    monkeypatch.undo()
     assert restored.num_update == 2 and restored_iter.state_dict() == original_iter.state_dict()
     after_restore = snapshot(restored)
     for key, value in at_save.items():

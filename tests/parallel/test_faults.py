@@ -153,3 +153,65 @@ def test_kill_during_checkpoint_save_then_resume(tiny_data, tmp_path):
     assert result.returncode == 0, per_rank_tail(result.output)
     assert "at step 4" in result.output
     _assert_checkpoints_usable(root, [4, 8])
+
+
+def _one_error_line(result):
+    lines = [line for line in result.output.splitlines() if "train.py: error:" in line]
+    assert len(lines) == 1 and "Traceback" not in result.output, per_rank_tail(result.output)
+    return lines[0]
+
+
+def test_disk_full_during_save_keeps_the_previous_checkpoint(tiny_data, tmp_path):
+    """Test that a bank shard write failing with ENOSPC on rank 1 ends the job on every rank
+    with one line (the path, the space needed and free), removes the partial checkpoint and
+    leaves the previous one loadable."""
+    root = tmp_path / "m"
+    result = run_train(root, tiny_data, "--set", "max_update=12", "--set", "ckpt_period=4",
+                       script="faulty_train.py", script_args=("enospc_in_save", 8, 1))
+    _fails(result, "INJECTING ENOSPC")
+    assert result.returncode == 1
+    line = _one_error_line(result)
+    for part in ("cannot write checkpoint", "step-00000008", "No space left on device",
+                 "a checkpoint needs about", "MB are free", "step-00000004"):
+        assert part in line, line
+    assert not list(root.glob("*.partial"))
+    _assert_checkpoints_usable(root, [4])
+
+
+def test_too_small_disk_stops_at_start_up(tiny_data, tmp_path):
+    """Test that a models root whose file system cannot hold one checkpoint stops the run
+    before training, with one line and exit 2, and nothing written."""
+    root = tmp_path / "m"
+    result = run_train(root, tiny_data, script="faulty_train.py", script_args=("small_disk", 1000, 0))
+    assert result.returncode == 2, per_rank_tail(result.output)
+    assert "not enough space for checkpoints" in _one_error_line(result)
+    assert not root.exists()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 12 MB tmpfs (root only; skipped where mounting is not allowed)."""
+    import subprocess
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_real_full_disk_keeps_the_previous_checkpoint(tiny_data, small_tmpfs):
+    """Test on a real 12 MB file system: the first checkpoint (~7 MB) fits, the second does
+    not (the first is kept until the second completes), and the job ends in one line with
+    no .partial left and the first checkpoint loadable."""
+    root = small_tmpfs / "m"
+    result = run_train(root, tiny_data, "--set", "max_update=8", "--set", "ckpt_period=4",
+                       "--set", "ckpt_keep=1", "--set", "embedding_size=128")
+    assert result.returncode == 1, per_rank_tail(result.output)
+    line = _one_error_line(result)
+    assert "cannot write checkpoint" in line and "step-00000008" in line, line
+    assert not list(root.glob("*.partial"))
+    _assert_checkpoints_usable(root, [4])

@@ -3,8 +3,11 @@
     faulty_train.py KIND STEP RANK -- <train.py arguments>
 KIND: raise | sigkill | hang (at update STEP on rank RANK; hang sleeps outside any collective),
 nan (NaN in RANK's batch at update STEP), kill_in_save (SIGKILL on RANK right after it writes
-its bank shard for checkpoint STEP).
+its bank shard for checkpoint STEP), enospc_in_save (RANK's bank shard write for checkpoint STEP
+fails with "No space left on device"), small_disk (the models root's file system reports
+STEP bytes free on every rank).
 """
+import errno
 import os
 import signal
 import sys
@@ -13,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import train  # noqa: E402
-from sample_fc import dist  # noqa: E402
+from sample_fc import checkpoint, dist  # noqa: E402
 from sample_fc.memory_bank import MemoryBank  # noqa: E402
 from sample_fc.module import SampleDistributeModule  # noqa: E402
 
@@ -39,12 +42,17 @@ def faulty_forward(self, data_batch):
 
 
 def faulty_save(self, path):
+    if kind == "enospc_in_save" and dist.rank() == on_rank and f"step-{step:08d}.partial" in path:
+        print(f"INJECTING ENOSPC in checkpoint save on rank {on_rank}", flush=True)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
     original_save(self, path)
-    if dist.rank() == on_rank and f"step-{step:08d}.partial" in path:
+    if kind == "kill_in_save" and dist.rank() == on_rank and f"step-{step:08d}.partial" in path:
         print(f"INJECTING SIGKILL in checkpoint save on rank {on_rank}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 SampleDistributeModule.forward_backbone = faulty_forward
 MemoryBank.save = faulty_save
+if kind == "small_disk":
+    checkpoint.free_bytes = lambda path: step
 sys.exit(train.main(train_args))
