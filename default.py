@@ -20,6 +20,7 @@ import math
 
 from easydict import EasyDict as edict
 
+from sample_fc.config import apply_overrides
 from sample_fc.options import ALLGATHERS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS  # valid values
 
 
@@ -77,6 +78,7 @@ def _base_config():
     cfg.tensorboard = False              # write tensorboardX event files to the output dir
     cfg.max_nonfinite_steps = 5          # stop with an error after N consecutive steps with NaN/Inf loss
     cfg.collective_timeout_s = 60        # stall limit: ranks waiting this long in a collective others miss end the job
+    cfg.step_timeout_s = 0               # a rank with no finished step for this long ends the job (0 = max(300 s, 10x median step))
     return cfg
 
 
@@ -252,6 +254,60 @@ def get_config(dataset='demo', network='mbf', loss=None):
     return cfg
 
 
+# Keys a resumed run may change (`--resume RUN --set key=value`): they steer how long it runs,
+# the tail of its lr schedule, logging, checkpoints, evaluation and how it executes, not the
+# model or the data it learns from. Every other key is fixed by the run's checkpoint, and
+# setting it to another value on resume is an error naming the key and both values.
+RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'frequent', 'verbose',
+                  'ckpt_period', 'ckpt_keep', 'tensorboard', 'val_targets', 'data_threads',
+                  'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'context', 'bank_context',
+                  'head_kernel', 'allgather')
+
+
+def config_from_checkpoint(saved):
+    """The config of a saved run (the `config` of a checkpoint's state.json): the defaults of
+    its presets for keys added since it was written, then every saved value. Raises
+    ValueError for a preset name this version does not know."""
+    cfg = get_config(saved.get('dataset'), saved.get('network'), saved.get('loss'))
+    for key in cfg:
+        if key in saved:
+            cfg[key] = copy.deepcopy(saved[key])
+    return cfg
+
+
+def resume_changes(saved, cfg):
+    """ValueError naming the first fixed key whose value differs between the resumed run's
+    config `saved` and `cfg` (the same run with this command line's settings)."""
+    for key in cfg:
+        if key not in RESUME_MUTABLE and cfg[key] != saved[key]:
+            raise ValueError(f"{key}={cfg[key]!r} would change the run being resumed, which has "
+                             f"{key}={saved[key]!r}; a resumed run keeps its model and data (keys that "
+                             f"may change: {', '.join(RESUME_MUTABLE)}); start a new run instead")
+
+
+def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=None):
+    """The config of a run from its command line: presets (the demo's by default) and
+    `key=value` overrides; or, resuming, the run's saved config (`resumed`: the `config` of
+    its checkpoint), which presets and overrides may change only in RESUME_MUTABLE keys.
+    Raises ValueError naming the bad key or value."""
+    for text in overrides:
+        if text.split('=', 1)[0].strip() in ('dataset', 'network', 'loss'):
+            raise ValueError(f"--set {text}: choose presets with --dataset/--network/--loss instead")
+    if resumed is None:
+        dataset = dataset or 'demo'
+        cfg = get_config(dataset, network or get_config(dataset).network, loss)
+    else:
+        saved = config_from_checkpoint(resumed)
+        cfg = copy.deepcopy(saved)
+        cfg.update({key: value for key, value in (('dataset', dataset), ('network', network),
+                                                  ('loss', loss)) if value is not None})
+    apply_overrides(cfg, overrides)
+    if resumed is not None:
+        resume_changes(saved, cfg)
+    check_config(cfg)
+    return cfg
+
+
 def _fail(key, value, expected):
     raise ValueError(f"config key {key!r} is {value!r}; expected {expected}")
 
@@ -272,7 +328,7 @@ def check_config(cfg):
                 'collective_timeout_s'):
         if cfg[key] < 1:
             _fail(key, cfg[key], "an integer >= 1")
-    for key in ('num_images', 'warmup_steps', 'verbose'):
+    for key in ('num_images', 'warmup_steps', 'verbose', 'step_timeout_s'):
         if cfg[key] < 0:
             _fail(key, cfg[key], "an integer >= 0")
     if not 0.0 < cfg.sample_ratio <= 1.0:

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Launch train.py on Horovod workers.
-#   ./horovodrun.sh [-np N] [-H HOSTS] [--gloo|--mpi] [train.py arguments]
+#   ./horovodrun.sh [-np N] [-H HOSTS] [--gloo|--mpi] [--max-restarts N [--min-workers M]] [train.py arguments]
 # It sets the project up (first run only). With no train.py arguments it trains the demo
 # (train.py builds the demo data on first use) with 2 local workers and reports
 # verification accuracy on the demo's held-out identities. -np defaults to 2, -H to
 # localhost:N, the controller to Gloo. Paths are relative to the directory you run it in.
+# --max-restarts N restarts a failed job from its newest checkpoint up to N times.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)   # also when called through a link
-NP=2; HOSTS=""; CONTROLLER=--gloo; TRAIN_ARGS=()
+NP=2; HOSTS=""; CONTROLLER=--gloo; TRAIN_ARGS=(); RESTARTS=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     -np) NP=${2:?"-np needs a number"}; shift 2 ;;
     -H) HOSTS=${2:?"-H needs hosts, e.g. host1:8,host2:8"}; shift 2 ;;
     --gloo|--mpi) CONTROLLER=$1; shift ;;
+    --max-restarts|--min-workers) RESTARTS+=("$1" "${2:?"$1 needs a number"}"); shift 2 ;;
     -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) TRAIN_ARGS+=("$1"); shift ;;
   esac
@@ -28,4 +30,5 @@ if [[ $HOSTS == localhost:* ]]; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NP > 0 ? $(nproc) / NP : 1 ))}
   export MXNET_CPU_WORKER_NTHREADS=${MXNET_CPU_WORKER_NTHREADS:-$OMP_NUM_THREADS}
 fi
-exec "$VENV/bin/horovodrun" -np "$NP" -H "$HOSTS" "$CONTROLLER" "$VENV/bin/python" "$ROOT/train.py" "${TRAIN_ARGS[@]}"
+exec "$VENV/bin/python" -m sample_fc.launch "${RESTARTS[@]}" -np "$NP" -H "$HOSTS" "$CONTROLLER" \
+  "$VENV/bin/python" "$ROOT/train.py" "${TRAIN_ARGS[@]}"

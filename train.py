@@ -16,12 +16,14 @@ import mxnet as mx
 import numpy as np
 
 import default
-from sample_fc import builder, checkpoint, dist
+from sample_fc import builder, checkpoint, dist, resume
 from sample_fc.checkpoint import CheckpointError
-from sample_fc.config import apply_overrides, format_config, save_config
+from sample_fc.config import format_config, save_config
 from sample_fc.data import DataError
 from sample_fc.launch import launcher_rank
+from sample_fc.restart import AUTO_RESUME_ENV
 from sample_fc.module import NonFiniteError
+from sample_fc.watchdog import StepWatchdog
 
 USAGE_ERROR, RUNTIME_ERROR = 2, 1       # exit codes: a mistake to fix / a failure during the run
 SHUTDOWN_GRACE_S = 3    # a rank stopped by another's failure exits this much later, so the
@@ -53,29 +55,43 @@ def fail(message, code, print_it=True):
 def make_parser():
     parser = OneLineParser(prog="train.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default="demo", choices=default.DATASETS)
+    parser.add_argument("--dataset", default=None, choices=default.DATASETS, help="default: demo")
     parser.add_argument("--network", "--net", default=None, choices=default.NETWORKS,
                         help="default: the dataset's")
     parser.add_argument("--loss", default=None, choices=default.LOSSES,
                         help="margins as published; default: the dataset's recipe")
-    parser.add_argument("--models-root", default=None, help="output dir (default models/<dataset>_<network>)")
+    parser.add_argument("--models-root", default=None,
+                        help="output dir (default: models/<dataset>_<network>; with --resume, that run's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (repeatable); see default.py")
     parser.add_argument("--resume", default=None, metavar="DIR",
-                        help="a checkpoint dir, or a models root whose newest complete checkpoint to use")
+                        help="continue a run: a checkpoint dir, or a models root (its newest sound "
+                             "checkpoint); the run keeps its config (see default.RESUME_MUTABLE)")
+    parser.add_argument("--pretrained", default=None, metavar="PREFIX[,EPOCH]",
+                        help="start from a trained backbone's weights (a prefix as for "
+                             "mx.model.load_checkpoint, a checkpoint dir or a models root); the "
+                             "class centers and optimizer start fresh")
     return parser
 
 
 def build_config(args):
-    cfg = default.get_config(args.dataset, args.network or default.get_config(args.dataset).network, args.loss)
-    for text in args.overrides:
-        if text.split("=", 1)[0] in ("dataset", "network", "loss"):
-            raise ValueError(f"--set {text}: choose presets with --dataset/--network/--loss instead")
-    apply_overrides(cfg, args.overrides)
-    default.check_config(cfg)
+    """The run's config (default.config_for_run); the demo data built on first use; the
+    dataset's own class count and image size (its property file) unless --set names them."""
+    if not args.resume and os.environ.get(AUTO_RESUME_ENV) == "1":     # a restarted job (restart.py)
+        fresh = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
+        root = args.models_root or os.path.join("models", f"{fresh.dataset}_{fresh.network}")
+        args.resume = root if checkpoint.list_checkpoints(root) else None
+    resumed = resume.saved_config(args.resume) if args.resume else None
+    cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed)
     if cfg.dataset == "demo" and cfg.rec == default.get_config("demo").rec:
-        from sample_fc.tools.demo_data import ensure_demo   # first use: build it (ranks wait on a lock)
+        from sample_fc.tools.demo_data import ensure_demo   # ranks and jobs wait on a lock
         ensure_demo(os.path.dirname(cfg.rec), log=lambda line: print(line, flush=True))
+    if not args.resume:
+        explicit = {text.split("=", 1)[0].strip() for text in args.overrides}
+        for key, value in builder.fill_from_property(cfg, explicit).items():
+            if launcher_rank() == 0:
+                print(f"train.py: {key}={value} from the dataset's property file", flush=True)
+        default.check_config(cfg)
     return cfg
 
 
@@ -108,9 +124,11 @@ def train(cfg, args):
     logger = builder.setup_logger(rank)
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    models_root = args.models_root or os.path.join("models", f"{cfg.dataset}_{cfg.network}")
+    models_root = args.models_root or (resume.models_root_of(args.resume) if args.resume else
+                                       os.path.join("models", f"{cfg.dataset}_{cfg.network}"))
     try:            # every rank checks config, data and checkpoint before anything is written
-        run = builder.open_run(cfg, models_root, args.resume, rank, world, dist.local_rank(), logger)
+        run = builder.open_run(cfg, models_root, args.resume, args.pretrained, rank, world,
+                               dist.local_rank(), logger)
         problem = None
     except (ValueError, OSError) as error:
         problem = str(error)
@@ -124,15 +142,17 @@ def train(cfg, args):
     if rank == 0:
         builder.log_to_file(logger, os.path.join(models_root, "train.log"))
         save_config(cfg, os.path.join(models_root, "config.json"))
-        logger.info("world size %d, config:\n%s", world, format_config(cfg))
-    module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, logger)
+        logger.info("world size %d; models root %s; config:\n%s", world, models_root, format_config(cfg))
+    module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, logger, run.pretrained)
     if run.resume_from:
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,
                                              cfg.embedding_size)
         logger.info("resumed from %s at step %d", run.resume_from, step)
-    callbacks, finish = builder.run_callbacks(cfg, run, module, rank, world, logger)
+    watchdog = StepWatchdog(cfg.step_timeout_s, rank).start()
+    callbacks, finish = builder.run_callbacks(cfg, run, module, rank, world, logger, watchdog)
     module.fit(run.train_iter, cfg.max_update, callbacks)
     finish(module.num_update)
+    watchdog.stop()
     logger.info("done: %d steps, checkpoints in %s", module.num_update, models_root)
     mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod
     if hasattr(run.train_iter, "close"):

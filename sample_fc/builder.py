@@ -13,15 +13,17 @@ import numpy as np
 
 import symbols
 
-from . import checkpoint
+from . import checkpoint, resume
 from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from .data import FaceRecordIter, SyntheticIter
 from .data.bin_format import load_bin
+from .data.recordio import read_property
 from .margin import CombinedMargin
 from .memory_bank import MemoryBank
 from .module import SampleDistributeModule
 from .optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
 from .sampler import ClassCenterSampler
+from .tools.model_io import load_pretrained
 from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 
@@ -50,8 +52,9 @@ def build_symbol(cfg):
                               "float16" if cfg.fp16 else "float32", cfg.dropout)
 
 
-def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger):
-    """The SampleDistributeModule of this rank, parameters initialised and equal on all ranks.
+def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=None):
+    """The SampleDistributeModule of this rank, parameters initialised (or `pretrained`
+    (arg, aux) weights, with a fresh bank and optimizer) and equal on all ranks.
 
     The lr is given for a global batch of 512 and scaled by the real one (lr_scale_by_world);
     backbone and bank share one schedule, a pure function of the update number.
@@ -69,7 +72,8 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger):
         backbone_optimizer=backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
         data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
         head_kernel=cfg.head_kernel, max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
-    module.init_params()
+    arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights
+    module.init_params(arg_params=arg_params, aux_params=aux_params)
     module.broadcast_parameters()
     return module
 
@@ -106,6 +110,27 @@ def log_to_file(logger, path):
     logger.addHandler(handler)
 
 
+def fill_from_property(cfg, explicit):
+    """Take num_classes and image_size from the dataset's `property` file (beside cfg.rec)
+    for the keys not in `explicit` (those the command line set); returns {key: value} of
+    what changed. The dataset describes itself: a 112 px set is not trained at a preset's
+    32 px without a word."""
+    if cfg.synthetic or not cfg.rec:
+        return {}
+    prop = read_property(os.path.dirname(os.path.abspath(cfg.rec)))
+    if prop is None:
+        return {}
+    num_classes, height, width = prop
+    if height != width and "image_size" not in explicit:
+        raise ValueError(f"the property beside {cfg.rec} says {height}x{width} images; training takes "
+                         f"square inputs: set image_size (images are resized to it)")
+    changed = {}
+    for key, value in (("num_classes", num_classes), ("image_size", height)):
+        if key not in explicit and cfg[key] != value:
+            cfg[key] = changed[key] = value
+    return changed
+
+
 def check_world(cfg, world):
     """Config checks that need the world size (ValueError naming the values and the fix)."""
     if cfg.num_classes < world:
@@ -122,21 +147,26 @@ def tensorboard_writer(cfg, rank, models_root):
     return SummaryWriter(os.path.join(models_root, "tensorboard"))
 
 
-def open_run(cfg, models_root, resume, rank, world, local_rank, logger):
+def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank, logger):
     """Everything of a run that can be checked before anything is written (no collectives,
     no writes): ValueError/OSError naming the problem. Returns a namespace of models_root,
-    resume_from (a checkpoint or None), train_iter, symbol, targets, ctx, bank_ctx."""
+    resume_from (a checkpoint or None), pretrained ((arg, aux) params or None), train_iter,
+    symbol, targets, ctx, bank_ctx."""
     if os.path.exists(models_root) and not os.path.isdir(models_root):
         raise ValueError(f"--models-root {models_root} is a file, not a directory")
     check_world(cfg, world)
     ctx, bank_ctx = resolve_contexts(cfg, local_rank)
-    resume_from = checkpoint.find_checkpoint(resume) if resume else None
-    if resume_from:
-        checkpoint.compatible_state(resume_from, cfg.num_classes, cfg.embedding_size)
     symbol = build_symbol(cfg)
+    warn = logger.warning if rank == 0 else (lambda message: None)
+    resume_from = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn)[0] \
+        if resume_path else None
     checkpoint.check_space(models_root, checkpoint.checkpoint_bytes(
         parameter_values(symbol, cfg.image_size), cfg.num_classes, cfg.embedding_size))
-    return SimpleNamespace(models_root=models_root, resume_from=resume_from, symbol=symbol,
+    if pretrained and resume_path:
+        raise ValueError("--pretrained starts a new run from trained weights; --resume continues "
+                         "one: give one of them")
+    weights = load_pretrained(pretrained, symbol, cfg.image_size, cfg.network) if pretrained else None
+    return SimpleNamespace(models_root=models_root, resume_from=resume_from, pretrained=weights, symbol=symbol,
                            train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
                            targets=load_targets(cfg, logger))
 
@@ -148,20 +178,30 @@ def parameter_values(symbol, image_size):
     return sum(int(np.prod(shape)) for shape in shapes)
 
 
-def run_callbacks(cfg, run, module, rank, world, logger):
-    """(batch-end callbacks for module.fit, finish(step)): checkpoints every ckpt_period,
-    verification every verbose steps, progress lines on rank 0; finish saves and verifies the
-    last step if the periods missed it and logs the final accuracy next to the raw-pixel
-    baseline. Checkpoints and verification are collectives: every rank runs them."""
+def run_callbacks(cfg, run, module, rank, world, logger, watchdog):
+    """(batch-end callbacks for module.fit, finish(step)): the step watchdog told of every
+    step and stage, checkpoints every ckpt_period, verification every verbose steps, progress
+    lines on rank 0; finish saves and verifies the last step if the periods missed it and
+    logs the final accuracy next to the raw-pixel baseline. Checkpoints and verification are
+    collectives: every rank runs them."""
+    module.on_stage = watchdog.stage
     saved_steps = set()
     train_state = {"world_size": world, "num_classes": cfg.num_classes,
                    "embedding_size": cfg.embedding_size, "config": cfg}
 
     def save(step):
         saved_steps.add(step)
+        watchdog.stage("checkpoint")
         checkpoint.save_checkpoint(run.models_root, step, module, run.symbol, run.train_iter, train_state,
                                    cfg.ckpt_keep)
+        watchdog.progress()
         logger.info("step %d: checkpoint saved", step)
+
+    def verify(step):
+        watchdog.stage("verification")
+        result = verifier(step)
+        watchdog.progress()
+        return result
 
     def embed_images(images):
         arg_params, aux_params = module.get_export_params()
@@ -169,8 +209,9 @@ def run_callbacks(cfg, run, module, rank, world, logger):
         return embed(to_nchw(images))
 
     writer = tensorboard_writer(cfg, rank, run.models_root)
-    verify = VerificationRunner(run.targets, embed_images, logger, run.models_root, writer)
-    callbacks = [PeriodicCallback(cfg.ckpt_period, save), PeriodicCallback(cfg.verbose, verify)]
+    verifier = VerificationRunner(run.targets, embed_images, logger, run.models_root, writer)
+    callbacks = [lambda info: watchdog.step_done(info.step, info.seconds),
+                 PeriodicCallback(cfg.ckpt_period, save), PeriodicCallback(cfg.verbose, verify)]
     if rank == 0:
         callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer))
 
@@ -182,5 +223,5 @@ def run_callbacks(cfg, run, module, rank, world, logger):
         for name, (images, issame) in (run.targets.items() if rank == 0 else ()):
             baseline = evaluate(raw_pixel_embed, images, issame)
             logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
-                        name, verify.last[name].accuracy, baseline.accuracy)
+                        name, verifier.last[name].accuracy, baseline.accuracy)
     return callbacks, finish

@@ -6,6 +6,8 @@ Layout of one checkpoint, `<models_root>/step-00000300/`:
                                             NDArray format: restoring never unpickles
     bank-rank<r>.params                     every rank's bank shard (weight, momentum, metadata)
     rank<r>.json                            every rank's sampler RNG and data position
+    aux-rank<r>.params                      every rank's own BatchNorm statistics (the model
+                                            holds their average over ranks)
     state.json                              step, world size, class count, config
     COMPLETE                                written last
 Every rank writes into `step-XXXXXXXX.partial`; after a barrier rank 0 writes COMPLETE and
@@ -168,6 +170,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
 
     def write_files():
         module.bank.save(os.path.join(partial, f"bank-rank{rank}.params"))
+        mx.nd.save(aux_path(partial, rank), module.backbone.get_params()[1])
         write_json(os.path.join(partial, f"rank{rank}.json"),
                    {"sampler": module.sampler.state_dict(), "data": data_iter.state_dict()})
         if rank == 0:
@@ -201,6 +204,10 @@ def read_state(checkpoint):
 def read_rank_state(checkpoint, rank):
     with open(os.path.join(checkpoint, f"rank{rank}.json")) as handle:
         return json.load(handle)
+
+
+def aux_path(checkpoint, rank):
+    return os.path.join(checkpoint, f"aux-rank{rank}.params")
 
 
 def bank_shard_paths(checkpoint, world_size):
@@ -242,7 +249,8 @@ def compatible_state(checkpoint, num_classes, embedding_size):
 def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_size):
     """Load a checkpoint into a built module (and data iterator); returns its step.
 
-    Same world size: everything continues exactly (bank shard, sampler RNG, data position).
+    Same world size: everything continues exactly (bank shard, sampler RNG, data position,
+    each rank's own BatchNorm statistics), bit for bit.
     Different world size: the bank is re-split from all old shards and the data position
     is carried over approximately (the same epoch, the same fraction of it).
     """
@@ -250,6 +258,8 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     state = compatible_state(checkpoint, num_classes, embedding_size)
     step, old_world, rank = state["step"], state["world_size"], dist.rank()
     _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(checkpoint), step)
+    if old_world == dist.size():          # this rank's own statistics, not the ranks' average
+        aux_params = mx.nd.load(aux_path(checkpoint, rank))
     module.backbone.set_params(arg_params, aux_params, allow_missing=False)
     load_optimizer_states(module, os.path.join(checkpoint, OPTIMIZER_FILE))
     module.set_num_update(step)

@@ -72,6 +72,7 @@ class SampleDistributeModule:
                                       context=self.contexts)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
         self.head = make_head(head_kernel, bank, margin, bank_optimizer)
+        self.on_stage = lambda name: None   # told each stage's name (the step watchdog listens)
         self._labels = None                 # this rank's integer labels of the current batch
         self._grad_all_embeddings = None    # this step's d loss / d (global embeddings), partial
 
@@ -181,9 +182,13 @@ class SampleDistributeModule:
         row NonFiniteError is raised.
         """
         aux_before = [[a.copy() for a in per_context] for per_context in self.backbone._exec_group.aux_arrays]
+        self.on_stage("forward")
         self.forward_backbone(data_batch)
+        self.on_stage("head")
         loss = self.loss_and_gradients()
+        self.on_stage("collective")
         if self.all_ranks_finite(loss):
+            self.on_stage("update")
             self.apply_updates()
             self.nonfinite_in_a_row = 0
             return float(loss.asscalar()), False
@@ -209,6 +214,7 @@ class SampleDistributeModule:
         """
         global_batch = self.batch_size * dist.size()
         while self.num_update < max_update:
+            self.on_stage("data")
             try:
                 batch = train_iter.next()
             except StopIteration:

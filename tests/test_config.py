@@ -367,3 +367,55 @@ def test_demo_preset_matches_the_demo_data_generator():
     assert demo.num_classes == defaults['num_identities']
     assert demo.image_size == defaults['image_size']
     assert demo.num_images == defaults['num_identities'] * defaults['images_per_identity']
+
+
+# ---- default.py: a run's config, fresh or resumed ------------------------------------
+
+def _saved_run():
+    """A run's saved config as a checkpoint's state.json holds it (JSON round trip)."""
+    cfg = default.config_for_run('emore', 'r50', 'cosface', ['loss_s=30', 'max_update=100'])
+    return json.loads(json.dumps(cfg))
+
+
+def test_config_for_run_fresh_applies_presets_then_overrides():
+    """Test that a fresh run is get_config's presets (demo by default) plus the overrides."""
+    assert default.config_for_run() == default.get_config()
+    cfg = default.config_for_run('emore', 'r50', 'cosface', ['loss_s=30'])
+    expected = default.get_config('emore', 'r50', 'cosface')
+    expected.loss_s = 30.0
+    assert cfg == expected
+    with pytest.raises(ValueError, match="--set network=r18: choose presets"):
+        default.config_for_run(overrides=['network=r18'])
+
+
+def test_config_for_run_resumed_keeps_the_saved_config():
+    """Test that resuming yields the saved config exactly (not the presets' values), with
+    keys missing from an older checkpoint filled from its presets, and allowed changes applied."""
+    saved = _saved_run()
+    assert default.config_for_run(resumed=saved) == saved
+    older = {k: v for k, v in saved.items() if k != 'head_kernel'}
+    assert default.config_for_run(resumed=older) == saved          # head_kernel from the presets
+    cfg = default.config_for_run('emore', 'r50', 'cosface', ['max_update=200', 'lr_steps=150'], resumed=saved)
+    assert (cfg.max_update, cfg.lr_steps, cfg.loss_s) == (200, [150], 30.0)
+
+
+@pytest.mark.parametrize("flags, overrides, message", [
+    ({}, ['loss_s=64'], "loss_s=64.0 would change the run being resumed, which has loss_s=30.0"),
+    ({'network': 'r100'}, [], "network='r100' would change the run being resumed, which has network='r50'"),
+    ({}, ['rec=/elsewhere/train.rec'], "rec='/elsewhere/train.rec'"),
+    ({}, ['embedding_size=128'], "embedding_size=128 would change"),
+])
+def test_config_for_run_resumed_refuses_changes_to_the_model_or_data(flags, overrides, message):
+    """Test that changing a key outside RESUME_MUTABLE on resume names the key and both values."""
+    with pytest.raises(ValueError) as error:
+        default.config_for_run(overrides=overrides, resumed=_saved_run(), **flags)
+    assert message in str(error.value)
+
+
+def test_resume_mutable_keys_exist_and_exclude_the_model():
+    """Test that every RESUME_MUTABLE key is a config key and none defines the model or data."""
+    base = default._base_config()
+    assert set(default.RESUME_MUTABLE) <= set(base)
+    model_and_data = {'rec', 'num_classes', 'image_size', 'network', 'embedding_size', 'loss', 'loss_s',
+                      'loss_m1', 'loss_m2', 'loss_m3', 'sample_ratio', 'batch_size', 'seed', 'dataset'}
+    assert not model_and_data & set(default.RESUME_MUTABLE)

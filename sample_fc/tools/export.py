@@ -1,16 +1,19 @@
 """Export a trained backbone to ONNX and check the file with onnxruntime.
 
-    python -m sample_fc.tools.export --model models/demo_mbf --onnx mbf.onnx [--batch-size 1]
+    python -m sample_fc.tools.export --model models/demo_mbf --onnx mbf.onnx [--check-batch-sizes 1 4]
 
 The ONNX model has input `data` (batch, 3, S, S), raw RGB pixels 0..255 (the symbol
 normalises them in the graph, as in training), and output `embeddings` (batch, D), not
-normalised. It is written by MXNet's exporter (mxnet.onnx.export_model), with two fixes
-made here:
+normalised; `batch` is a symbolic dimension (dim_param), so one file runs any batch size.
+It is written by MXNet's exporter (mxnet.onnx.export_model, dynamic=True), with fixes made here:
   - BatchNorm(fix_gamma=True) computes with gamma = 1 whatever value is stored (weight decay
     moves the stored one), but the exporter copies the stored gamma: those are set to 1.
   - the weights are stored as raw bytes, not element by element (see _raw_initializers).
+  - the exporter leaves every dynamic dimension unnamed (the output's D too): the batch axis
+    of input and output is named `batch`, the other dimensions are set to their values.
 Weights are initializers only, not also graph inputs. The check embeds random pixel batches
-with MXNet (inference mode) and onnxruntime and fails (exit 1) unless
+of each --check-batch-sizes size (at least two different ones, default 1 and 4) with MXNet
+(inference mode) and onnxruntime, and fails (exit 1) unless for every batch size
     max |onnx - mxnet| / max |mxnet| <= --tolerance (1e-4),
 i.e. the largest absolute difference relative to the largest embedding component.
 """
@@ -27,20 +30,25 @@ from .cli import make_parser, run_or_exit
 from .model_io import add_model_arguments, load_model
 
 TOLERANCE = 1e-4
+BATCH_AXIS = "batch"          # the ONNX name of the symbolic batch dimension
+CHECK_BATCH_SIZES = (1, 4)    # batch sizes the check runs by default
 
 
 @dataclass
 class ExportCheck:
-    max_abs: float        # max |onnx - mxnet| over all checked embeddings
+    """The check at one batch size."""
+    batch_size: int
+    max_abs: float        # max |onnx - mxnet| over the checked embeddings of this batch size
     reference_max: float  # max |mxnet|
-    output_shape: tuple
+    output_shape: tuple   # of the ONNX output at this batch size
 
     @property
     def relative(self):
         return self.max_abs / max(self.reference_max, 1e-12)
 
     def line(self):
-        return (f"max |onnx - mxnet| = {self.max_abs:.3g}, relative to max |mxnet| "
+        return (f"batch {self.batch_size}: output {self.output_shape}, "
+                f"max |onnx - mxnet| = {self.max_abs:.3g}, relative to max |mxnet| "
                 f"({self.reference_max:.3g}): {self.relative:.3g}")
 
 
@@ -93,8 +101,27 @@ def _raw_initializers():
         onnx.helper.make_tensor = original
 
 
-def export_onnx(symbol, arg_params, aux_params, image_size, batch_size, path):
-    """Write `path` (ONNX, static input shape (batch_size, 3, S, S)); returns it.
+def _name_batch_axis(model, symbol, image_size):
+    """Give the graph's input `data` the shape (batch, 3, S, S) and each output (batch, ...),
+    `batch` symbolic and the other dimensions their values (MXNet's inferred shapes)."""
+    _, output_shapes, _ = symbol.infer_shape(data=(1, 3, image_size, image_size))
+    shapes = {"data": (1, 3, image_size, image_size)}
+    shapes.update(zip((value.name for value in model.graph.output), output_shapes))
+    for value in list(model.graph.input) + list(model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) != len(shapes[value.name]):
+            raise ValueError(f"ONNX {value.name} has {len(dims)} dimensions, MXNet's has shape "
+                             f"{shapes[value.name]}")
+        for axis, (dim, size) in enumerate(zip(dims, shapes[value.name])):
+            dim.Clear()
+            if axis == 0:
+                dim.dim_param = BATCH_AXIS
+            else:
+                dim.dim_value = size
+
+
+def export_onnx(symbol, arg_params, aux_params, image_size, path):
+    """Write `path` (ONNX, input `data` (batch, 3, S, S) with a symbolic batch); returns it.
     ValueError naming the ops and nodes if the symbol has ops mxnet.onnx cannot convert."""
     import onnx
     from mxnet.onnx import export_model
@@ -107,8 +134,11 @@ def export_onnx(symbol, arg_params, aux_params, image_size, batch_size, path):
     params.update(aux_params)
     try:
         with _raw_initializers():
-            export_model(symbol, params, in_shapes=[(batch_size, 3, image_size, image_size)],
-                         in_types=[np.float32], onnx_file_path=path)
+            # in_shapes only seeds MXNet's shape inference; dynamic=True makes every Reshape
+            # read the batch from the tensor at run time (checked at several batch sizes)
+            export_model(symbol, params, in_shapes=[(1, 3, image_size, image_size)],
+                         in_types=[np.float32], onnx_file_path=path, dynamic=True,
+                         dynamic_input_shapes=[(None, 3, image_size, image_size)])
     except NotImplementedError as err:      # a supported op with unsupported attributes
         raise ValueError(f"mxnet.onnx cannot convert this symbol: {err}") from err
     model = onnx.load(path)
@@ -116,67 +146,90 @@ def export_onnx(symbol, arg_params, aux_params, image_size, batch_size, path):
     inputs = [value for value in model.graph.input if value.name not in initializers]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
+    _name_batch_axis(model, symbol, image_size)
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
 
 
-def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, batch_size, ctx,
-                       batches=2, seed=0):
-    """ExportCheck of the ONNX file against MXNet (inference mode, these params) on
-    `batches` batches of uniform random pixels 0..255."""
+def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, ctx,
+                       batch_sizes=CHECK_BATCH_SIZES, batches=2, seed=0):
+    """[ExportCheck per batch size] of the ONNX file against MXNet (inference mode, these
+    params), each on `batches` batches of uniform random pixels 0..255. ValueError if
+    onnxruntime cannot run a batch size (e.g. a file with a static batch) or gives another
+    output shape than MXNet."""
     import onnxruntime
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
     rng = np.random.default_rng(seed)
-    shape = (batch_size, 3, image_size, image_size)
-    module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=ctx)
-    module.bind(data_shapes=[("data", shape)], for_training=False)
-    module.set_params(arg_params, aux_params, allow_missing=False)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = omp_threads() or 0     # 0: onnxruntime's default
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    max_abs = reference_max = 0.0
-    for _ in range(batches):
-        pixels = rng.uniform(0, 255, shape).astype(np.float32)
-        module.forward(mx.io.DataBatch([mx.nd.array(pixels, ctx=ctx)]), is_train=False)
-        reference = module.get_outputs()[0].asnumpy()
-        exported = session.run(None, {"data": pixels})[0]
-        if exported.shape != reference.shape:
-            raise ValueError(f"{path}: output shape {exported.shape}, MXNet gives {reference.shape}")
-        max_abs = max(max_abs, float(np.abs(exported - reference).max()))
-        reference_max = max(reference_max, float(np.abs(reference).max()))
-    return ExportCheck(max_abs, reference_max, tuple(exported.shape))
+    checks = []
+    for batch_size in batch_sizes:
+        shape = (batch_size, 3, image_size, image_size)
+        module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=ctx)
+        module.bind(data_shapes=[("data", shape)], for_training=False)
+        module.set_params(arg_params, aux_params, allow_missing=False)
+        max_abs = reference_max = 0.0
+        for _ in range(batches):
+            pixels = rng.uniform(0, 255, shape).astype(np.float32)
+            module.forward(mx.io.DataBatch([mx.nd.array(pixels, ctx=ctx)]), is_train=False)
+            reference = module.get_outputs()[0].asnumpy()
+            try:
+                exported = session.run(None, {"data": pixels})[0]
+            except (ort_errors.InvalidArgument, ort_errors.RuntimeException, ort_errors.Fail) as err:
+                raise ValueError(f"{path}: onnxruntime cannot run a batch of {batch_size}: "
+                                 f"{' '.join(str(err).split())}") from err
+            if exported.shape != reference.shape:
+                raise ValueError(f"{path}: output shape {exported.shape} for a batch of "
+                                 f"{batch_size}, MXNet gives {reference.shape}")
+            max_abs = max(max_abs, float(np.abs(exported - reference).max()))
+            reference_max = max(reference_max, float(np.abs(reference).max()))
+        checks.append(ExportCheck(batch_size, max_abs, reference_max, tuple(exported.shape)))
+    return checks
 
 
 def main(argv=None):
     parser = make_parser("sample_fc.tools.export", __doc__)
     add_model_arguments(parser, batch_size=False)
     parser.add_argument("--onnx", required=True, metavar="OUT.onnx", help="file to write")
-    parser.add_argument("--batch-size", type=int, default=1, help="the ONNX input's (static) batch size")
+    parser.add_argument("--check-batch-sizes", type=int, nargs="+", default=list(CHECK_BATCH_SIZES),
+                        metavar="N", help="batch sizes the onnxruntime check runs, at least two "
+                                          "different ones (default "
+                                          f"{' '.join(map(str, CHECK_BATCH_SIZES))}); the "
+                                          "file itself accepts any batch size")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
                         help="largest allowed max|onnx - mxnet| / max|mxnet| (default %(default)g)")
-    parser.add_argument("--check-batches", type=int, default=2, help="random batches compared")
+    parser.add_argument("--check-batches", type=int, default=2,
+                        help="random batches compared per batch size (default %(default)s)")
     args = parser.parse_args(argv)
-    if args.batch_size <= 0 or args.check_batches <= 0:
-        parser.error(f"--batch-size and --check-batches must be positive, got "
-                     f"{args.batch_size} and {args.check_batches}")
+    if min(args.check_batch_sizes) <= 0 or len(set(args.check_batch_sizes)) < 2:
+        parser.error(f"--check-batch-sizes needs at least two different positive sizes, got "
+                     f"{' '.join(map(str, args.check_batch_sizes))}")
+    if args.check_batches <= 0:
+        parser.error(f"--check-batches must be positive, got {args.check_batches}")
+
     def work():
         model = load_model(args.model, args.image_size)
-        export_onnx(model.symbol, model.arg_params, model.aux_params, model.image_size,
-                    args.batch_size, args.onnx)
+        export_onnx(model.symbol, model.arg_params, model.aux_params, model.image_size, args.onnx)
         return model, compare_with_mxnet(args.onnx, model.symbol, model.arg_params, model.aux_params,
-                                         model.image_size, args.batch_size, args.context,
+                                         model.image_size, args.context, args.check_batch_sizes,
                                          args.check_batches)
 
-    model, check = run_or_exit(parser, work)
-    print(f"wrote {args.onnx}: input data ({args.batch_size}, 3, {model.image_size}, "
-          f"{model.image_size}), output embeddings {check.output_shape}")
-    print("onnxruntime check: " + check.line())
-    if not check.relative <= args.tolerance:
+    model, checks = run_or_exit(parser, work)
+    embedding_size = checks[0].output_shape[1]
+    print(f"wrote {args.onnx}: input data ({BATCH_AXIS}, 3, {model.image_size}, "
+          f"{model.image_size}), output embeddings ({BATCH_AXIS}, {embedding_size})")
+    for check in checks:
+        print("onnxruntime check, " + check.line())
+    worst = max(checks, key=lambda check: check.relative)
+    if not worst.relative <= args.tolerance:
         parser.exit(1, f"{parser.prog}: error: the ONNX model does not match MXNet: relative "
-                       f"difference {check.relative:.3g} > tolerance {args.tolerance:g} "
-                       f"({args.onnx} is kept for inspection)\n")
-    print(f"ok: relative difference {check.relative:.3g} <= tolerance {args.tolerance:g}")
+                       f"difference {worst.relative:.3g} at batch {worst.batch_size} > tolerance "
+                       f"{args.tolerance:g} ({args.onnx} is kept for inspection)\n")
+    print(f"ok: relative difference {worst.relative:.3g} <= tolerance {args.tolerance:g} "
+          f"at batch sizes {', '.join(str(check.batch_size) for check in checks)}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Load a trained backbone for the command-line tools (verify, embed, export).
+"""Load a trained backbone: for the command-line tools (verify, embed, export), and its
+weights alone for fine-tuning (load_pretrained, train.py --pretrained).
 
 `--model PREFIX[,EPOCH]` names what mx.model.load_checkpoint(PREFIX, EPOCH) reads:
 PREFIX-symbol.json and PREFIX-EPOCH.params (EPOCH printed with at least 4 digits). PREFIX
@@ -20,6 +21,7 @@ from typing import Optional
 
 import mxnet as mx
 
+from .. import resume
 from ..checkpoint import find_checkpoint, model_prefix
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
 
@@ -177,3 +179,27 @@ def load_model(spec, image_size=None):
         raise ValueError(f"--image-size {image_size}: the params of {params_file} do not fit "
                          f"{image_size}x{image_size} inputs; omit --image-size to infer it")
     return LoadedModel(symbol, arg_params, aux_params, prefix, epoch, image_size, _read_config(prefix))
+
+
+def load_pretrained(spec, symbol, image_size, network):
+    """(arg_params, aux_params) of a trained backbone for fine-tuning: `spec` is PREFIX[,EPOCH]
+    (as mx.model.load_checkpoint), a checkpoint dir or a models root. Only the .params file
+    is read (MXNet's NDArray format, never the optimizer state); ValueError naming the layer
+    when it does not fit this run's `symbol`."""
+    path, epoch = parse_model_spec(spec)
+    prefix = resolve_prefix(path, epoch)
+    epoch = epoch if epoch is not None else (available_epochs(prefix) or [None])[-1]
+    params = f"{prefix}-{epoch:04d}.params" if epoch is not None else f"{prefix}-NNNN.params"
+    if not os.path.isfile(params):
+        raise FileNotFoundError(f"--pretrained {spec}: {params} does not exist")
+    try:
+        loaded = mx.nd.load(params)
+    except mx.base.MXNetError as err:
+        raise ValueError(f"--pretrained {spec}: {params} cannot be read "
+                         f"({str(err).strip().splitlines()[-1]})") from None
+    differences = resume.param_differences(loaded, symbol, image_size)
+    if differences:
+        raise ValueError(f"--pretrained {spec} does not fit this run's network {network!r} at "
+                         f"{image_size} px: {differences[0]} ({len(differences)} differences)")
+    return ({k[4:]: v for k, v in loaded.items() if k.startswith("arg:")},
+            {k[4:]: v for k, v in loaded.items() if k.startswith("aux:")})

@@ -93,3 +93,25 @@ def test_bad_set_key_is_named(tmp_path):
                             timeout=120, cwd=str(REPO), env=single_thread_env())
     assert result.returncode == 2
     assert "unknown config key 'lrr'" in result.stderr and "'lr'" in result.stderr
+
+
+def test_dataset_property_sets_classes_and_image_size(tmp_path):
+    """Test that a dataset's property file decides num_classes and image_size when the command
+    line does not (a 48 px, 6-identity set is not trained as the demo's 32 px, 200 classes),
+    said once, and that an explicit --set image_size wins."""
+    from sample_fc.launch import run_job
+    from sample_fc.tools.demo_data import make_demo
+    make_demo(str(tmp_path / "set"), num_identities=6, images_per_identity=8, num_val_identities=4,
+              num_pairs=10, image_size=48, progress=False)
+    base = [sys.executable, str(REPO / "train.py"), "--set", f"rec={tmp_path / 'set' / 'train.rec'}",
+            "--set", "max_update=2", "--set", "batch_size=4", "--set", "embedding_size=16"]
+    result = run_job(base + ["--models-root", str(tmp_path / "auto")], num_proc=2, timeout_s=300,
+                     cwd=str(tmp_path), env=single_thread_env())
+    assert result.returncode == 0, per_rank_tail(result.output)
+    config = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert (config["num_classes"], config["image_size"]) == (6, 48)
+    assert result.output.count("image_size=48 from the dataset's property file") == 1
+    result = run_job(base + ["--models-root", str(tmp_path / "explicit"), "--set", "image_size=32"],
+                     num_proc=2, timeout_s=300, cwd=str(tmp_path), env=single_thread_env())
+    assert result.returncode == 0, per_rank_tail(result.output)
+    assert json.loads((tmp_path / "explicit" / "config.json").read_text())["image_size"] == 32

@@ -1,0 +1,178 @@
+"""Restart a failed training job from its newest complete checkpoint.
+
+    python -m sample_fc.launch --max-restarts N [--min-workers M] -np ... -H ... python train.py ...
+
+Runs horovodrun; when the job exits non-zero it is started again, up to N times, with
+SAMPLE_FC_AUTO_RESUME=1 in the environment, so train.py resumes from the newest complete
+checkpoint of its models root (and starts fresh when there is none). Each restart is logged
+with its cause (exit code, the failing rank's error line) and the step it resumes from. It
+re-reads the hosts (-H or --hostfile) and keeps those still reachable (ssh); fewer workers
+resume with the bank resharded; fewer than --min-workers stops. Not retried: a mistake in the
+config or the data (exit code 2), or the same error line twice in a row from the same
+checkpoint (a rank that is killed or hangs says nothing deterministic and is retried).
+"""
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+
+AUTO_RESUME_ENV = "SAMPLE_FC_AUTO_RESUME"
+MISTAKE_EXIT = 2
+MODELS_ROOT_LINE = re.compile(r"models root ([^;\s]+)")
+STEP_LINE = re.compile(r"step (\d+)/\d+ ")
+LOCAL_HOSTS = {"localhost", "127.0.0.1", socket.gethostname()}
+
+
+def log(message):
+    print(f"[restart] {message}", file=sys.stderr, flush=True)
+
+
+def option_value(args, *names):
+    """The value after the first of `names` in args (or in name=value form), else None."""
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def replace_option(args, names, value):
+    """args with the value of option `names` (spelled like its first use) set to value."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in names:
+            out += [args[i], value]
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def parse_hosts(text):
+    """'h1:4,h2:2' -> [('h1', 4), ('h2', 2)] (a host without slots has 1)."""
+    hosts = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, slots = part.partition(":")
+        hosts.append((name, int(slots) if slots else 1))
+    return hosts
+
+
+def read_hostfile(path):
+    """A hostfile's hosts: lines 'host slots=N' or 'host:N' ('#' comments)."""
+    hosts = []
+    with open(path) as handle:
+        for line in handle:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            match = re.match(r"(\S+)\s+slots\s*=\s*(\d+)", line)
+            hosts += [(match.group(1), int(match.group(2)))] if match else parse_hosts(line)
+    return hosts
+
+
+def ssh_reachable(host, args, timeout_s=10):
+    if host in LOCAL_HOSTS:
+        return True
+    command = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout_s}", "-o", "StrictHostKeyChecking=no"]
+    port, identity = option_value(args, "--ssh-port", "-p"), option_value(args, "--ssh-identity-file", "-i")
+    command += (["-p", port] if port else []) + (["-i", identity] if identity else []) + [host, "true"]
+    try:
+        return subprocess.run(command, capture_output=True, timeout=timeout_s + 5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def current_hosts(args, reachable=ssh_reachable):
+    """(hosts still reachable, total hosts) from -H/--hosts or --hostfile, re-read now; None
+    when the command names no hosts (horovodrun's default: this machine)."""
+    text, hostfile = option_value(args, "-H", "--hosts"), option_value(args, "-hostfile", "--hostfile")
+    hosts = read_hostfile(hostfile) if hostfile else parse_hosts(text) if text else None
+    if hosts is None:
+        return None
+    return [(name, slots) for name, slots in hosts if reachable(name, args)], hosts
+
+
+def run_streaming(command, env):
+    """Run command, passing its output through; returns (exit code, its last 400 lines)."""
+    tail = deque(maxlen=400)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line.rstrip("\n"))
+    return proc.returncode, list(tail)
+
+
+def cause_of(code, lines):
+    """(what ended the job, whether it said so itself): a rank's `train.py: error:` line, else
+    the launcher's line naming the first process to exit (a killed rank says nothing)."""
+    said = [line.split("train.py: error: ", 1)[1].strip() for line in lines if "train.py: error: " in line]
+    if said:
+        return f"exit code {code}, {said[0]}", True
+    launcher = [line.strip() for line in lines if "exited first" in line or "exit with status code" in line]
+    return f"exit code {code}" + (f" ({launcher[-1]})" if launcher else ""), False
+
+
+def newest_step(lines):
+    """(models root, newest complete checkpoint step or None) from the job's output."""
+    roots = [m.group(1) for line in lines for m in [MODELS_ROOT_LINE.search(line)] if m]
+    if not roots:
+        return None, None
+    from .checkpoint import list_checkpoints
+    found = list_checkpoints(roots[-1])
+    return roots[-1], (found[-1][0] if found else None)
+
+
+def last_step(lines):
+    steps = [int(m.group(1)) for line in lines for m in [STEP_LINE.search(line)] if m]
+    return steps[-1] if steps else None
+
+
+def supervise(horovodrun_argv, max_restarts, min_workers=1):
+    """Run `horovodrun_argv` (a full command line) until it succeeds, restarting it from its
+    newest checkpoint up to max_restarts times. Returns the exit code to end with."""
+    env = dict(os.environ, **{AUTO_RESUME_ENV: "1"})
+    args, previous, restarts, redone, lost_s = list(horovodrun_argv), None, 0, 0, 0.0
+    while True:
+        start = time.monotonic()
+        code, lines = run_streaming(args, env)
+        if code == 0:
+            if restarts:
+                log(f"done after {restarts} restart(s): {redone} steps redone, "
+                    f"{lost_s:.0f} s spent in failed attempts")
+            return 0
+        lost_s += time.monotonic() - start
+        root, step = newest_step(lines)
+        cause, said = cause_of(code, lines)
+        if code == MISTAKE_EXIT:
+            log(f"not restarted: {cause} is a mistake in the config or the data; fix it and run again")
+            return code
+        if said and previous == (cause, step):
+            log(f"not restarted: the same error twice at the same step ({cause})")
+            return code
+        if restarts >= max_restarts:
+            log(f"giving up after {restarts} restart(s): {cause}")
+            return code
+        hosts = current_hosts(args)
+        if hosts is not None:
+            alive, listed = hosts
+            workers = min(int(option_value(args, "-np", "--num-proc") or 0), sum(s for _, s in alive))
+            if workers < min_workers:
+                log(f"not restarted: {workers} worker slot(s) reachable on {len(alive)} of {len(listed)} "
+                    f"host(s), fewer than --min-workers {min_workers}")
+                return code
+            if option_value(args, "-H", "--hosts"):
+                args = replace_option(args, ("-H", "--hosts"), ",".join(f"{n}:{s}" for n, s in alive))
+            args = replace_option(args, ("-np", "--num-proc"), str(workers))
+        failed_at = last_step(lines)
+        redone += max(0, (failed_at or 0) - (step or 0))
+        previous, restarts = (cause, step), restarts + 1
+        log(f"restart {restarts}/{max_restarts} after {cause}; resuming from "
+            f"{f'step {step} in {root}' if step is not None else 'the start (no checkpoint yet)'}")

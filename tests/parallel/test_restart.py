@@ -1,0 +1,117 @@
+"""Test that a job survives lost and hung workers: the step watchdog ends a hung job, and
+`--max-restarts` restarts a failed one from its newest checkpoint until it finishes with
+the same final state as an uninterrupted run."""
+import os
+import re
+import sys
+
+import numpy as np
+
+from conftest import REPO, TINY_TRAIN, WORKERS, per_rank_tail
+from sample_fc.launch import run_bounded, single_thread_env
+from sample_fc.restart import current_hosts, replace_option
+from test_train import checkpoint_arrays
+
+STEPS, PERIOD = 60, 10
+SOAK = ["--set", f"max_update={STEPS}", "--set", f"ckpt_period={PERIOD}", "--set", "frequent=1",
+        "--set", "sample_ratio=0.5", "--set", "step_timeout_s=6", "--set", "ckpt_keep=2"]
+
+
+def launch(argv, tmp_path, restarts=None, env_extra=None, timeout_s=420):
+    options = ["--max-restarts", str(restarts)] if restarts is not None else []
+    command = [sys.executable, "-m", "sample_fc.launch", *options, "-np", "2", "-H", "localhost:2", "--gloo",
+               sys.executable, *map(str, argv)]
+    env = single_thread_env(env_extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    result = run_bounded(command, timeout_s=timeout_s, env=env, cwd=str(tmp_path))
+    assert not result.timed_out, f"hung, killed after {timeout_s} s:\n{per_rank_tail(result.output)}"
+    return result
+
+
+def losses_by_step(train_log):
+    """{step: loss} from a train.log with frequent=1; a step logged again after a restart keeps
+    its last value (the run that went on from it)."""
+    found = {}
+    for match in re.finditer(r"step (\d+)/\d+ .* loss ([\d.]+)", train_log.read_text()):
+        found[int(match.group(1))] = float(match.group(2))
+    return found
+
+
+def planned_faults(seed=3):
+    """3 SIGKILLs of a random rank at random updates (one inside a checkpoint save) and one
+    hang of every rank, at distinct steps."""
+    rng = np.random.default_rng(seed)
+    kills = sorted(int(s) for s in rng.choice([s for s in range(5, STEPS - 2) if s % PERIOD], 2, replace=False))
+    in_save = int(rng.choice(range(2 * PERIOD, STEPS, PERIOD)))
+    hang = int(rng.choice([s for s in range(5, STEPS - 2) if s % PERIOD and s not in kills]))
+    ranks = rng.integers(0, 2, 3)
+    return [f"sigkill:{kills[0]}:{ranks[0]}", f"sigkill:{kills[1]}:{ranks[1]}",
+            f"kill_in_save:{in_save}:{ranks[2]}", f"hang_all:{hang}"]
+
+
+def test_soak_restarts_reach_the_uninterrupted_final_state(tiny_data, tmp_path):
+    """Test that with 3 SIGKILLs (one in a checkpoint save) and one all-ranks hang, a job with
+    --max-restarts 5 exits 0 and its final backbone, bank (weights and momentum) and per-step
+    losses equal an uninterrupted run's."""
+    common = [*TINY_TRAIN, "--set", f"rec={tiny_data}", *SOAK]
+    straight = launch([REPO / "train.py", "--models-root", tmp_path / "straight", *common], tmp_path)
+    assert straight.returncode == 0, per_rank_tail(straight.output)
+
+    faults, markers = planned_faults(), tmp_path / "markers"
+    markers.mkdir()
+    soak = launch([WORKERS / "soak_train.py", "--models-root", tmp_path / "soak", *common], tmp_path,
+                  restarts=5, env_extra={"SAMPLE_FC_FAULTS": ",".join(faults), "SAMPLE_FC_FAULT_DIR": str(markers)})
+    assert soak.returncode == 0, per_rank_tail(soak.output)
+    assert sorted(os.listdir(markers)) == sorted(
+        ["hang_all-%s-rank0" % faults[3].split(":")[1], "hang_all-%s-rank1" % faults[3].split(":")[1],
+         "sigkill-%s" % faults[0].split(":")[1], "sigkill-%s" % faults[1].split(":")[1],
+         "kill_in_save-%s" % faults[2].split(":")[1]]), "not every fault fired"
+    restarts = re.findall(r"\[restart\] restart (\d)/5 after (.*); resuming from (.*)", soak.output)
+    expected = []                                 # the newest complete checkpoint at each fault
+    for kind, at, *_ in sorted((f.split(":") for f in faults), key=lambda f: int(f[1])):
+        newest = int(at) - PERIOD if kind == "kill_in_save" else int(at) // PERIOD * PERIOD
+        expected.append(f"step {newest}" if newest else "the start")
+    resumed_from = [" ".join(where.split()[:2]) for _, _, where in restarts]
+    assert resumed_from == expected, restarts
+    assert "made no progress" in soak.output and "stage " in soak.output      # the watchdog's line
+    print("\nSOAK faults", faults, "restarts:", *restarts, sep="\n  ")
+    print(re.findall(r"\[restart\] done after .*", soak.output))
+
+    final = f"step-{STEPS:08d}"              # bit-equal: backbone, BatchNorm statistics, bank, momentum
+    soak_state, straight_state = (checkpoint_arrays(str(tmp_path / run / final), 2) for run in ("soak", "straight"))
+    assert sorted(soak_state) == sorted(straight_state)
+    assert [k for k in soak_state if not np.array_equal(soak_state[k], straight_state[k])] == []
+    soak_losses, straight_losses = (losses_by_step(tmp_path / run / "train.log") for run in ("soak", "straight"))
+    assert sorted(soak_losses) == list(range(1, STEPS + 1)) and soak_losses == straight_losses
+
+
+def test_all_ranks_hung_ends_within_the_step_timeout(tiny_data, tmp_path):
+    """Test that when every rank hangs outside a collective (Horovod's stall check cannot see
+    it), the watchdog ends the job within step_timeout_s + 30 s with a line naming the rank,
+    step and stage; without restarts the launcher exits non-zero."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    result = launch([WORKERS / "soak_train.py", "--models-root", tmp_path / "m", *TINY_TRAIN,
+                     "--set", f"rec={tiny_data}", "--set", "max_update=40", "--set", "step_timeout_s=6"],
+                    tmp_path, env_extra={"SAMPLE_FC_FAULTS": "hang_all:8", "SAMPLE_FC_FAULT_DIR": str(markers)})
+    assert result.returncode == 1, per_rank_tail(result.output)
+    assert re.search(r"train.py: error: rank \d made no progress for \d+ s \(step_timeout_s=6\) in step 9, "
+                     r"stage forward", result.output), per_rank_tail(result.output)
+    hung_at = result.output.index("INJECTING hang")
+    assert result.seconds < 6 + 30 + 15, result.seconds          # + start-up and 8 steps
+    assert hung_at >= 0
+
+
+def test_a_mistake_is_not_restarted(tmp_path):
+    """Test that --max-restarts does not retry a config mistake (exit 2)."""
+    result = launch([REPO / "train.py", "--set", "bogus=1"], tmp_path, restarts=3, timeout_s=120)
+    assert result.returncode == 2
+    assert "not restarted" in result.output and "restart 1/3" not in result.output
+
+
+def test_restart_keeps_the_reachable_hosts():
+    """Test that a restart re-reads -H and keeps only reachable hosts with their slots."""
+    args = ["-np", "4", "-H", "localhost:2,gone:2", "python", "train.py"]
+    alive, listed = current_hosts(args, reachable=lambda host, _: host != "gone")
+    assert alive == [("localhost", 2)] and listed == [("localhost", 2), ("gone", 2)]
+    assert replace_option(args, ("-H", "--hosts"), "localhost:2")[:4] == ["-np", "4", "-H", "localhost:2"]

@@ -1,0 +1,126 @@
+"""Test that --resume continues the run it names: its own config and models root, allowed
+overrides only, damaged checkpoints skipped or named, nothing written before the checks."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO, per_rank_tail, run_train
+from sample_fc.checkpoint import list_checkpoints
+from sample_fc.launch import run_job, single_thread_env
+from test_train import assert_same, checkpoint_arrays
+
+CUSTOM = ["--loss", "cosface", "--set", "loss_s=24", "--set", "loss_m3=0.3", "--set", "sample_ratio=0.5",
+          "--set", "ckpt_period=4"]
+
+
+def resume_only(*args, num_proc=2, cwd=None):
+    """train.py --resume ... with nothing else from the original command line."""
+    argv = [sys.executable, str(REPO / "train.py"), *map(str, args)]
+    result = run_job(argv, num_proc=num_proc, timeout_s=300, cwd=str(cwd or REPO), env=single_thread_env())
+    assert not result.timed_out, per_rank_tail(result.output)
+    return result
+
+
+def one_error_line(result):
+    lines = [line for line in result.output.splitlines() if "train.py: error:" in line]
+    assert result.returncode == 2 and len(lines) == 1, per_rank_tail(result.output)
+    assert "Traceback" not in result.output and "Segmentation" not in result.output
+    return lines[0]
+
+
+def snapshot(root):
+    return {path: path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def test_resume_takes_the_runs_config_and_root(tiny_data, tmp_path):
+    """Test that `--resume ROOT --set max_update=8` alone continues a run trained with a custom
+    loss and sampling (not the defaults) in ROOT, exactly as an uninterrupted run of 8 steps."""
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    assert run_train(straight, tiny_data, "--set", "max_update=8", *CUSTOM).returncode == 0
+    assert run_train(interrupted, tiny_data, "--set", "max_update=4", *CUSTOM).returncode == 0
+    result = resume_only("--resume", interrupted, "--set", "max_update=8")
+    assert result.returncode == 0, per_rank_tail(result.output)
+    config = json.loads((interrupted / "config.json").read_text())
+    assert (config["loss"], config["loss_s"], config["loss_m3"], config["sample_ratio"]) == ("cosface", 24.0, 0.3, 0.5)
+    assert config["max_update"] == 8 and config["num_classes"] == 16
+    assert_same(checkpoint_arrays(str(interrupted / "step-00000008"), 2),
+                checkpoint_arrays(str(straight / "step-00000008"), 2))
+
+
+def test_changing_a_fixed_key_on_resume_is_refused(tiny_data, tmp_path):
+    """Test that changing the model on resume (loss_s, --network) is one line naming the key and
+    both values, exit 2, and the run's files stay byte-identical."""
+    root = tmp_path / "run"
+    assert run_train(root, tiny_data, "--set", "max_update=4", *CUSTOM).returncode == 0
+    before = snapshot(root)
+    line = one_error_line(resume_only("--resume", root, "--set", "loss_s=64"))
+    assert "loss_s=64.0" in line and "loss_s=24.0" in line, line
+    line = one_error_line(resume_only("--resume", root, "--network", "r18"))
+    assert "network='r18'" in line and "network='mbf'" in line, line
+    assert snapshot(root) == before
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_previous(tiny_data, tmp_path):
+    """Test that with a bank shard of the newest checkpoint deleted, resume says so, uses the
+    previous complete checkpoint, and finishes the run."""
+    root = tmp_path / "run"
+    assert run_train(root, tiny_data, "--set", "max_update=8", *CUSTOM).returncode == 0
+    os.remove(root / "step-00000008" / "bank-rank1.params")
+    result = resume_only("--resume", root, "--set", "max_update=10")
+    assert result.returncode == 0, per_rank_tail(result.output)
+    assert "bank-rank1.params is missing" in result.output and "at step 4" in result.output
+    assert [s for s, _ in list_checkpoints(root)][-1] == 10
+
+
+def test_damaged_checkpoint_named_directly_is_one_line(tiny_data, tmp_path):
+    """Test that resuming a checkpoint whose backbone params were deleted (MXNet used to
+    segfault) or truncated stops with one line naming the file, and writes nothing."""
+    root = tmp_path / "run"
+    assert run_train(root, tiny_data, "--set", "max_update=4", *CUSTOM).returncode == 0
+    checkpoint = root / "step-00000004"
+    params = checkpoint / "model-0004.params"
+    data = params.read_bytes()
+    params.write_bytes(data[: len(data) // 2])
+    before = snapshot(root)
+    assert "model-0004.params cannot be read" in one_error_line(resume_only("--resume", checkpoint))
+    os.remove(params)
+    assert "model-0004.params is missing" in one_error_line(resume_only("--resume", checkpoint))
+    assert snapshot(root) == {k: v for k, v in before.items() if k != params}
+
+
+def test_resume_path_without_checkpoints_writes_nothing(tmp_path):
+    """Test that a --resume path with no complete checkpoint is one line and creates nothing."""
+    (tmp_path / "empty").mkdir()
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "--resume", str(tmp_path / "empty")],
+                            capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                            env=single_thread_env())
+    assert result.returncode == 2 and "no complete checkpoint" in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and sorted(os.listdir(tmp_path)) == ["empty"]
+    assert not os.listdir(tmp_path / "empty")
+
+
+def test_pretrained_loads_backbone_weights_only(tiny_data, tmp_path):
+    """Test that --pretrained starts a new run from a trained backbone (after one step at a
+    negligible lr its weights still equal the source's), with a fresh bank, and that a
+    backbone that does not fit (another embedding size) is one line naming the layer."""
+    import mxnet as mx
+    from sample_fc.memory_bank import read_shard
+    source = tmp_path / "source"
+    assert run_train(source, tiny_data, "--set", "max_update=4").returncode == 0
+    tuned = tmp_path / "tuned"
+    result = run_train(tuned, tiny_data, "--set", "max_update=1", "--set", "lr=1e-9",
+                       "--pretrained", source)
+    assert result.returncode == 0, per_rank_tail(result.output)
+    _, trained, _ = mx.model.load_checkpoint(str(source / "step-00000004" / "model"), 4)
+    _, started, _ = mx.model.load_checkpoint(str(tuned / "step-00000001" / "model"), 1)
+    assert sorted(trained) == sorted(started)
+    for name in trained:
+        assert abs(started[name] - trained[name]).max().asscalar() <= 1e-6, name
+    bank_source = read_shard(str(source / "step-00000004" / "bank-rank0.params"))[1].asnumpy()
+    bank_tuned = read_shard(str(tuned / "step-00000001" / "bank-rank0.params"))[1].asnumpy()
+    assert abs(bank_source - bank_tuned).max() > 1e-3           # the class centers start fresh
+    line = one_error_line(run_train(tmp_path / "bad", tiny_data, "--set", "embedding_size=64",
+                                    "--pretrained", f"{source},4"))
+    assert "--pretrained" in line and "embedding" in line and "64" in line, line
+    assert not (tmp_path / "bad").exists()
