@@ -88,9 +88,9 @@ def build_config(args):
         ensure_demo(os.path.dirname(cfg.rec), log=lambda line: print(line, flush=True))
     if not args.resume:
         explicit = {text.split("=", 1)[0].strip() for text in args.overrides}
-        for key, value in builder.fill_from_property(cfg, explicit).items():
+        for note in builder.fill_from_property(cfg, explicit):
             if launcher_rank() == 0:
-                print(f"train.py: {key}={value} from the dataset's property file", flush=True)
+                print(f"train.py: {note}", flush=True)
         default.check_config(cfg)
     return cfg
 

@@ -112,9 +112,10 @@ def log_to_file(logger, path):
 
 def fill_from_property(cfg, explicit):
     """Take num_classes and image_size from the dataset's `property` file (beside cfg.rec)
-    for the keys not in `explicit` (those the command line set); returns {key: value} of
-    what changed. The dataset describes itself: a 112 px set is not trained at a preset's
-    32 px without a word."""
+    for the keys not in `explicit` (those the command line set); returns the lines to tell
+    the user (what was taken, or that an explicit image size resizes the stored images). The
+    dataset describes itself: a 112 px set is not trained at a preset's 32 px without a word.
+    An explicit num_classes that disagrees is refused when the data is opened."""
     if cfg.synthetic or not cfg.rec:
         return {}
     prop = read_property(os.path.dirname(os.path.abspath(cfg.rec)))
@@ -124,11 +125,15 @@ def fill_from_property(cfg, explicit):
     if height != width and "image_size" not in explicit:
         raise ValueError(f"the property beside {cfg.rec} says {height}x{width} images; training takes "
                          f"square inputs: set image_size (images are resized to it)")
-    changed = {}
+    notes = []
     for key, value in (("num_classes", num_classes), ("image_size", height)):
         if key not in explicit and cfg[key] != value:
-            cfg[key] = changed[key] = value
-    return changed
+            cfg[key] = value
+            notes.append(f"{key}={value} from the dataset's property file")
+    if "image_size" in explicit and cfg.image_size != height:
+        notes.append(f"the dataset's images are {height}x{width} px and train at image_size="
+                     f"{cfg.image_size} (resized as they are read)")
+    return notes
 
 
 def check_world(cfg, world):

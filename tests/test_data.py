@@ -244,3 +244,18 @@ def test_clear_errors_for_files_sizes_and_classes(tmp_path):
     it = FaceRecordIter(str(tmp_path / "train.rec"), batch_size=2, seed=1)
     with pytest.raises(ValueError, match="seed 7, this iterator has seed 1"):
         it.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 7})
+
+
+def test_truncated_rec_and_swapped_paths_are_named(dataset, tmp_path):
+    """Test that a .rec cut to 2/3 (its .idx points past the end) and a rec path that is the
+    .idx are refused with the path and the fix, not a TypeError while reading."""
+    import shutil
+    folder, _ = dataset
+    for name in ("train.rec", "train.idx", "property"):
+        shutil.copy(folder / name, tmp_path / name)
+    data = (tmp_path / "train.rec").read_bytes()
+    (tmp_path / "train.rec").write_bytes(data[: 2 * len(data) // 3])
+    with pytest.raises(ValueError, match="truncated"):
+        FaceRecordIter(str(tmp_path / "train.rec"), 4, (3, SIZE, SIZE))
+    with pytest.raises(ValueError, match="is the index; give the record file"):
+        FaceRecordIter(str(tmp_path / "train.idx"), 4, (3, SIZE, SIZE))

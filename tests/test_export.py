@@ -180,3 +180,17 @@ def test_unsupported_op_is_named():
     params = {"fc_weight": mx.nd.ones((4, 12)), "fc_bias": mx.nd.zeros((4,))}
     with pytest.raises(ValueError, match=r"softsign \(nodes squash\)"):
         export_onnx(symbol, params, {}, 2, "unused.onnx")
+
+
+def test_static_batch_on_request(small_backbones, tmp_path):
+    """Test that export_onnx(static_batch=3) writes a fixed batch of 3 that matches MXNet at
+    that batch, and that onnxruntime refuses another batch size for it."""
+    symbol, arg_params, aux_params = small_backbones["mbf"]
+    path = export_onnx(symbol, arg_params, aux_params, SMALL, str(tmp_path / "static.onnx"), static_batch=3)
+    model = onnx.load(path)
+    assert dims(model.graph.input[0]) == [3, 3, SMALL, SMALL]
+    (check,) = compare_with_mxnet(path, symbol, arg_params, aux_params, SMALL, mx.cpu(), batch_sizes=(3,),
+                                  batches=1)
+    assert check.relative <= TOLERANCE and check.output_shape == (3, 64)
+    with pytest.raises(ValueError, match="cannot run a batch of 4"):
+        compare_with_mxnet(path, symbol, arg_params, aux_params, SMALL, mx.cpu(), batch_sizes=(4,), batches=1)

@@ -109,3 +109,27 @@ def test_missing_or_empty_folder_errors(tmp_path):
     (tmp_path / "flat").mkdir()
     with pytest.raises(ValueError, match="has no identity subfolders"):
         pack_folder(str(tmp_path / "flat"), str(tmp_path / "x"), progress=False)
+
+
+def test_every_image_extension_is_packed(image_folder, tmp_path):
+    """Test that .bmp, .webp and .tif images are packed like .jpg/.png (the one extension list
+    of sample_fc.data.images; pack used to drop .bmp silently)."""
+    images, _ = image_folder
+    for k, extension in enumerate((".bmp", ".webp", ".tif")):
+        Image.fromarray(smooth_image(100 + k)).save(images / "carol" / f"extra{k}{extension}")
+    summary = pack_folder(str(images), str(tmp_path / "out" / "train"), image_size=32, progress=False)
+    assert (summary["num_images"], summary["skipped"]) == (15, [])
+
+
+def test_folders_without_images_are_an_error(tmp_path, capsys):
+    """Test that identity folders holding no image file stop pack with one line and exit 1,
+    instead of writing an empty dataset."""
+    for name in ("a", "b"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        (tmp_path / "images" / name / "readme.txt").write_text("no images here")
+    with pytest.raises(SystemExit) as stop:
+        main(["--images", str(tmp_path / "images"), "--out", str(tmp_path / "out" / "train")])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hold no image files" in err
+    assert not (tmp_path / "out").exists()

@@ -120,9 +120,10 @@ def _name_batch_axis(model, symbol, image_size):
                 dim.dim_value = size
 
 
-def export_onnx(symbol, arg_params, aux_params, image_size, path):
-    """Write `path` (ONNX, input `data` (batch, 3, S, S) with a symbolic batch); returns it.
-    ValueError naming the ops and nodes if the symbol has ops mxnet.onnx cannot convert."""
+def export_onnx(symbol, arg_params, aux_params, image_size, path, static_batch=None):
+    """Write `path` (ONNX, input `data` (batch, 3, S, S) with a symbolic batch, or the fixed
+    `static_batch` when given); returns it. ValueError naming the ops and nodes if the symbol
+    has ops mxnet.onnx cannot convert."""
     import onnx
     from mxnet.onnx import export_model
 
@@ -136,9 +137,10 @@ def export_onnx(symbol, arg_params, aux_params, image_size, path):
         with _raw_initializers():
             # in_shapes only seeds MXNet's shape inference; dynamic=True makes every Reshape
             # read the batch from the tensor at run time (checked at several batch sizes)
-            export_model(symbol, params, in_shapes=[(1, 3, image_size, image_size)],
-                         in_types=[np.float32], onnx_file_path=path, dynamic=True,
-                         dynamic_input_shapes=[(None, 3, image_size, image_size)])
+            dynamic = {} if static_batch else {
+                "dynamic": True, "dynamic_input_shapes": [(None, 3, image_size, image_size)]}
+            export_model(symbol, params, in_shapes=[(static_batch or 1, 3, image_size, image_size)],
+                         in_types=[np.float32], onnx_file_path=path, **dynamic)
     except NotImplementedError as err:      # a supported op with unsupported attributes
         raise ValueError(f"mxnet.onnx cannot convert this symbol: {err}") from err
     model = onnx.load(path)
@@ -146,7 +148,8 @@ def export_onnx(symbol, arg_params, aux_params, image_size, path):
     inputs = [value for value in model.graph.input if value.name not in initializers]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
-    _name_batch_axis(model, symbol, image_size)
+    if not static_batch:
+        _name_batch_axis(model, symbol, image_size)
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
@@ -199,12 +202,19 @@ def main(argv=None):
                                           "different ones (default "
                                           f"{' '.join(map(str, CHECK_BATCH_SIZES))}); the "
                                           "file itself accepts any batch size")
+    parser.add_argument("--static-batch", type=int, default=None, metavar="N",
+                        help="write a fixed batch of N instead of a symbolic one (for runtimes "
+                             "that need it); the check then runs at batch N only")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE,
                         help="largest allowed max|onnx - mxnet| / max|mxnet| (default %(default)g)")
     parser.add_argument("--check-batches", type=int, default=2,
                         help="random batches compared per batch size (default %(default)s)")
     args = parser.parse_args(argv)
-    if min(args.check_batch_sizes) <= 0 or len(set(args.check_batch_sizes)) < 2:
+    if args.static_batch is not None:
+        if args.static_batch <= 0:
+            parser.error(f"--static-batch must be positive, got {args.static_batch}")
+        args.check_batch_sizes = [args.static_batch]
+    elif min(args.check_batch_sizes) <= 0 or len(set(args.check_batch_sizes)) < 2:
         parser.error(f"--check-batch-sizes needs at least two different positive sizes, got "
                      f"{' '.join(map(str, args.check_batch_sizes))}")
     if args.check_batches <= 0:
@@ -212,15 +222,17 @@ def main(argv=None):
 
     def work():
         model = load_model(args.model, args.image_size)
-        export_onnx(model.symbol, model.arg_params, model.aux_params, model.image_size, args.onnx)
+        export_onnx(model.symbol, model.arg_params, model.aux_params, model.image_size, args.onnx,
+                    args.static_batch)
         return model, compare_with_mxnet(args.onnx, model.symbol, model.arg_params, model.aux_params,
                                          model.image_size, args.context, args.check_batch_sizes,
                                          args.check_batches)
 
     model, checks = run_or_exit(parser, work)
     embedding_size = checks[0].output_shape[1]
-    print(f"wrote {args.onnx}: input data ({BATCH_AXIS}, 3, {model.image_size}, "
-          f"{model.image_size}), output embeddings ({BATCH_AXIS}, {embedding_size})")
+    batch = args.static_batch or BATCH_AXIS
+    print(f"wrote {args.onnx}: input data ({batch}, 3, {model.image_size}, "
+          f"{model.image_size}), output embeddings ({batch}, {embedding_size})")
     for check in checks:
         print("onnxruntime check, " + check.line())
     worst = max(checks, key=lambda check: check.relative)

@@ -116,6 +116,8 @@ def test_pretrained_loads_backbone_weights_only(tiny_data, tmp_path):
     _, started, _ = mx.model.load_checkpoint(str(tuned / "step-00000001" / "model"), 1)
     assert sorted(trained) == sorted(started)
     for name in trained:
+        if name.endswith("_gamma") and (started[name] == 1).asnumpy().all():
+            continue     # BatchNorm(fix_gamma=True) overwrites its gamma with 1 in every forward
         assert abs(started[name] - trained[name]).max().asscalar() <= 1e-6, name
     bank_source = read_shard(str(source / "step-00000004" / "bank-rank0.params"))[1].asnumpy()
     bank_tuned = read_shard(str(tuned / "step-00000001" / "bank-rank0.params"))[1].asnumpy()

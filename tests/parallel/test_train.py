@@ -98,7 +98,7 @@ def test_bad_set_key_is_named(tmp_path):
 def test_dataset_property_sets_classes_and_image_size(tmp_path):
     """Test that a dataset's property file decides num_classes and image_size when the command
     line does not (a 48 px, 6-identity set is not trained as the demo's 32 px, 200 classes),
-    said once, and that an explicit --set image_size wins."""
+    said once, and that an explicit --set image_size wins, said once too."""
     from sample_fc.launch import run_job
     from sample_fc.tools.demo_data import make_demo
     make_demo(str(tmp_path / "set"), num_identities=6, images_per_identity=8, num_val_identities=4,
@@ -115,3 +115,4 @@ def test_dataset_property_sets_classes_and_image_size(tmp_path):
                      num_proc=2, timeout_s=300, cwd=str(tmp_path), env=single_thread_env())
     assert result.returncode == 0, per_rank_tail(result.output)
     assert json.loads((tmp_path / "explicit" / "config.json").read_text())["image_size"] == 32
+    assert result.output.count("images are 48x48 px and train at image_size=32") == 1
