@@ -21,7 +21,7 @@ import math
 from easydict import EasyDict as edict
 
 from sample_fc.config import apply_overrides
-from sample_fc.options import ALLGATHERS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS  # valid values
+from sample_fc.options import ALLGATHERS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS, LR_SCHEDULES  # valid values
 
 
 def _base_config():
@@ -64,6 +64,7 @@ def _base_config():
     cfg.lr_scale_by_world = True         # True: apply that linear scaling; False: use lr as given
     cfg.momentum = 0.9                   # SGD momentum, backbone and memory bank alike
     cfg.wd = 5e-4                        # weight decay, backbone and memory bank alike
+    cfg.lr_schedule = 'step'             # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
     cfg.warmup_steps = 0                 # linear lr warm-up from 0 over this many steps (0 = none)
     cfg.lr_steps = [100000, 160000, 220000]  # steps at which lr is multiplied by lr_factor (increasing)
     cfg.lr_factor = 0.1                  # lr decay factor at each of lr_steps
@@ -320,7 +321,8 @@ def check_config(cfg):
     """
     for key, choices in (('dataset', DATASETS), ('network', NETWORKS), ('loss', LOSSES),
                          ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
-                         ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS)):
+                         ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS),
+                         ('lr_schedule', LR_SCHEDULES)):
         if cfg[key] not in choices:
             _fail(key, cfg[key], f"one of: {', '.join(choices)}")
     for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',
@@ -341,6 +343,8 @@ def check_config(cfg):
     for key in ('momentum', 'wd', 'lr_factor', 'loss_m2', 'loss_m3'):
         if not (math.isfinite(cfg[key]) and cfg[key] >= 0):
             _fail(key, cfg[key], "a finite float >= 0")
+    if cfg.lr_schedule != 'step' and cfg.warmup_steps >= cfg.max_update:
+        _fail('warmup_steps', cfg.warmup_steps, f"fewer than max_update={cfg.max_update} for lr_schedule={cfg.lr_schedule}")
     steps = cfg.lr_steps
     if any(not isinstance(s, int) or s < 1 for s in steps) or sorted(set(steps)) != list(steps):
         _fail('lr_steps', steps, "strictly increasing positive integers")

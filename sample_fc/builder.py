@@ -21,7 +21,7 @@ from .data.recordio import read_property
 from .margin import CombinedMargin
 from .memory_bank import MemoryBank
 from .module import SampleDistributeModule
-from .optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from .optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, make_schedule
 from .sampler import ClassCenterSampler
 from .tools.model_io import load_pretrained
 from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
@@ -60,7 +60,7 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
     backbone and bank share one schedule, a pure function of the update number.
     """
     lr = cfg.lr * (cfg.batch_size * world / 512 if cfg.lr_scale_by_world else 1.0)
-    schedule = WarmupMultiStepSchedule(lr, cfg.warmup_steps, cfg.lr_steps, cfg.lr_factor)
+    schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
     backbone_optimizer = DistributedOptimizer(mx.optimizer.SGD(
         learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
         multi_precision=cfg.fp16))

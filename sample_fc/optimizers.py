@@ -1,17 +1,21 @@
 """Optimizers of a Partial FC run and their shared learning-rate schedule.
 
-- WarmupMultiStepSchedule: lr(step), linear warm-up then a factor at each step boundary;
-  a pure function of the 1-based update number, so a resumed run continues it exactly.
+- WarmupMultiStepSchedule, WarmupPolySchedule, WarmupCosineSchedule (make_schedule picks
+  one): lr(step), a linear warm-up, then a factor at each step boundary, a polynomial decay
+  to 0 at max_update (arcface_torch's default), or a cosine to 0; pure functions of the
+  1-based update number, so a resumed run continues them exactly.
 - DistributedOptimizer: wraps any mx.optimizer.Optimizer for the data-parallel backbone;
   sums each gradient over the ranks (named collectives) before the wrapped update.
 - MemoryBankSGDOptimizer: SGD with momentum and weight decay on the sampled rows of the
   class-center bank, with MXNet's sgd_mom_update semantics.
 """
 import bisect
+import math
 
 import mxnet as mx
 
 from . import dist
+from .options import LR_SCHEDULES
 
 
 class WarmupMultiStepSchedule(mx.lr_scheduler.LRScheduler):
@@ -31,6 +35,53 @@ class WarmupMultiStepSchedule(mx.lr_scheduler.LRScheduler):
         if num_update < self.warmup_steps:
             lr *= num_update / self.warmup_steps
         return lr
+
+
+class _WarmupDecaySchedule(mx.lr_scheduler.LRScheduler):
+    """lr(n) = base_lr * n / warmup_steps during the warm-up, then base_lr * decay(t), t the
+    fraction of the steps after the warm-up done: (n - warmup) / (max_update - warmup)."""
+
+    def __init__(self, base_lr, warmup_steps, max_update):
+        super().__init__(base_lr=base_lr)
+        if not 0 <= warmup_steps < max_update:
+            raise ValueError(f"need 0 <= warmup_steps < max_update, got {warmup_steps} and {max_update}")
+        self.warmup_steps, self.max_update = warmup_steps, max_update
+
+    def __call__(self, num_update):
+        if num_update < self.warmup_steps:
+            return self.base_lr * num_update / self.warmup_steps
+        done = min(1.0, (num_update - self.warmup_steps) / (self.max_update - self.warmup_steps))
+        return self.base_lr * self.decay(done)
+
+
+class WarmupPolySchedule(_WarmupDecaySchedule):
+    """Polynomial decay (1 - t) ** power after the warm-up, 0 at max_update (power 2 as
+    arcface_torch's PolyScheduler)."""
+
+    def __init__(self, base_lr, warmup_steps, max_update, power=2.0):
+        super().__init__(base_lr, warmup_steps, max_update)
+        self.power = power
+
+    def decay(self, done):
+        return (1.0 - done) ** self.power
+
+
+class WarmupCosineSchedule(_WarmupDecaySchedule):
+    """Cosine decay (1 + cos(pi t)) / 2 after the warm-up, 0 at max_update."""
+
+    def decay(self, done):
+        return 0.5 * (1.0 + math.cos(math.pi * done))
+
+
+def make_schedule(kind, base_lr, warmup_steps, max_update, steps, factor):
+    """The lr schedule `kind` (one of LR_SCHEDULES): 'step' uses steps and factor."""
+    if kind == "step":
+        return WarmupMultiStepSchedule(base_lr, warmup_steps, steps, factor)
+    if kind == "poly":
+        return WarmupPolySchedule(base_lr, warmup_steps, max_update)
+    if kind == "cosine":
+        return WarmupCosineSchedule(base_lr, warmup_steps, max_update)
+    raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {kind!r}")
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):

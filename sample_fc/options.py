@@ -7,3 +7,4 @@ CONTEXTS = ("auto", "cpu", "gpu")           # backbone device: auto = gpu when M
 BANK_CONTEXTS = ("same", "cpu")             # memory bank device: the backbone's, or host memory
 ALLGATHERS = ("native", "allreduce")        # dist.allgather strategies
 HEAD_KERNELS = ("auto", "host", "device")   # module.make_head kernels
+LR_SCHEDULES = ("step", "poly", "cosine")   # optimizers.make_schedule kinds

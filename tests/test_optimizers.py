@@ -194,3 +194,35 @@ def test_set_num_update_continues_the_schedule_from_that_update():
         other = mx.nd.array(before)
         fresh.update(0, other, grad, fresh.create_state(0, other))
         np.testing.assert_array_equal(other.asnumpy(), weight.asnumpy())
+
+
+def test_poly_and_cosine_schedules_match_their_formulas():
+    """Test that poly is base * n / w during a warm-up of w steps, then base * (1 - t)^2 with
+    t = (n - w) / (max - w), cosine base * (1 + cos(pi t)) / 2, both 0 at max_update and after,
+    continuous at the warm-up's end, and pure functions of n (any call order)."""
+    import math
+    from sample_fc.optimizers import make_schedule
+    base, warmup, total = 0.4, 10, 110
+    poly = make_schedule("poly", base, warmup, total, [], 0.1)
+    cosine = make_schedule("cosine", base, warmup, total, [], 0.1)
+    for n in (0, 5, 10, 35, 60, 109, 110, 500):
+        t = min(1.0, max(0, n - warmup) / (total - warmup))
+        ramp = n / warmup if n < warmup else None
+        assert poly(n) == pytest.approx(base * ramp if ramp is not None else base * (1 - t) ** 2, abs=1e-12)
+        assert cosine(n) == pytest.approx(base * ramp if ramp is not None else base * (1 + math.cos(math.pi * t)) / 2,
+                                          abs=1e-12)
+    assert poly(total) == cosine(total) == 0.0 and poly(warmup) == cosine(warmup) == base
+    assert poly(60) == pytest.approx(0.1) and cosine(60) == pytest.approx(0.2)   # t = 0.5 by hand
+    order = [90, 3, 60, 10]
+    assert [poly(n) for n in order] == [make_schedule("poly", base, warmup, total, [], 0.1)(n) for n in order]
+    step = make_schedule("step", base, 0, total, [50], 0.1)
+    assert (step(49), step(50)) == (pytest.approx(0.4), pytest.approx(0.04))
+
+
+def test_schedule_kinds_are_checked():
+    """Test that an unknown kind and a warm-up as long as the run are refused, naming them."""
+    from sample_fc.optimizers import make_schedule
+    with pytest.raises(ValueError, match="'linear'"):
+        make_schedule("linear", 0.1, 0, 10, [], 0.1)
+    with pytest.raises(ValueError, match="warmup_steps < max_update"):
+        make_schedule("cosine", 0.1, 10, 10, [], 0.1)
