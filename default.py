@@ -50,6 +50,7 @@ def _base_config():
     cfg.loss_m1 = 1.0                    # multiplicative angular margin m1 (SphereFace); 1 = off
     cfg.loss_m2 = 0.5                    # additive angular margin m2 (ArcFace), radians
     cfg.loss_m3 = 0.0                    # additive cosine margin m3 (CosFace)
+    cfg.margin_warmup_steps = 0          # grow m2, m3 (and m1) linearly from 0 over this many steps (0 = full margin from the start)
 
     # ---- Partial FC ---------------------------------------------------------------
     cfg.sample_ratio = 1.0               # fraction of each rank's centers scored per step, in (0, 1]
@@ -330,7 +331,7 @@ def check_config(cfg):
                 'collective_timeout_s'):
         if cfg[key] < 1:
             _fail(key, cfg[key], "an integer >= 1")
-    for key in ('num_images', 'warmup_steps', 'verbose', 'step_timeout_s'):
+    for key in ('num_images', 'warmup_steps', 'verbose', 'step_timeout_s', 'margin_warmup_steps'):
         if cfg[key] < 0:
             _fail(key, cfg[key], "an integer >= 0")
     if not 0.0 < cfg.sample_ratio <= 1.0:

@@ -18,7 +18,7 @@ from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from .data import FaceRecordIter, SyntheticIter
 from .data.bin_format import load_bin
 from .data.recordio import read_property
-from .margin import CombinedMargin
+from .margin import CombinedMargin, MarginWarmup
 from .memory_bank import MemoryBank
 from .module import SampleDistributeModule
 from .optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, make_schedule
@@ -72,6 +72,8 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
         backbone_optimizer=backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
         data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
         head_kernel=cfg.head_kernel, max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
+    if cfg.margin_warmup_steps:
+        module.margin_schedule = MarginWarmup(module.margin, cfg.margin_warmup_steps)
     arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights
     module.init_params(arg_params=arg_params, aux_params=aux_params)
     module.broadcast_parameters()

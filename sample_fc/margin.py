@@ -55,3 +55,22 @@ class CombinedMargin:
         value = mx.nd.where(past, tail_value, main_value)
         slope = mx.nd.where(past, mx.nd.ones_like(c), main_slope)
         return value, slope
+
+
+class MarginWarmup:
+    """The margin of update n when the margins grow in over `steps` updates: m2 and m3 times
+    a = min(1, n / steps), m1 from 1 towards its value (1 + (m1 - 1) a), s fixed. At a = 0 the
+    loss is the plain normalised softmax, which trains from scratch where a full ArcFace
+    margin (0.5 rad at s = 64) stalls; a pure function of n (exact resume)."""
+
+    def __init__(self, margin, steps):
+        if steps < 1:
+            raise ValueError(f"margin warm-up needs steps >= 1, got {steps}")
+        self.target, self.steps = margin, steps
+
+    def __call__(self, num_update):
+        a = min(1.0, num_update / self.steps)
+        if a == 1.0:
+            return self.target
+        t = self.target
+        return CombinedMargin(1.0 + (t.m1 - 1.0) * a, t.m2 * a, t.m3 * a, t.s)

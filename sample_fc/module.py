@@ -73,6 +73,7 @@ class SampleDistributeModule:
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
         self.head = make_head(head_kernel, bank, margin, bank_optimizer)
         self.on_stage = lambda name: None   # told each stage's name (the step watchdog listens)
+        self.margin_schedule = None         # update number -> CombinedMargin (margin.MarginWarmup)
         self._labels = None                 # this rank's integer labels of the current batch
         self._grad_all_embeddings = None    # this step's d loss / d (global embeddings), partial
 
@@ -185,6 +186,8 @@ class SampleDistributeModule:
         self.on_stage("forward")
         self.forward_backbone(data_batch)
         self.on_stage("head")
+        if self.margin_schedule is not None:
+            self.head.margin = self.margin_schedule(self.num_update + 1)
         loss = self.loss_and_gradients()
         self.on_stage("collective")
         if self.all_ranks_finite(loss):

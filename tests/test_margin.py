@@ -51,3 +51,18 @@ def test_bad_margins_are_rejected():
         CombinedMargin(0.0, 0.5, 0.0)
     with pytest.raises(ValueError, match="nan"):
         CombinedMargin(1.0, float("nan"), 0.0)
+
+
+def test_margin_warmup_grows_linearly_to_the_target():
+    """Test that MarginWarmup gives m2, m3 scaled by n / steps, m1 from 1 to its value, s fixed,
+    the target itself from `steps` on, and psi equal to the plain cosine at update 0."""
+    from sample_fc.margin import MarginWarmup
+    target = CombinedMargin(1.2, 0.5, 0.1, 64.0)
+    warm = MarginWarmup(target, 10)
+    half = warm(5)
+    assert (half.m1, half.m2, half.m3, half.s) == pytest.approx((1.1, 0.25, 0.05, 64.0))
+    assert warm(10) is target and warm(500) is target
+    c = mx.nd.array([-0.5, 0.1, 0.9])
+    np.testing.assert_allclose(warm(0).psi(c).asnumpy(), c.asnumpy(), atol=1e-6)
+    with pytest.raises(ValueError, match="steps >= 1"):
+        MarginWarmup(target, 0)
