@@ -115,3 +115,28 @@ def test_restart_keeps_the_reachable_hosts():
     alive, listed = current_hosts(args, reachable=lambda host, _: host != "gone")
     assert alive == [("localhost", 2)] and listed == [("localhost", 2), ("gone", 2)]
     assert replace_option(args, ("-H", "--hosts"), "localhost:2")[:4] == ["-np", "4", "-H", "localhost:2"]
+
+
+def _script(tmp_path, body):
+    path = tmp_path / "job.py"
+    path.write_text("import pathlib, sys\ncount = pathlib.Path(sys.argv[1])\n"
+                    "n = int(count.read_text()) + 1 if count.exists() else 1\ncount.write_text(str(n))\n" + body)
+    return [sys.executable, str(path), str(tmp_path / "attempts")]
+
+
+def test_supervise_restarts_until_success_and_stops_on_a_repeated_error(tmp_path, capsys):
+    """Test the restart loop alone: a job failing twice (killed, no error line) then succeeding
+    ends 0 after 2 restarts; a job printing the same error line every time stops after one
+    restart; a limit of 1 restart is respected."""
+    from sample_fc.restart import supervise
+    flaky = _script(tmp_path, "sys.exit(0 if n >= 3 else 137)\n")
+    assert supervise(flaky, max_restarts=5) == 0
+    assert (tmp_path / "attempts").read_text() == "3"
+    (tmp_path / "attempts").unlink()
+    stuck = _script(tmp_path, "print('[0]<stderr>:train.py: error: rank 0 is out of luck')\nsys.exit(1)\n")
+    assert supervise(stuck, max_restarts=5) == 1
+    assert (tmp_path / "attempts").read_text() == "2"
+    assert "the same error twice" in capsys.readouterr().err
+    (tmp_path / "attempts").unlink()
+    assert supervise(_script(tmp_path, "sys.exit(137)\n"), max_restarts=1) == 137
+    assert (tmp_path / "attempts").read_text() == "2"
