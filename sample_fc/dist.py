@@ -40,10 +40,15 @@ def is_started():
     return _started
 
 
+PEER_LOST = ("Horovod has been shut down", "Connection reset by peer", "Connection closed by peer",
+             "Broken pipe")
+
+
 def is_shutdown_error(error):
-    """Whether `error` (raised by a collective) means Horovod shut the job down: a rank
-    failed, or the stall inspector gave up on a rank (see init)."""
-    return "Horovod has been shut down" in str(error)
+    """Whether `error` (raised by a collective) means the job is ending around this rank:
+    Horovod shut down (a rank failed, or the stall inspector gave up on one; see init), or
+    Gloo lost the connection to a rank that exited."""
+    return any(text in str(error) for text in PEER_LOST)
 
 
 def shutdown():
