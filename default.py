@@ -21,7 +21,8 @@ import math
 from easydict import EasyDict as edict
 
 from sample_fc.config import apply_overrides
-from sample_fc.options import ALLGATHERS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS, LR_SCHEDULES  # valid values
+from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
+                               LR_SCHEDULES)
 
 
 def _base_config():
@@ -43,6 +44,7 @@ def _base_config():
     cfg.embedding_size = 512             # embedding dimension D produced by the backbone
     cfg.dropout = 0.0                    # dropout before the embedding layer (0 = off)
     cfg.fp16 = False                     # mixed precision for the backbone (GPU only)
+    cfg.backbone_init = 'pytorch'        # pytorch: U(+-1/sqrt(fan_in)) conv/FC weights, PyTorch's default | xavier: MXNet Xavier magnitude 2
 
     # ---- loss: combined margin cos(m1*theta + m2) - m3, times s -------------------
     cfg.loss = 'arcface'                 # margin preset name, one of LOSSES
@@ -64,7 +66,8 @@ def _base_config():
     cfg.lr = 0.1                         # lr for a global batch of 512, scaled linearly by global batch / 512
     cfg.lr_scale_by_world = True         # True: apply that linear scaling; False: use lr as given
     cfg.momentum = 0.9                   # SGD momentum, backbone and memory bank alike
-    cfg.wd = 5e-4                        # weight decay, backbone and memory bank alike
+    cfg.wd = 5e-4                        # weight decay, backbone and memory bank alike (not on biases and BN betas)
+    cfg.clip_grad_norm = 5.0             # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
     cfg.lr_schedule = 'step'             # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
     cfg.warmup_steps = 0                 # linear lr warm-up from 0 over this many steps (0 = none)
     cfg.lr_steps = [100000, 160000, 220000]  # steps at which lr is multiplied by lr_factor (increasing)
@@ -265,15 +268,23 @@ RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'freque
                   'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'context', 'bank_context',
                   'head_kernel', 'allgather')
 
+# Keys added after runs were saved without them, with the value that behaves as those runs
+# did (a run resumed from such a checkpoint goes on as it trained; the preset default
+# would change its loss).
+VALUE_BEFORE_KEY = {'clip_grad_norm': 0.0, 'backbone_init': 'xavier'}
+
 
 def config_from_checkpoint(saved):
     """The config of a saved run (the `config` of a checkpoint's state.json): the defaults of
-    its presets for keys added since it was written, then every saved value. Raises
-    ValueError for a preset name this version does not know."""
+    its presets for keys added since it was written (VALUE_BEFORE_KEY where the default would
+    change how it trains), then every saved value. Raises ValueError for a preset name this
+    version does not know."""
     cfg = get_config(saved.get('dataset'), saved.get('network'), saved.get('loss'))
     for key in cfg:
         if key in saved:
             cfg[key] = copy.deepcopy(saved[key])
+        elif key in VALUE_BEFORE_KEY:
+            cfg[key] = VALUE_BEFORE_KEY[key]
     return cfg
 
 
@@ -323,7 +334,7 @@ def check_config(cfg):
     for key, choices in (('dataset', DATASETS), ('network', NETWORKS), ('loss', LOSSES),
                          ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
                          ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS),
-                         ('lr_schedule', LR_SCHEDULES)):
+                         ('lr_schedule', LR_SCHEDULES), ('backbone_init', BACKBONE_INITS)):
         if cfg[key] not in choices:
             _fail(key, cfg[key], f"one of: {', '.join(choices)}")
     for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',
@@ -341,7 +352,7 @@ def check_config(cfg):
     for key in ('lr', 'loss_s', 'loss_m1'):
         if not (math.isfinite(cfg[key]) and cfg[key] > 0):
             _fail(key, cfg[key], "a finite float > 0")
-    for key in ('momentum', 'wd', 'lr_factor', 'loss_m2', 'loss_m3'):
+    for key in ('momentum', 'wd', 'lr_factor', 'loss_m2', 'loss_m3', 'clip_grad_norm'):
         if not (math.isfinite(cfg[key]) and cfg[key] >= 0):
             _fail(key, cfg[key], "a finite float >= 0")
     if cfg.lr_schedule != 'step' and cfg.warmup_steps >= cfg.max_update:

@@ -18,6 +18,7 @@ from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from .data import FaceRecordIter, SyntheticIter
 from .data.bin_format import load_bin
 from .data.recordio import read_property
+from .initializers import backbone_initializer
 from .margin import CombinedMargin, MarginWarmup
 from .memory_bank import MemoryBank
 from .module import SampleDistributeModule
@@ -63,7 +64,7 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
     schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
     backbone_optimizer = DistributedOptimizer(mx.optimizer.SGD(
         learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
-        multi_precision=cfg.fp16))
+        multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm)
     bank = MemoryBank.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx, seed=cfg.seed)
     module = SampleDistributeModule(
         symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, cfg.sample_ratio, seed=cfg.seed),
@@ -75,7 +76,7 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
     if cfg.margin_warmup_steps:
         module.margin_schedule = MarginWarmup(module.margin, cfg.margin_warmup_steps)
     arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights
-    module.init_params(arg_params=arg_params, aux_params=aux_params)
+    module.init_params(backbone_initializer(cfg.backbone_init), arg_params, aux_params)
     module.broadcast_parameters()
     return module
 

@@ -10,6 +10,7 @@ import numpy as np
 from . import dist
 from .head import DeviceHead, no_stage
 from .host_head import HostHead, default_threads
+from .initializers import backbone_initializer
 from .options import ALLGATHERS, HEAD_KERNELS
 from .sampler import as_int_labels
 
@@ -79,8 +80,9 @@ class SampleDistributeModule:
 
     # ---- set-up -----------------------------------------------------------------------
     def init_params(self, initializer=None, arg_params=None, aux_params=None):
-        """Initialise the backbone (then call broadcast_parameters so all ranks agree)."""
-        self.backbone.init_params(initializer=initializer or mx.init.Xavier(magnitude=2.0),
+        """Initialise the backbone (default: initializers "pytorch"), then call
+        broadcast_parameters so all ranks agree."""
+        self.backbone.init_params(initializer=initializer or backbone_initializer("pytorch"),
                                   arg_params=arg_params, aux_params=aux_params, allow_missing=False)
         param_names = self.backbone._exec_group.param_names
         kvstore = "local" if len(self.contexts) > 1 else None
@@ -169,9 +171,11 @@ class SampleDistributeModule:
         return dist.allreduce_max(mx.nd.array([local_bad]), "step.nonfinite").asscalar() == 0.0
 
     def apply_updates(self):
-        """10-11: SGD-momentum on the sampled bank rows; the backbone's update (summed grads)."""
+        """10-11: SGD-momentum on the sampled bank rows; the backbone's gradients summed over
+        the ranks (one fused collective) and clipped to the optimizer's global norm, then its update."""
         self.num_update += 1
         self.head.update(self.num_update)
+        self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays)
         self.backbone.update()
 
     # ---- one step ---------------------------------------------------------------------

@@ -5,7 +5,8 @@
   to 0 at max_update (arcface_torch's default), or a cosine to 0; pure functions of the
   1-based update number, so a resumed run continues them exactly.
 - DistributedOptimizer: wraps any mx.optimizer.Optimizer for the data-parallel backbone;
-  sums each gradient over the ranks (named collectives) before the wrapped update.
+  sum_gradients sums all gradients over the ranks in one fused collective and clips their
+  global norm, then Module's update applies the wrapped optimizer.
 - MemoryBankSGDOptimizer: SGD with momentum and weight decay on the sampled rows of the
   class-center bank, with MXNet's sgd_mom_update semantics.
 """
@@ -85,17 +86,24 @@ def make_schedule(kind, base_lr, warmup_steps, max_update, steps, factor):
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
-    """Sum gradients over all ranks, then apply the wrapped optimizer.
+    """The wrapped optimizer, applied to gradients summed over all ranks and clipped.
 
-    Gradients are summed, not averaged: the step's loss is already the mean over the
-    global batch, so the per-rank gradients are partial sums of the exact gradient.
-    Collective names are "backbone_grad.<param index>": every rank must own the same
-    parameters in the same order (the same symbol), which data parallelism guarantees.
+    Each step, sum_gradients(grad_arrays) runs before Module.update(): gradients are summed,
+    not averaged (the step's loss is already the mean over the global batch, so the per-rank
+    gradients are partial sums of the exact gradient), all in one fused collective, so every
+    rank must own the same parameters in the same order (the same symbol), which data
+    parallelism guarantees. With clip_grad_norm > 0 the summed gradients are scaled by
+    min(1, clip_grad_norm / global L2 norm), as torch.nn.utils.clip_grad_norm_ does.
     """
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, clip_grad_norm=0.0):
         # no super().__init__: every Optimizer attribute is the wrapped one's
+        if not clip_grad_norm >= 0:
+            raise ValueError(f"clip_grad_norm must be >= 0 (0 = off), got {clip_grad_norm!r}")
         self._optimizer = optimizer
+        self.clip_grad_norm = clip_grad_norm
+        self.base_rescale_grad = optimizer.rescale_grad
+        self.last_grad_norm = None      # global norm of the last summed gradients, before clipping
 
     def __getattr__(self, item):
         if item == "_optimizer":          # during unpickling, before __init__ ran
@@ -116,11 +124,21 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         for counts in inner._all_index_update_counts.values():
             counts.clear()
 
-    def _sum_gradients(self, index, grad):
-        if isinstance(index, (list, tuple)):
-            dist.grouped_allreduce_sum_(grad, [f"backbone_grad.{i}" for i in index])
-        else:
-            dist.allreduce_sum_(grad, f"backbone_grad.{index}")
+    def sum_gradients(self, grad_arrays):
+        """Sum grad_arrays (per parameter, its gradient on each of this rank's contexts, as
+        Module's grad_arrays) over the ranks in place; then measure their global norm (of the
+        sum over contexts, which Module adds before updating) and set the wrapped optimizer's
+        rescale_grad so that the next update()s apply the clipped gradients. Returns the norm."""
+        arrays = [grad for per_context in grad_arrays for grad in per_context]
+        dist.grouped_allreduce_sum_(arrays, ["backbone_grads"])
+        totals = [per_context[0] if len(per_context) == 1 else
+                  mx.nd.add_n(*[g.as_in_context(per_context[0].context) for g in per_context])
+                  for per_context in grad_arrays]
+        squares = mx.nd.multi_sum_sq(*totals, num_arrays=len(totals))
+        self.last_grad_norm = norm = math.sqrt(float(mx.nd.sum(squares).asscalar()))
+        scale = self.clip_grad_norm / norm if self.clip_grad_norm and norm > self.clip_grad_norm else 1.0
+        self._optimizer.rescale_grad = self.base_rescale_grad * scale
+        return norm
 
     def create_state(self, index, weight):
         return self._optimizer.create_state(index, weight)
@@ -129,11 +147,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def update(self, index, weight, grad, state):
-        self._sum_gradients(index, grad)
         self._optimizer.update(index, weight, grad, state)
 
     def update_multi_precision(self, index, weight, grad, state):
-        self._sum_gradients(index, grad)
         self._optimizer.update_multi_precision(index, weight, grad, state)
 
     def set_learning_rate(self, lr):

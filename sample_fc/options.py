@@ -8,3 +8,4 @@ BANK_CONTEXTS = ("same", "cpu")             # memory bank device: the backbone's
 ALLGATHERS = ("native", "allreduce")        # dist.allgather strategies
 HEAD_KERNELS = ("auto", "host", "device")   # module.make_head kernels
 LR_SCHEDULES = ("step", "poly", "cosine")   # optimizers.make_schedule kinds
+BACKBONE_INITS = ("pytorch", "xavier")      # initializers.backbone_initializer kinds

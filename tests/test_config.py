@@ -126,7 +126,8 @@ def test_preset_cannot_add_a_key_or_change_a_type(monkeypatch):
     ('allgather=ring', 'allgather'), ('sample_ratio=0', 'sample_ratio'),
     ('sample_ratio=1.5', 'sample_ratio'), ('batch_size=0', 'batch_size'),
     ('lr_steps=300,200', 'lr_steps'), ('lr=-0.1', 'lr'), ('dataset=nope', 'dataset'),
-    ('rec=', 'rec')])
+    ('rec=', 'rec'), ('clip_grad_norm=-1', 'clip_grad_norm'), ('clip_grad_norm=nan', 'clip_grad_norm'),
+    ('backbone_init=kaiming', 'backbone_init')])
 def test_check_config_rejects_bad_values(override, key):
     """Test that check_config names the key and the bad value for out-of-range settings."""
     cfg = apply_overrides(default.get_config(), [override])
@@ -397,6 +398,19 @@ def test_config_for_run_resumed_keeps_the_saved_config():
     assert default.config_for_run(resumed=older) == saved          # head_kernel from the presets
     cfg = default.config_for_run('emore', 'r50', 'cosface', ['max_update=200', 'lr_steps=150'], resumed=saved)
     assert (cfg.max_update, cfg.lr_steps, cfg.loss_s) == (200, [150], 30.0)
+
+
+def test_a_run_saved_before_gradient_clipping_resumes_without_it():
+    """Test that a checkpoint whose config predates clip_grad_norm and backbone_init resumes
+    with no clipping and the Xavier init it trained with, not the new defaults (clip 5), so
+    its loss goes on as before; a checkpoint that has the keys keeps its values."""
+    saved = _saved_run()
+    assert saved['clip_grad_norm'] == 5.0 and saved['backbone_init'] == 'pytorch'   # the defaults
+    older = {k: v for k, v in saved.items() if k not in ('clip_grad_norm', 'backbone_init')}
+    cfg = default.config_for_run(resumed=older)
+    assert (cfg.clip_grad_norm, cfg.backbone_init) == (0.0, 'xavier')
+    assert {k: v for k, v in cfg.items() if k not in ('clip_grad_norm', 'backbone_init')} == older
+    assert default.config_for_run(resumed=dict(saved, clip_grad_norm=2.5)).clip_grad_norm == 2.5
 
 
 @pytest.mark.parametrize("flags, overrides, message", [

@@ -23,3 +23,17 @@ def test_mpi_collectives(horovod_job):
     """Test that the same collectives give the expected values under the MPI controller."""
     assert mpi_available(), "CI must have OpenMPI (mpirun) installed by .ci/run"
     _check(horovod_job("smoke_collectives.py", controller="mpi", timeout_s=120))
+
+
+@pytest.mark.parametrize("clip", [0.0, 2.0, 1000.0])
+def test_gradients_are_summed_over_ranks_then_clipped_to_the_global_norm(horovod_job, clip):
+    """Test that DistributedOptimizer.sum_gradients on 2 ranks with different gradients makes
+    the next update apply the sum over ranks, scaled to a global norm of at most `clip` over
+    all parameters together (NumPy reference in the worker); 0 = no clipping. The sum's norm
+    is about 5.8, so clip 2 scales and clip 1000 does not."""
+    result = horovod_job("clip_gradients.py", clip, timeout_s=120)
+    assert result.returncode == 0, per_rank_tail(result.output)
+    lines = [l for l in result.output.splitlines() if "CLIP_OK" in l]
+    assert len(lines) == 2, per_rank_tail(result.output)
+    scales = {float(l.rsplit("scale=", 1)[1]) for l in lines}
+    assert (scales == {1.0}) == (clip in (0.0, 1000.0)), lines

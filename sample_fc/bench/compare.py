@@ -1,0 +1,134 @@
+"""Compare sample_fc's learning with a plain PyTorch trainer of the same recipe.
+
+    .venv/bin/pip install torch==2.13.0        # once: the CPU build (not needed for training)
+    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--loss L] [--set key=value ...]
+        [--np 2] [--only sample_fc|torch] [--torch-clip 5] [--torch-init torch|xavier2]
+        [--torch-wd all|mxnet]
+
+Both train the dataset preset's recipe (default: the demo's, on the demo data built on
+first use) for the same steps on the same .rec, and are scored on the same held-out pairs
+with the same 10-fold verification. sample_fc runs as users run it (horovodrun, --np
+workers, Gloo); the reference (sample_fc/bench/torch_reference.py) runs in this process
+with the whole global batch. Prints both loss curves side by side, then both accuracies.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEP_LINE = re.compile(r"\bstep (\d+)/\d+\s+[\d.]+ samples/s\s+loss ([\d.naif]+)")
+FINAL_LINE = re.compile(r"final (\S+): accuracy ([\d.]+)")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.compare", description=__doc__.split("\n\n")[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="demo", help="dataset preset of default.py (default demo)")
+    parser.add_argument("--loss", help="loss preset of default.py (default: the dataset's recipe)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for both trainers (repeatable), e.g. max_update=400")
+    parser.add_argument("--np", type=int, default=2, help="sample_fc workers (default 2)")
+    parser.add_argument("--only", choices=("sample_fc", "torch"), help="run one side only")
+    parser.add_argument("--train-arg", action="append", default=[], metavar="ARG",
+                        help="extra train.py argument for the sample_fc side only (repeatable)")
+    parser.add_argument("--torch-clip", type=float, default=5.0,
+                        help="reference: backbone gradient-norm clip (0 = none; default 5 as arcface_torch)")
+    parser.add_argument("--torch-init", choices=("torch", "xavier2"), default="torch",
+                        help="reference: PyTorch's default init, or sample_fc's Xavier magnitude 2")
+    parser.add_argument("--torch-wd", choices=("all", "mxnet"), default="all",
+                        help="reference: weight decay on every parameter, or MXNet's rule (not on betas)")
+    parser.add_argument("--torch-momentum", choices=("torch", "mxnet"), default="torch",
+                        help="reference: PyTorch's momentum (in gradient units) or MXNet's (in lr-scaled steps)")
+    return parser.parse_args(argv)
+
+
+def config(args):
+    sys.path.insert(0, ROOT)
+    import default
+    try:
+        return default.config_for_run(args.dataset, None, args.loss, args.overrides)
+    except ValueError as err:
+        sys.exit(f"compare: error: {err}")
+
+
+def run_sample_fc(args, models_root):
+    """Train with horovodrun as a user would; return ([(step, loss)], {target: accuracy}, output)."""
+    venv_bin = os.path.dirname(sys.executable)
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.np)))
+    env["MXNET_CPU_WORKER_NTHREADS"] = env["OMP_NUM_THREADS"]
+    command = [os.path.join(venv_bin, "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}", "--gloo",
+               sys.executable, os.path.join(ROOT, "train.py"), "--dataset", args.dataset,
+               "--models-root", models_root] + (["--loss", args.loss] if args.loss else []) + [a for kv in args.overrides for a in ("--set", kv)] + args.train_arg
+    print("sample_fc:", " ".join(command), flush=True)
+    lines = []
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        for line in proc.stdout:
+            lines.append(line)
+            if STEP_LINE.search(line) or FINAL_LINE.search(line) or "error" in line.lower():
+                print("  " + line.rstrip(), flush=True)
+    if proc.returncode:
+        sys.exit(f"compare: sample_fc's run failed (exit {proc.returncode}); its last lines:\n"
+                 + "".join(lines[-15:]))
+    losses = [(int(m.group(1)), float(m.group(2))) for m in map(STEP_LINE.search, lines) if m]
+    finals = {m.group(1): float(m.group(2)) for m in map(FINAL_LINE.search, lines) if m}
+    return losses, finals
+
+
+def run_torch(args, cfg):
+    from sample_fc.data.bin_format import load_bin
+    from sample_fc.data.iterators import FaceRecordIter
+    from . import torch_reference
+    rec = os.path.join(ROOT, cfg.rec) if not os.path.isabs(cfg.rec) else cfg.rec
+    target = cfg.val_targets[0]
+    images, issame = load_bin(os.path.join(os.path.dirname(rec), target + ".bin"), cfg.image_size)
+    train_iter = FaceRecordIter(rec, cfg.batch_size * args.np, (3, cfg.image_size, cfg.image_size),
+                                seed=cfg.seed, num_threads=cfg.data_threads, num_classes=cfg.num_classes)
+    print(f"torch reference: clip {args.torch_clip:g}, init {args.torch_init}, weight decay on "
+          f"{args.torch_wd}, {os.cpu_count()} threads, global batch {cfg.batch_size * args.np}", flush=True)
+    result = torch_reference.train(cfg, train_iter, images, issame, args.np, clip_grad_norm=args.torch_clip,
+                                   init=args.torch_init, wd_all=args.torch_wd == "all",
+                                   mxnet_momentum=args.torch_momentum == "mxnet",
+                                   log=lambda line: print("  " + line, flush=True), threads=os.cpu_count())
+    train_iter.close()
+    return result["losses"], {target: result["accuracy"]}
+
+
+def report(curves, accuracies):
+    names = list(curves)
+    steps = sorted({s for curve in curves.values() for s, _ in curve})
+    print("\nloss (mean over the steps since the previous row)")
+    print("  step  " + "".join(f"{n:>12}" for n in names))
+    for step in steps:
+        row = [dict(curves[n]).get(step) for n in names]
+        print(f"  {step:4d}  " + "".join(f"{v:12.4f}" if v is not None else f"{'-':>12}" for v in row))
+    print("\nheld-out verification accuracy (10-fold, flip)")
+    for name in names:
+        print(f"  {name:>10}: " + ", ".join(f"{t} {a:.4f}" for t, a in accuracies[name].items()))
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = config(args)
+    from sample_fc.tools.demo_data import ensure_demo
+    if args.dataset == "demo":
+        ensure_demo(os.path.join(ROOT, os.path.dirname(cfg.rec)))
+    curves, accuracies = {}, {}
+    if args.only != "torch":
+        with tempfile.TemporaryDirectory(prefix="compare-") as models_root:
+            curves["sample_fc"], accuracies["sample_fc"] = run_sample_fc(args, models_root)
+    if args.only != "sample_fc":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            sys.exit("compare: PyTorch is not installed; run `.venv/bin/pip install torch==2.13.0` (CPU build)")
+        curves["torch"], accuracies["torch"] = run_torch(args, cfg)
+    report(curves, accuracies)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
