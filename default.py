@@ -22,7 +22,7 @@ from easydict import EasyDict as edict
 
 from sample_fc.config import apply_overrides
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               LR_SCHEDULES)
+                               LR_SCHEDULES, MOMENTUM_FORMS)
 
 
 def _base_config():
@@ -66,6 +66,7 @@ def _base_config():
     cfg.lr = 0.1                         # lr for a global batch of 512, scaled linearly by global batch / 512
     cfg.lr_scale_by_world = True         # True: apply that linear scaling; False: use lr as given
     cfg.momentum = 0.9                   # SGD momentum, backbone and memory bank alike
+    cfg.sgd_momentum = 'pytorch'         # pytorch: momentum of gradients, lr applied per step (no overshoot at lr drops) | mxnet: of lr-scaled steps
     cfg.wd = 5e-4                        # weight decay, backbone and memory bank alike (not on biases and BN betas)
     cfg.clip_grad_norm = 5.0             # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
     cfg.lr_schedule = 'step'             # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
@@ -271,7 +272,7 @@ RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'freque
 # Keys added after runs were saved without them, with the value that behaves as those runs
 # did (a run resumed from such a checkpoint goes on as it trained; the preset default
 # would change its loss).
-VALUE_BEFORE_KEY = {'clip_grad_norm': 0.0, 'backbone_init': 'xavier'}
+VALUE_BEFORE_KEY = {'clip_grad_norm': 0.0, 'backbone_init': 'xavier', 'sgd_momentum': 'mxnet'}
 
 
 def config_from_checkpoint(saved):
@@ -334,7 +335,8 @@ def check_config(cfg):
     for key, choices in (('dataset', DATASETS), ('network', NETWORKS), ('loss', LOSSES),
                          ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
                          ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS),
-                         ('lr_schedule', LR_SCHEDULES), ('backbone_init', BACKBONE_INITS)):
+                         ('lr_schedule', LR_SCHEDULES), ('backbone_init', BACKBONE_INITS),
+                         ('sgd_momentum', MOMENTUM_FORMS)):
         if cfg[key] not in choices:
             _fail(key, cfg[key], f"one of: {', '.join(choices)}")
     for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',

@@ -64,12 +64,12 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
     schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
     backbone_optimizer = DistributedOptimizer(mx.optimizer.SGD(
         learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
-        multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm)
+        multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.sgd_momentum)
     bank = MemoryBank.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx, seed=cfg.seed)
     module = SampleDistributeModule(
         symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, cfg.sample_ratio, seed=cfg.seed),
         margin=CombinedMargin(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3, cfg.loss_s),
-        bank_optimizer=MemoryBankSGDOptimizer(schedule, cfg.momentum, cfg.wd),
+        bank_optimizer=MemoryBankSGDOptimizer(schedule, cfg.momentum, cfg.wd, momentum_form=cfg.sgd_momentum),
         backbone_optimizer=backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
         data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
         head_kernel=cfg.head_kernel, max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)

@@ -131,17 +131,19 @@ class HostHead:
         return loss, grad
 
     def update(self, num_update):
-        """10. SGD-momentum (sgd_mom_update semantics) on the sampled rows, block by block.
+        """10. SGD-momentum (MemoryBankSGDOptimizer's semantics) on the sampled rows, block by block.
 
         The rows' gradient is g = G^T x_hat - w r (r = <d w_hat, w_hat> / |w|^2, G the scaled
-        d loss / d cosine); mom = momentum mom - lr (clip(rescale g) + wd w); w += mom. Without
-        clipping lr and rescale ride on x_hat and r, so a block costs one GEMM and four passes.
+        d loss / d cosine); "mxnet" form: mom = momentum mom - lr (clip(rescale g) + wd w);
+        w += mom; "pytorch" form: the same with lr 1, then w += lr mom. Without clipping lr and
+        rescale ride on x_hat and r, so a block costs one GEMM and four passes (five: pytorch).
         Blocks hold distinct rows: `threads` threads take every threads-th block, each with
         one BLAS thread (the blocks are memory-bound; measured 219 -> 166 ms at K = 100k on 2 cores).
         """
         index, whole_shard, rows, grad, x_hat, row_radial = self.pending
         opt = self.optimizer
         lr, momentum, wd, rescale = opt.lr_schedule(num_update), opt.momentum, opt.wd, opt.rescale_grad
+        lr, step_lr = (lr, None) if opt.momentum_form == "mxnet" else (1.0, lr)   # step_lr: w += step_lr mom
         if opt.clip_gradient is None:   # lr (rescale g + wd w) = (lr rescale G)^T x_hat + w lr (wd - rescale r)
             x_factor, row_factor = x_hat * (lr * rescale), lr * (wd - rescale * row_radial)
         else:
@@ -168,7 +170,7 @@ class HostHead:
                     self.momentum, index[lo:hi], axis=0, mode="clip", out=momentum_buffer[:n])
                 mom *= momentum
                 mom -= step
-                weight += mom
+                weight += mom if step_lr is None else np.multiply(mom, step_lr, out=scaled_buffer[:n])
                 if not whole_shard:
                     self.weight[index[lo:hi]] = weight
                     self.momentum[index[lo:hi]] = mom

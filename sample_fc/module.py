@@ -175,7 +175,7 @@ class SampleDistributeModule:
         the ranks (one fused collective) and clipped to the optimizer's global norm, then its update."""
         self.num_update += 1
         self.head.update(self.num_update)
-        self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays)
+        self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays, self.num_update)
         self.backbone.update()
 
     # ---- one step ---------------------------------------------------------------------

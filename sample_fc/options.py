@@ -9,3 +9,4 @@ ALLGATHERS = ("native", "allreduce")        # dist.allgather strategies
 HEAD_KERNELS = ("auto", "host", "device")   # module.make_head kernels
 LR_SCHEDULES = ("step", "poly", "cosine")   # optimizers.make_schedule kinds
 BACKBONE_INITS = ("pytorch", "xavier")      # initializers.backbone_initializer kinds
+MOMENTUM_FORMS = ("pytorch", "mxnet")       # optimizers: what SGD momentum accumulates

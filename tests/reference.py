@@ -76,6 +76,16 @@ def sgd_momentum(weight, grad, mom, lr, momentum, wd, rescale_grad=1.0, clip=Non
     return weight + mom, mom
 
 
+def sgd_momentum_pytorch(weight, grad, mom, lr, momentum, wd, rescale_grad=1.0, clip=None):
+    """torch.optim.SGD's form, with mom = -buf: buf = momentum*buf + clip(rescale*grad) + wd*w;
+    w -= lr*buf. Returns (weight, -buf)."""
+    grad = rescale_grad * grad
+    if clip is not None:
+        grad = np.clip(grad, -clip, clip)
+    buf = momentum * -mom + grad + wd * weight
+    return weight - lr * buf, -buf
+
+
 def partial_fc_run(data, labels, backbone_weight, centers, sampled, lr_of_step, margins,
                    momentum=0.9, wd=5e-4):
     """Reference training of a linear backbone (embeddings = flat(data) W^T + b) + centers.

@@ -401,15 +401,17 @@ def test_config_for_run_resumed_keeps_the_saved_config():
 
 
 def test_a_run_saved_before_gradient_clipping_resumes_without_it():
-    """Test that a checkpoint whose config predates clip_grad_norm and backbone_init resumes
-    with no clipping and the Xavier init it trained with, not the new defaults (clip 5), so
-    its loss goes on as before; a checkpoint that has the keys keeps its values."""
+    """Test that a checkpoint whose config predates clip_grad_norm, backbone_init and
+    sgd_momentum resumes with no clipping, the Xavier init and MXNet's momentum it trained
+    with, not the new defaults, so its loss goes on as before; a checkpoint that has the keys
+    keeps its values."""
     saved = _saved_run()
-    assert saved['clip_grad_norm'] == 5.0 and saved['backbone_init'] == 'pytorch'   # the defaults
-    older = {k: v for k, v in saved.items() if k not in ('clip_grad_norm', 'backbone_init')}
+    new_keys = ('clip_grad_norm', 'backbone_init', 'sgd_momentum')
+    assert [saved[k] for k in new_keys] == [5.0, 'pytorch', 'pytorch']   # the defaults
+    older = {k: v for k, v in saved.items() if k not in new_keys}
     cfg = default.config_for_run(resumed=older)
-    assert (cfg.clip_grad_norm, cfg.backbone_init) == (0.0, 'xavier')
-    assert {k: v for k, v in cfg.items() if k not in ('clip_grad_norm', 'backbone_init')} == older
+    assert [cfg[k] for k in new_keys] == [0.0, 'xavier', 'mxnet']
+    assert {k: v for k, v in cfg.items() if k not in new_keys} == older
     assert default.config_for_run(resumed=dict(saved, clip_grad_norm=2.5)).clip_grad_norm == 2.5
 
 

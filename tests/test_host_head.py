@@ -29,13 +29,14 @@ def _bank(num_local, dim, seed=3):
     return bank
 
 
-@pytest.mark.parametrize("rescale, clip, threads", [(1.0, None, 1), (0.5, 0.002, 1), (1.0, None, 2),
-                                                    (0.5, 0.002, 3)])
-def test_host_head_step_matches_numpy(monkeypatch, rescale, clip, threads):
+@pytest.mark.parametrize("rescale, clip, threads, form", [
+    (1.0, None, 1, "mxnet"), (0.5, 0.002, 1, "mxnet"), (1.0, None, 2, "mxnet"), (0.5, 0.002, 3, "mxnet"),
+    (1.0, None, 2, "pytorch"), (0.5, 0.002, 1, "pytorch")])
+def test_host_head_step_matches_numpy(monkeypatch, rescale, clip, threads, form):
     """Test that loss, d/d embeddings and the SGD-momentum update of the sampled rows equal
-    the float64 NumPy head + sgd_mom_update (a row whose target is on another rank, blocks of
-    rows smaller than the sample shared by 1-3 update threads, gradient rescale and
-    clipping), and that rows not sampled stay bit-identical."""
+    the float64 NumPy head + sgd_mom_update or torch's SGD form (a row whose target is on
+    another rank, blocks of rows smaller than the sample shared by 1-3 update threads,
+    gradient rescale and clipping), and that rows not sampled stay bit-identical."""
     monkeypatch.setattr(host_head, "BLOCK_ROWS", 3)            # several update blocks
     rng = np.random.default_rng(11)
     bank = _bank(20, 5)
@@ -44,22 +45,22 @@ def test_host_head_step_matches_numpy(monkeypatch, rescale, clip, threads):
     target = np.array([0, 7, 3, -1, 3, 5])
     embeddings = rng.standard_normal((6, 5)).astype(np.float32)
     optimizer = MemoryBankSGDOptimizer(lambda step: 0.3 * step, momentum=0.9, wd=0.01,
-                                       rescale_grad=rescale, clip_gradient=clip)
+                                       rescale_grad=rescale, clip_gradient=clip, momentum_form=form)
+    sgd = ref.sgd_momentum if form == "mxnet" else ref.sgd_momentum_pytorch
     head = HostHead(bank, CombinedMargin(*MARGINS), optimizer, threads=threads)
     loss, grad_x = head.forward_backward(mx.nd.array(embeddings), target, index, 6, _identity, _identity)
     head.update(2)
 
     want_loss, want_x, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index],
                                                     target, *MARGINS)
-    want_weight, want_momentum = ref.sgd_momentum(weight0[index], want_w, momentum0[index], 0.6, 0.9,
-                                                  0.01, rescale, clip)
+    want_weight, want_momentum = sgd(weight0[index], want_w, momentum0[index], 0.6, 0.9, 0.01, rescale, clip)
     ref.assert_close(loss.asnumpy(), [want_loss], 1e-5)
     ref.assert_close(grad_x.asnumpy(), want_x, 1e-5)
     weight, momentum = bank.weight.asnumpy(), bank.momentum.asnumpy()
     ref.assert_close(weight[index], want_weight, 1e-5)
     ref.assert_close(momentum[index], want_momentum, 1e-5)
     if clip is not None:    # the clip did bind: it changed the reference's update
-        unclipped = ref.sgd_momentum(weight0[index], want_w, momentum0[index], 0.6, 0.9, 0.01, rescale)
+        unclipped = sgd(weight0[index], want_w, momentum0[index], 0.6, 0.9, 0.01, rescale)
         assert np.abs(unclipped[1] - want_momentum).max() > 1e-3
     untouched = np.setdiff1d(np.arange(20), index)
     np.testing.assert_array_equal(weight[untouched], weight0[untouched])

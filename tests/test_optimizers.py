@@ -97,6 +97,28 @@ def test_bank_update_matches_numpy_in_place(clip):
         assert not np.allclose(first, unclipped)
 
 
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_bank_update_in_pytorch_form_matches_torch_sgd_across_an_lr_drop(clip):
+    """Test that the "pytorch" form keeps -buf of torch.optim.SGD (buf = m buf + g + wd w,
+    w -= lr buf; NumPy) over an lr drop, where it differs from the "mxnet" form: the step right
+    after the drop is lr_new * buf, not the old lr-scaled momentum plus lr_new * g."""
+    schedule = WarmupMultiStepSchedule(0.2, warmup_steps=0, steps=[3], factor=0.1)
+    opt = MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-3, rescale_grad=0.5, clip_gradient=clip,
+                                 momentum_form="pytorch")
+    weight, mom, grad = _bank_rows(4)
+    weight_nd, mom_nd = mx.nd.array(weight), mx.nd.array(mom)
+    expected_w, expected_m, mxnet_w, mxnet_m = weight, mom, weight, mom
+    for num_update, lr in ((1, 0.2), (2, 0.2), (3, 0.02)):
+        opt.update(weight_nd, mom_nd, mx.nd.array(grad * num_update), num_update)
+        expected_w, expected_m = ref.sgd_momentum_pytorch(expected_w, grad * num_update, expected_m, lr, 0.9,
+                                                          5e-3, 0.5, clip)
+        ref.assert_close(weight_nd.asnumpy(), expected_w, 1e-5)
+        ref.assert_close(mom_nd.asnumpy(), expected_m, 1e-5)
+    for num_update, lr in ((1, 0.2), (2, 0.2), (3, 0.02)):    # the mxnet form from the same start
+        mxnet_w, mxnet_m = ref.sgd_momentum(mxnet_w, grad * num_update, mxnet_m, lr, 0.9, 5e-3, 0.5, clip)
+    assert np.abs(mxnet_w - expected_w).max() > 1e-3
+
+
 def test_bank_update_clips_the_rescaled_gradient_like_mxnet():
     """Test that with rescale_grad != 1 the clip applies to rescale*grad, as MXNet's
     sgd_mom_update does and as the host head computes it (both kernels must agree)."""
@@ -148,6 +170,32 @@ def test_distributed_update_equals_the_wrapped_sgd_at_world_size_1():
         ref.assert_close(w_wrapped[i].asnumpy(), expected[i], 1e-5)
         ref.assert_close(s_wrapped[i].asnumpy(), moms[i], 1e-5)
     assert wrapped.num_update == bare.num_update == 3
+
+
+def test_pytorch_momentum_form_equals_torch_sgd_over_lr_changes():
+    """Test that DistributedOptimizer(SGD, momentum_form="pytorch"), with sum_gradients before
+    each update (world size 1), follows torch.optim.SGD's form in NumPy (buf = m buf + g + wd w;
+    w -= lr buf) through a warm-up and an lr drop, while the "mxnet" form does not after the drop."""
+    schedule = lambda: WarmupMultiStepSchedule(0.4, warmup_steps=3, steps=[5], factor=0.1)
+    forms = {form: DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.4, momentum=0.9, wd=1e-2,
+                                                         lr_scheduler=schedule()), momentum_form=form)
+             for form in ("pytorch", "mxnet")}
+    rng = np.random.default_rng(5)
+    start = rng.standard_normal((3, 4))
+    weights = {form: mx.nd.array(start) for form in forms}
+    states = {form: opt.create_state(0, weights[form]) for form, opt in forms.items()}
+    expected, buf = start.copy(), np.zeros((3, 4))
+    for num_update in range(1, 8):
+        grad = rng.standard_normal((3, 4))
+        for form, opt in forms.items():
+            grad_nd = mx.nd.array(grad)
+            opt.sum_gradients([[grad_nd]], num_update)
+            opt.update(0, weights[form], grad_nd, states[form])
+        lr = schedule()(num_update)
+        buf = 0.9 * buf + grad + 1e-2 * expected
+        expected = expected - lr * buf
+        ref.assert_close(weights["pytorch"].asnumpy(), expected, 1e-5)
+    assert np.abs(weights["mxnet"].asnumpy() - expected).max() > 1e-2
 
 
 def test_set_param_names_gives_no_weight_decay_to_biases_and_betas():
