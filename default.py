@@ -38,6 +38,10 @@ def _base_config():
     cfg.val_targets = ['demo_val']       # verification sets, <name>.bin looked up next to rec
     cfg.data_threads = 2                 # decoding threads per worker for the RecordIO iterator
     cfg.synthetic = False                # True: random images and labels instead of reading rec
+    cfg.aug_downscale = 0.0              # probability of shrinking an image to a random 0.5-1 of its side and back (low resolution; 0 = off)
+    cfg.aug_blur = 0.0                   # probability of a Gaussian blur of radius 0.5-1.5 px (0 = off)
+    cfg.aug_color_jitter = 0.0           # probability of scaling brightness, contrast and saturation by 0.8-1.2 each (0 = off)
+    cfg.aug_grayscale = 0.0              # probability of converting an image to gray (0 = off)
 
     # ---- network ----------------------------------------------------------------
     cfg.network = 'mbf'                  # backbone preset name, one of NETWORKS (symbols/)
@@ -261,13 +265,13 @@ def get_config(dataset='demo', network='mbf', loss=None):
 
 
 # Keys a resumed run may change (`--resume RUN --set key=value`): they steer how long it runs,
-# the tail of its lr schedule, logging, checkpoints, evaluation and how it executes, not the
-# model or the data it learns from. Every other key is fixed by the run's checkpoint, and
+# the tail of its lr schedule, logging, checkpoints, evaluation, augmentation and how it
+# executes, not the model or the data it learns from. Every other key is fixed by the run's checkpoint, and
 # setting it to another value on resume is an error naming the key and both values.
 RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'frequent', 'verbose',
                   'ckpt_period', 'ckpt_keep', 'tensorboard', 'val_targets', 'data_threads',
                   'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'context', 'bank_context',
-                  'head_kernel', 'allgather')
+                  'head_kernel', 'allgather', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
 
 # Keys added after runs were saved without them, with the value that behaves as those runs
 # did (a run resumed from such a checkpoint goes on as it trained; the preset default
@@ -351,6 +355,10 @@ def check_config(cfg):
         _fail('sample_ratio', cfg.sample_ratio, "a float in (0, 1]")
     if not 0.0 <= cfg.dropout < 1.0:
         _fail('dropout', cfg.dropout, "a float in [0, 1)")
+    for key in ('aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale'):
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            _fail(key, value, "a float in [0, 1] (a probability)")
     for key in ('lr', 'loss_s', 'loss_m1'):
         if not (math.isfinite(cfg[key]) and cfg[key] > 0):
             _fail(key, cfg[key], "a finite float > 0")

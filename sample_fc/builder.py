@@ -16,6 +16,7 @@ import symbols
 from . import checkpoint, resume
 from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from .data import FaceRecordIter, SyntheticIter
+from .data.augment import Augmentation
 from .data.bin_format import load_bin
 from .data.recordio import read_property
 from .initializers import backbone_initializer
@@ -40,12 +41,15 @@ def resolve_contexts(cfg, local_rank):
 
 
 def build_iterator(cfg, rank, world):
-    """This rank's training iterator: the RecordIO shard, or random data when cfg.synthetic."""
+    """This rank's training iterator: the RecordIO shard (augmented as the aug_* keys say), or
+    random data when cfg.synthetic."""
     shape = (3, cfg.image_size, cfg.image_size)
     if cfg.synthetic:
         return SyntheticIter(cfg.batch_size, cfg.num_classes, shape, seed=cfg.seed, rank=rank)
+    augment = Augmentation(downscale=cfg.aug_downscale, blur=cfg.aug_blur,
+                           color_jitter=cfg.aug_color_jitter, grayscale=cfg.aug_grayscale)
     return FaceRecordIter(cfg.rec, cfg.batch_size, shape, rank=rank, num_workers=world, seed=cfg.seed,
-                          num_threads=cfg.data_threads, num_classes=cfg.num_classes)
+                          num_threads=cfg.data_threads, num_classes=cfg.num_classes, augment=augment)
 
 
 def build_symbol(cfg):

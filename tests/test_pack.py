@@ -133,3 +133,36 @@ def test_folders_without_images_are_an_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "hold no image files" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_lossless_pack_reads_back_the_exact_pixels(image_folder, tmp_path):
+    """Test that --lossless stores PNG, so FaceRecordIter yields exactly the source pixels,
+    which the JPEG path (quality 95) does not."""
+    images, source = image_folder
+    main(["--images", str(images), "--out", str(tmp_path / "png" / "train"), "--image-size", "32", "--lossless"])
+    pack_folder(str(images), str(tmp_path / "jpeg" / "train"), image_size=32, progress=False)
+    expected = [source[p][0] for p in sorted(source)]
+    yielded = {}
+    for kind in ("png", "jpeg"):
+        it = FaceRecordIter(str(tmp_path / kind / "train.rec"), batch_size=12, data_shape=(3, 32, 32),
+                            shuffle=False, rand_mirror=False)
+        yielded[kind] = next(it).data[0].asnumpy().transpose(0, 2, 3, 1)
+        it.close()
+    _, encoded = mx.recordio.unpack(open_record(tmp_path / "png").read_idx(1))
+    assert encoded.startswith(b"\x89PNG")
+    np.testing.assert_array_equal(yielded["png"], np.stack(expected))
+    assert not any(np.array_equal(a, b) for a, b in zip(yielded["jpeg"], expected))
+
+
+def test_lossless_with_a_jpeg_quality_is_an_argument_error(image_folder, tmp_path, capsys):
+    """Test that --lossless with a --quality other than the default stops with one error line and
+    exit 2 (quality is JPEG-only), writing nothing; pack_folder refuses it too."""
+    images, _ = image_folder
+    with pytest.raises(SystemExit) as stop:
+        main(["--images", str(images), "--out", str(tmp_path / "out" / "train"), "--lossless", "--quality", "80"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].endswith("error: --quality 80 applies to JPEG only; drop it or --lossless")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="quality=80 applies to JPEG only"):
+        pack_folder(str(images), str(tmp_path / "out" / "train"), quality=80, lossless=True, progress=False)

@@ -1,5 +1,5 @@
-"""Images: the one decode (any file Pillow reads -> RGB uint8, resized), the one JPEG
-encoder, and the one list of file extensions the tools read (pack, embed).
+"""Images: the one decode (any file Pillow reads -> RGB uint8, resized), the JPEG and
+(lossless) PNG encoders, and the one list of file extensions the tools read (pack, embed).
 
 Sizes are an int (square) or (height, width); resizing is bilinear and only happens when
 the size differs. Undecodable input raises OSError; callers add where it came from.
@@ -53,4 +53,12 @@ def encode_jpeg(pixels, quality=JPEG_QUALITY):
     image = pixels if isinstance(pixels, Image.Image) else Image.fromarray(pixels)
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def encode_png(pixels):
+    """PNG bytes (lossless) of (H, W, 3) uint8 RGB pixels or a PIL image (deterministic)."""
+    image = pixels if isinstance(pixels, Image.Image) else Image.fromarray(pixels)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
     return buffer.getvalue()

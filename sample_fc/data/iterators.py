@@ -6,8 +6,8 @@ identities], B being the per-rank batch, under the names 'data' and 'softmax_lab
 Arrays are on the CPU; the module copies them to its context. Epochs are explicit: the
 iterator starts in epoch 0 and every `reset()` moves to the next epoch (Module.fit calls it
 at the end of each epoch; calling it before the first batch skips epoch 0).
-`state_dict()` / `load_state_dict()` resume at the next batch with the same images, labels
-and mirrors.
+`state_dict()` / `load_state_dict()` resume at the next batch with the same images, labels,
+mirrors and augmentations.
 """
 import collections
 import os
@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
+from .augment import Augmentation, augment_image
 from .images import decode_rgb
 from .recordio import label_to_int, open_record, read_property
 
@@ -104,13 +105,17 @@ class FaceRecordIter(_EpochIter):
     shuffle=False the same tail is skipped every epoch). Horizontal mirrors come from
     np.random.default_rng((seed, epoch, rank)). Images are decoded with Pillow by
     `num_threads` threads, `prefetch` batches ahead, and resized (bilinear) when their size
-    differs from data_shape. Labels are checked to be integers in [0, num_classes) as they
-    are read; num_classes defaults to the one in `property`, which must agree if both exist.
+    differs from data_shape. `augment` (an Augmentation; None = none) changes them before the
+    mirror, with each image's parameters drawn per epoch from
+    np.random.default_rng((seed, epoch, rank, 1)), so they too are a pure function of
+    (seed, epoch, rank, position), whatever the thread scheduling. Labels are checked to be
+    integers in [0, num_classes) as they are read; num_classes defaults to the one in
+    `property`, which must agree if both exist.
     """
 
     def __init__(self, path_imgrec, batch_size, data_shape=(3, 112, 112), rank=0, num_workers=1,
                  shuffle=True, rand_mirror=True, seed=0, num_threads=2, prefetch=2, dtype="float32",
-                 num_classes=None, path_imgidx=None):
+                 num_classes=None, path_imgidx=None, augment=None):
         super().__init__(batch_size, data_shape, dtype, seed)
         if not (_positive_int(num_workers) and isinstance(rank, (int, np.integer))
                 and 0 <= rank < num_workers):
@@ -120,6 +125,9 @@ class FaceRecordIter(_EpochIter):
             raise ValueError(f"num_threads and prefetch must be >= 1, got {num_threads!r} and {prefetch!r}")
         if num_classes is not None and not _positive_int(num_classes):
             raise ValueError(f"num_classes must be None or a positive integer, got {num_classes!r}")
+        if augment is not None and not isinstance(augment, Augmentation):
+            raise ValueError(f"augment must be None or an Augmentation, got {augment!r}")
+        self.augment = augment if augment is not None else Augmentation()
         self.rank, self.num_workers = int(rank), int(num_workers)
         self.shuffle, self.rand_mirror, self.prefetch = bool(shuffle), bool(rand_mirror), int(prefetch)
         self.path = path_imgrec
@@ -153,6 +161,8 @@ class FaceRecordIter(_EpochIter):
         self._shard = self._keys[order[self.rank * n:(self.rank + 1) * n]]
         mirror_rng = np.random.default_rng((self.seed, epoch, self.rank))
         self._mirror = mirror_rng.random(n) < 0.5 if self.rand_mirror else np.zeros(n, dtype=bool)
+        self._augment = (self.augment.draw(np.random.default_rng((self.seed, epoch, self.rank, 1)), n)
+                         if self.augment.active else None)  # None: images pass through untouched
         self._schedule()
 
     def _schedule(self):
@@ -161,14 +171,16 @@ class FaceRecordIter(_EpochIter):
             data = np.empty((self.batch_size,) + self.data_shape, dtype=np.float32)
             labels = np.empty(self.batch_size, dtype=np.int64)
             bounds = np.linspace(0, self.batch_size, self._num_chunks + 1).astype(int)
-            futures = [self._pool.submit(self._load, self._shard[lo + a:lo + b],
-                                         self._mirror[lo + a:lo + b], data[a:b], labels[a:b])
+            futures = [self._pool.submit(self._load, self._shard[lo + a:lo + b], self._mirror[lo + a:lo + b],
+                                         None if self._augment is None else self._augment[lo + a:lo + b],
+                                         data[a:b], labels[a:b])
                        for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
             self._pending.append((data, labels, futures))
             self._next_to_schedule += 1
 
-    def _load(self, keys, mirror, data_out, labels_out):
-        """Read, decode, resize and mirror `keys` into the given slices (runs in a pool thread)."""
+    def _load(self, keys, mirror, params, data_out, labels_out):
+        """Read, decode, resize, augment (`params`: rows of Augmentation.draw, or None) and
+        mirror `keys` into the given slices (runs in a pool thread)."""
         height, width = self.data_shape[1:]
         for j, key in enumerate(keys):
             with self._lock:
@@ -188,6 +200,8 @@ class FaceRecordIter(_EpochIter):
                 pixels = decode_rgb(encoded, (height, width))
             except OSError as err:
                 raise DataError(f"{self.path}: record key {key}: {err}") from None
+            if params is not None:
+                pixels = augment_image(pixels, params[j])
             data_out[j] = (pixels[:, ::-1] if mirror[j] else pixels).transpose(2, 0, 1)
 
     def next(self):

@@ -1,11 +1,14 @@
 """Pack a folder of face images into an insightface RecordIO dataset.
 
-    python -m sample_fc.tools.pack --images DIR --out PREFIX [--image-size 112] [--skip-bad] [--quality 95]
+    python -m sample_fc.tools.pack --images DIR --out PREFIX [--image-size 112] [--skip-bad]
+                                   [--quality 95 | --lossless]
 
 DIR holds one subfolder per identity; sorted folder names become ids 0..K-1 (a folder with
 no usable image keeps its id and gets an empty range). Images (any extension in
 sample_fc.data.images.IMAGE_EXTENSIONS) are converted to RGB, resized (bilinear) to
-image_size x image_size when needed and re-encoded as JPEG. Output: PREFIX.rec, PREFIX.idx
+image_size x image_size when needed and re-encoded as JPEG of the given quality, or with
+--lossless as PNG, which the readers decode to exactly the packed pixels (larger files, and
+no JPEG artefacts added on top of the source's own). Output: PREFIX.rec, PREFIX.idx
 and `property` in PREFIX's folder, laid out as in sample_fc/data/recordio.py (image keys
 1..N, identity records after them, header record 0 written last as insightface's own
 tools do; the .idx maps every key to its offset).
@@ -13,7 +16,7 @@ tools do; the .idx maps every key to its offset).
 import os
 import sys
 
-from ..data.images import IMAGE_EXTENSIONS, decode_rgb, encode_jpeg, is_image_file
+from ..data.images import IMAGE_EXTENSIONS, JPEG_QUALITY, decode_rgb, encode_jpeg, encode_png, is_image_file
 from ..data.recordio import RecordWriter
 from .cli import Progress, make_parser, run_or_exit
 
@@ -36,8 +39,12 @@ def list_identities(images_dir):
     return listing
 
 
-def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=95, progress=True):
+def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=JPEG_QUALITY, progress=True,
+                lossless=False):
     """Pack images_dir into out_prefix.rec/.idx + property; return a summary dict.
+
+    Images are stored as JPEG of `quality`, or as PNG when lossless (quality is then unused
+    and must stay the default).
 
     Unreadable images raise OSError naming the file, unless skip_bad, in which case they are
     left out and listed in summary['skipped'].
@@ -46,6 +53,8 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
         raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
     if not (isinstance(quality, int) and 1 <= quality <= 100):
         raise ValueError(f"quality must be an integer in [1, 100], got {quality!r}")
+    if lossless and quality != JPEG_QUALITY:
+        raise ValueError(f"quality={quality} applies to JPEG only; lossless packing stores PNG")
     identities = list_identities(images_dir)
     skipped = []
     bar = Progress(sum(len(paths) for _, paths in identities), "packing", enabled=progress)
@@ -60,7 +69,7 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
                     raise OSError(f"cannot read image {path}: {err} (use --skip-bad to skip it)") from err
                 skipped.append(path)
                 continue
-            yield encode_jpeg(pixels, quality)
+            yield encode_png(pixels) if lossless else encode_jpeg(pixels, quality)
 
     with RecordWriter(out_prefix, image_size) as writer:
         for _, paths in identities:
@@ -78,10 +87,15 @@ def main(argv=None):
                         help="output prefix: writes PREFIX.rec, PREFIX.idx and property beside them")
     parser.add_argument("--image-size", type=int, default=112, help="side of the square output images")
     parser.add_argument("--skip-bad", action="store_true", help="skip unreadable images instead of failing")
-    parser.add_argument("--quality", type=int, default=95, help="JPEG quality of the packed images")
+    parser.add_argument("--quality", type=int, default=JPEG_QUALITY,
+                        help="JPEG quality of the packed images (default %(default)s)")
+    parser.add_argument("--lossless", action="store_true",
+                        help="store PNG instead of JPEG: the packed pixels exactly, in larger files")
     args = parser.parse_args(argv)
-    summary = run_or_exit(parser, lambda: pack_folder(args.images, args.out, args.image_size,
-                                                      args.skip_bad, args.quality))
+    if args.lossless and args.quality != JPEG_QUALITY:
+        parser.error(f"--quality {args.quality} applies to JPEG only; drop it or --lossless")
+    summary = run_or_exit(parser, lambda: pack_folder(args.images, args.out, args.image_size, args.skip_bad,
+                                                      args.quality, lossless=args.lossless))
     print(f"wrote {summary['rec']}: {summary['num_images']} images, {summary['num_identities']} identities")
     if summary["skipped"]:
         print(f"skipped {len(summary['skipped'])} unreadable images:", *summary["skipped"],
