@@ -232,13 +232,22 @@ def find_checkpoint(path, step=None, option="--resume"):
     return found[step]
 
 
-def compatible_state(checkpoint, num_classes, embedding_size):
-    """The checkpoint's state.json, checked against this run's num_classes and
-    embedding_size (ValueError naming the key and both values)."""
+def saved_state(checkpoint, needs=("step", "world_size")):
+    """state.json of a checkpoint, holding the keys `needs` (ValueError naming the file when
+    it cannot be read or lacks one)."""
     try:
         state = read_state(checkpoint)
     except (OSError, ValueError) as err:
-        raise ValueError(f"checkpoint {checkpoint}: cannot read state.json ({err})") from None
+        raise ValueError(f"checkpoint {checkpoint}: state.json cannot be read ({err})") from None
+    if not isinstance(state, dict) or not set(needs) <= set(state):
+        raise ValueError(f"checkpoint {checkpoint}: state.json lacks {' or '.join(needs)}")
+    return state
+
+
+def compatible_state(checkpoint, num_classes, embedding_size):
+    """The checkpoint's state.json, checked against this run's num_classes and
+    embedding_size (ValueError naming the key and both values)."""
+    state = saved_state(checkpoint)
     for key, want in (("num_classes", num_classes), ("embedding_size", embedding_size)):
         if state.get(key) != want:
             raise ValueError(f"checkpoint {checkpoint} was trained with {key}={state.get(key)}, "

@@ -13,7 +13,8 @@ import os
 import mxnet as mx
 
 from .checkpoint import (OPTIMIZER_FILE, aux_path, bank_shard_paths, find_checkpoint, list_checkpoints,
-                         model_prefix, read_state)
+                         model_prefix)
+from .checkpoint import saved_state as checkpoint_state
 from .sampler import shard_range
 
 
@@ -31,14 +32,8 @@ def models_root_of(path):
 
 
 def saved_state(checkpoint):
-    """state.json of a checkpoint (ValueError naming the file when it cannot be read)."""
-    try:
-        state = read_state(checkpoint)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"checkpoint {checkpoint}: state.json cannot be read ({err})") from None
-    if not isinstance(state, dict) or not {"step", "world_size", "config"} <= set(state):
-        raise ValueError(f"checkpoint {checkpoint}: state.json lacks step, world_size or config")
-    return state
+    """state.json of a checkpoint with the step, world size and config a resume needs."""
+    return checkpoint_state(checkpoint, needs=("step", "world_size", "config"))
 
 
 def saved_config(path):
