@@ -54,14 +54,16 @@ def test_preset_names_are_exposed():
     assert default.LOSSES == ('arcface', 'cosface')
 
 
-def test_margins_are_the_published_values():
-    """Test that arcface is (s, m1, m2, m3) = (64, 1, 0.5, 0) and cosface (64, 1, 0, 0.4)."""
+def test_margins_are_the_published_values_at_the_datasets_scale():
+    """Test that arcface is (m1, m2, m3) = (1, 0.5, 0) and cosface (1, 0, 0.4) on any dataset,
+    while the scale s stays the dataset's: the published 64 on emore, 32 on the demo."""
     def margins(cfg):
         return (cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3)
-    for dataset in ('demo', 'emore'):
-        assert margins(default.get_config(dataset, loss='arcface')) == (64.0, 1.0, 0.5, 0.0)
-        assert margins(default.get_config(dataset, loss='cosface')) == (64.0, 1.0, 0.0, 0.4)
+    for dataset, s in (('demo', 32.0), ('emore', 64.0)):
+        assert margins(default.get_config(dataset, loss='arcface')) == (s, 1.0, 0.5, 0.0)
+        assert margins(default.get_config(dataset, loss='cosface')) == (s, 1.0, 0.0, 0.4)
     assert margins(default.get_config('emore')) == (64.0, 1.0, 0.5, 0.0)   # the base: ArcFace
+    assert margins(default.get_config('demo')) == (32.0, 1.0, 0.0, 0.25)   # the demo's own CosFace
 
 
 def test_dataset_presets_hold_the_dataset_facts():
