@@ -98,7 +98,7 @@ def make_schedule(kind, base_lr, warmup_steps, max_update, steps, factor):
 class DistributedOptimizer(mx.optimizer.Optimizer):
     """The wrapped optimizer, applied to gradients summed over all ranks and clipped.
 
-    Each step, sum_gradients(grad_arrays) runs before Module.update(): gradients are summed,
+    Each step, sum_gradients(grad_arrays, num_update) runs before Module.update(): gradients are summed,
     not averaged (the step's loss is already the mean over the global batch, so the per-rank
     gradients are partial sums of the exact gradient), all in one fused collective, so every
     rank must own the same parameters in the same order (the same symbol), which data

@@ -26,7 +26,7 @@ opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=
                            clip_grad_norm=clip)
 weights = [mx.nd.ones(s) for s in shapes]
 grads = [[mx.nd.array(g)] for g in per_rank[rank]]
-returned = opt.sum_gradients(grads)
+returned = opt.sum_gradients(grads, 1)
 for i, weight in enumerate(weights):
     opt.update(i, weight, grads[i][0], opt.create_state(i, weight))
 for i, weight in enumerate(weights):
