@@ -150,6 +150,9 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
             if lr != previous and lr > 0 and previous > 0:
                 self.momentum_scale = lr / previous
         arrays = [grad for per_context in grad_arrays for grad in per_context]
+        if not arrays:                    # a backbone without parameters (the benchmark's identity)
+            self.last_grad_norm = 0.0
+            return 0.0
         dist.grouped_allreduce_sum_(arrays, ["backbone_grads"])
         totals = [per_context[0] if len(per_context) == 1 else
                   mx.nd.add_n(*[g.as_in_context(per_context[0].context) for g in per_context])
