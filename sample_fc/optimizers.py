@@ -115,7 +115,6 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         self._optimizer = optimizer
         self.clip_grad_norm, self.momentum_form = clip_grad_norm, momentum_form
         self.base_rescale_grad = optimizer.rescale_grad
-        self.last_grad_norm = None      # global norm of the last summed gradients, before clipping
         self.momentum_scale = 1.0       # applied to each state before this step's update ("pytorch")
 
     def __getattr__(self, item):
@@ -151,14 +150,13 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
                 self.momentum_scale = lr / previous
         arrays = [grad for per_context in grad_arrays for grad in per_context]
         if not arrays:                    # a backbone without parameters (the benchmark's identity)
-            self.last_grad_norm = 0.0
             return 0.0
         dist.grouped_allreduce_sum_(arrays, ["backbone_grads"])
         totals = [per_context[0] if len(per_context) == 1 else
                   mx.nd.add_n(*[g.as_in_context(per_context[0].context) for g in per_context])
                   for per_context in grad_arrays]
         squares = mx.nd.multi_sum_sq(*totals, num_arrays=len(totals))
-        self.last_grad_norm = norm = math.sqrt(float(mx.nd.sum(squares).asscalar()))
+        norm = math.sqrt(float(mx.nd.sum(squares).asscalar()))
         scale = self.clip_grad_norm / norm if self.clip_grad_norm and norm > self.clip_grad_norm else 1.0
         self._optimizer.rescale_grad = self.base_rescale_grad * scale
         return norm

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from sample_fc.optimizers import make_schedule
+from sample_fc.verification import score, to_nchw
 from symbols.common import BN_EPS, BN_MOMENTUM, PRELU_INIT
 from symbols.mobilefacenet import SEP_CHANNELS, STAGES, STEM_CHANNELS
 
@@ -91,18 +93,10 @@ def margin_logits(cosine, labels, s, m1, m2, m3):
     return s * cosine.scatter(1, labels[:, None], target_m)
 
 
-def step_lr(cfg, lr, num_update):
-    """The same schedule as sample_fc.optimizers.make_schedule (imported lazily: mxnet)."""
-    from sample_fc.optimizers import make_schedule
-    return make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps,
-                         cfg.lr_factor)(num_update)
-
-
 def train(cfg, train_iter, val_images, val_issame, world_size, clip_grad_norm=5.0, init="torch",
           wd_all=True, mxnet_momentum=False, log=print, threads=None):
     """Train cfg's recipe (global batch batch_size * world_size from train_iter) and return
     {'losses': [(step, mean loss since the last report)], 'accuracy': float, 'seconds': float}."""
-    from sample_fc.verification import score, to_nchw
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
@@ -111,6 +105,7 @@ def train(cfg, train_iter, val_images, val_issame, world_size, clip_grad_norm=5.
         xavier_magnitude2_(model)
     centers = nn.Parameter(torch.randn(cfg.num_classes, cfg.embedding_size) * 0.01)
     lr = cfg.lr * (cfg.batch_size * world_size / 512 if cfg.lr_scale_by_world else 1.0)
+    schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
     # wd_all=False: MXNet's default, weight decay on weights and gammas (PReLU slopes too), not on betas
     decayed = [p for n, p in model.named_parameters() if p.requires_grad and (wd_all or n.endswith("weight"))]
     not_decayed = [p for p in model.parameters() if p.requires_grad and all(p is not q for q in decayed)]
@@ -125,7 +120,7 @@ def train(cfg, train_iter, val_images, val_issame, world_size, clip_grad_norm=5.
             train_iter.reset()
             continue
         step += 1
-        new_lr = step_lr(cfg, lr, step)
+        new_lr = schedule(step)
         for group in optimizer.param_groups:
             if mxnet_momentum and group["lr"] != new_lr and new_lr > 0:
                 # MXNet's SGD keeps lr-scaled steps in its momentum: at an lr change the

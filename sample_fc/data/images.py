@@ -48,17 +48,19 @@ def decode_rgb(source, size=None):
     return rgb_pixels(open_image(source), size)
 
 
-def encode_jpeg(pixels, quality=JPEG_QUALITY):
-    """JPEG bytes of (H, W, 3) uint8 RGB pixels or a PIL image (deterministic)."""
+def _encode(pixels, image_format, **options):
+    """Encoded bytes of (H, W, 3) uint8 RGB pixels or a PIL image (deterministic)."""
     image = pixels if isinstance(pixels, Image.Image) else Image.fromarray(pixels)
     buffer = io.BytesIO()
-    image.save(buffer, format="JPEG", quality=quality)
+    image.save(buffer, format=image_format, **options)
     return buffer.getvalue()
+
+
+def encode_jpeg(pixels, quality=JPEG_QUALITY):
+    """JPEG bytes of (H, W, 3) uint8 RGB pixels or a PIL image (deterministic)."""
+    return _encode(pixels, "JPEG", quality=quality)
 
 
 def encode_png(pixels):
     """PNG bytes (lossless) of (H, W, 3) uint8 RGB pixels or a PIL image (deterministic)."""
-    image = pixels if isinstance(pixels, Image.Image) else Image.fromarray(pixels)
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
+    return _encode(pixels, "PNG")
