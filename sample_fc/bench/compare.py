@@ -2,14 +2,16 @@
 
     .venv/bin/pip install torch==2.13.0        # once: the CPU build (not needed for training)
     .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--loss L] [--set key=value ...]
-        [--np 2] [--only sample_fc|torch] [--torch-clip 5] [--torch-init torch|xavier2]
-        [--torch-wd all|mxnet]
+        [--np 2] [--only sample_fc|torch] [--seeds 0,1,2] [--torch-clip 5]
+        [--torch-init torch|xavier2] [--torch-wd all|mxnet]
 
 Both train the dataset preset's recipe (default: the demo's, on the demo data built on
 first use) for the same steps on the same .rec, and are scored on the same held-out pairs
 with the same 10-fold verification. sample_fc runs as users run it (horovodrun, --np
 workers, Gloo); the reference (sample_fc/bench/torch_reference.py) runs in this process
-with the whole global batch. Prints both loss curves side by side, then both accuracies.
+with the whole global batch. Prints both loss curves side by side, then both accuracies;
+with --seeds, each side trains once per seed (init, data order, sampling) and the table
+has the loss averaged over the seeds and each seed's accuracy with their mean and spread.
 """
 import argparse
 import os
@@ -32,6 +34,8 @@ def parse_args(argv):
                         help="config override for both trainers (repeatable), e.g. max_update=400")
     parser.add_argument("--np", type=int, default=2, help="sample_fc workers (default 2)")
     parser.add_argument("--only", choices=("sample_fc", "torch"), help="run one side only")
+    parser.add_argument("--seeds", type=seed_list, default=None, metavar="N,N,...",
+                        help="train once per seed (config key seed) and report the mean; default: the config's seed")
     parser.add_argument("--train-arg", action="append", default=[], metavar="ARG",
                         help="extra train.py argument for the sample_fc side only (repeatable)")
     parser.add_argument("--torch-clip", type=float, default=5.0,
@@ -43,6 +47,16 @@ def parse_args(argv):
     parser.add_argument("--torch-momentum", choices=("torch", "mxnet"), default="torch",
                         help="reference: PyTorch's momentum (in gradient units) or MXNet's (in lr-scaled steps)")
     return parser.parse_args(argv)
+
+
+def seed_list(text):
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 0,1,2")
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected distinct integers >= 0")
+    return seeds
 
 
 def config(args):
@@ -97,17 +111,41 @@ def run_torch(args, cfg):
     return result["losses"], {target: result["accuracy"]}
 
 
-def report(curves, accuracies):
+def mean_curve(curves):
+    """The loss at each logged step averaged over the runs that logged it."""
+    by_step = {}
+    for curve in curves:
+        for step, loss in curve:
+            by_step.setdefault(step, []).append(loss)
+    return [(step, sum(v) / len(v)) for step, v in sorted(by_step.items())]
+
+
+def accuracy_summary(per_seed):
+    """'target a0 a1 ... (mean m, spread max-min)' for each target; per_seed: [{target: acc}]."""
+    parts = []
+    for target in per_seed[0]:
+        values = [result[target] for result in per_seed]
+        text = f"{target} " + " ".join(f"{a:.4f}" for a in values)
+        if len(values) > 1:
+            text += f" (mean {sum(values) / len(values):.4f}, spread {max(values) - min(values):.4f})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def report(curves, accuracies, seeds):
+    """curves: name -> [curve per seed]; accuracies: name -> [{target: accuracy} per seed]."""
     names = list(curves)
-    steps = sorted({s for curve in curves.values() for s, _ in curve})
-    print("\nloss (mean over the steps since the previous row)")
+    mean = {name: dict(mean_curve(curves[name])) for name in names}
+    steps = sorted({s for curve in mean.values() for s in curve})
+    over = f", averaged over seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else ""
+    print(f"\nloss (mean over the steps since the previous row{over})")
     print("  step  " + "".join(f"{n:>12}" for n in names))
     for step in steps:
-        row = [dict(curves[n]).get(step) for n in names]
+        row = [mean[n].get(step) for n in names]
         print(f"  {step:4d}  " + "".join(f"{v:12.4f}" if v is not None else f"{'-':>12}" for v in row))
-    print("\nheld-out verification accuracy (10-fold, flip)")
+    print("\nheld-out verification accuracy (10-fold, flip)" + (f", seeds {','.join(map(str, seeds))}" if over else ""))
     for name in names:
-        print(f"  {name:>10}: " + ", ".join(f"{t} {a:.4f}" for t, a in accuracies[name].items()))
+        print(f"  {name:>10}: " + accuracy_summary(accuracies[name]))
 
 
 def main(argv=None):
@@ -116,17 +154,26 @@ def main(argv=None):
     from sample_fc.tools.demo_data import ensure_demo
     if args.dataset == "demo":
         ensure_demo(os.path.join(ROOT, os.path.dirname(cfg.rec)))
-    curves, accuracies = {}, {}
-    if args.only != "torch":
-        with tempfile.TemporaryDirectory(prefix="compare-") as models_root:
-            curves["sample_fc"], accuracies["sample_fc"] = run_sample_fc(args, models_root)
     if args.only != "sample_fc":
         try:
             import torch  # noqa: F401
         except ImportError:
             sys.exit("compare: PyTorch is not installed; run `.venv/bin/pip install torch==2.13.0` (CPU build)")
-        curves["torch"], accuracies["torch"] = run_torch(args, cfg)
-    report(curves, accuracies)
+    seeds = args.seeds or [cfg.seed]
+    base_overrides = list(args.overrides)
+    curves, accuracies = {}, {}
+    for seed in seeds:
+        args.overrides = base_overrides + ([f"seed={seed}"] if args.seeds else [])
+        results = {}
+        if args.only != "torch":
+            with tempfile.TemporaryDirectory(prefix="compare-") as models_root:
+                results["sample_fc"] = run_sample_fc(args, models_root)
+        if args.only != "sample_fc":
+            results["torch"] = run_torch(args, config(args))
+        for name, (curve, accuracy) in results.items():
+            curves.setdefault(name, []).append(curve)
+            accuracies.setdefault(name, []).append(accuracy)
+    report(curves, accuracies, seeds)
     return 0
 
 
