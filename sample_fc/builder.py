@@ -225,7 +225,7 @@ def run_callbacks(cfg, run, module, rank, world, logger, watchdog):
     callbacks = [lambda info: watchdog.step_done(info.step, info.seconds),
                  PeriodicCallback(cfg.ckpt_period, save), PeriodicCallback(cfg.verbose, verify)]
     if rank == 0:
-        callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer))
+        callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm))
 
     def finish(step):
         if step not in saved_steps:           # a run always ends with a checkpoint

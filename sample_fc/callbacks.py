@@ -15,22 +15,26 @@ from .verification import score
 
 
 class ProgressLogger:
-    """Every `frequent` steps (rank 0): step, global samples/s, mean loss, lr, ETA.
+    """Every `frequent` steps (rank 0): step, global samples/s, mean loss, lr, the mean global
+    gradient norm of the backbone (before clipping) and, when `clip_grad_norm` > 0, the share
+    of steps it clipped, then the ETA. All means are over the applied steps since the last line.
 
     The same scalars go to a tensorboardX SummaryWriter when one is given.
     """
 
-    def __init__(self, frequent, max_update, logger, writer=None):
+    def __init__(self, frequent, max_update, logger, writer=None, clip_grad_norm=0.0):
         self.frequent, self.max_update, self.logger, self.writer = frequent, max_update, logger, writer
+        self.clip_grad_norm = clip_grad_norm
         self._reset(time.perf_counter())
 
     def _reset(self, now):
-        self._since, self._losses, self._samples, self._steps = now, [], 0, 0
+        self._since, self._losses, self._norms, self._samples, self._steps = now, [], [], 0, 0
 
     def __call__(self, info):
         if info.skipped:                  # the module already warned; nothing was trained
             return
         self._losses.append(info.loss)
+        self._norms.append(info.grad_norm)
         self._samples += info.global_batch
         self._steps += 1
         if info.step % self.frequent and info.step != self.max_update:
@@ -39,11 +43,16 @@ class ProgressLogger:
         elapsed = max(now - self._since, 1e-9)
         speed = self._samples / elapsed
         loss = sum(self._losses) / len(self._losses)
+        norm = sum(self._norms) / len(self._norms)
         eta = datetime.timedelta(seconds=int((self.max_update - info.step) * elapsed / self._steps))
-        self.logger.info("step %d/%d  %.1f samples/s  loss %.4f  lr %.6f  eta %s",
-                         info.step, self.max_update, speed, loss, info.lr, eta)
+        clipped = ""
+        if self.clip_grad_norm > 0:
+            share = sum(n > self.clip_grad_norm for n in self._norms) / len(self._norms)
+            clipped = f" (clipped {100 * share:.0f}%)"
+        self.logger.info("step %d/%d  %.1f samples/s  loss %.4f  lr %.6f  grad norm %.2f%s  eta %s",
+                         info.step, self.max_update, speed, loss, info.lr, norm, clipped, eta)
         if self.writer is not None:
-            for name, value in (("loss", loss), ("lr", info.lr), ("samples_per_s", speed)):
+            for name, value in (("loss", loss), ("lr", info.lr), ("samples_per_s", speed), ("grad_norm", norm)):
                 self.writer.add_scalar(name, value, info.step)
         self._reset(now)
 

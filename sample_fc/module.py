@@ -1,5 +1,6 @@
 """SampleDistributeModule: the Partial FC training step of one rank (DESIGN.md, "One training step")."""
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ class StepInfo:
     global_batch: int
     seconds: float         # wall time of this step
     skipped: bool = False  # non-finite loss or gradients on some rank: nothing was updated
+    grad_norm: float = math.nan  # global L2 norm of the backbone's summed gradients, before clipping
 
 
 class NonFiniteError(RuntimeError):
@@ -69,6 +71,7 @@ class SampleDistributeModule:
         self.logger = logger or logging.getLogger("sample_fc")
         self.num_update = 0
         self.nonfinite_in_a_row = self.nonfinite_total = 0
+        self.last_grad_norm = math.nan    # of the last applied update (StepInfo.grad_norm)
         self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
                                       context=self.contexts)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
@@ -175,7 +178,8 @@ class SampleDistributeModule:
         the ranks (one fused collective) and clipped to the optimizer's global norm, then its update."""
         self.num_update += 1
         self.head.update(self.num_update)
-        self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays, self.num_update)
+        self.last_grad_norm = self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays,
+                                                                    self.num_update)
         self.backbone.update()
 
     # ---- one step ---------------------------------------------------------------------
@@ -230,7 +234,8 @@ class SampleDistributeModule:
             start = time.perf_counter()
             loss, skipped = self.step(batch)
             info = StepInfo(self.num_update, loss, self.bank_optimizer.lr_schedule(self.num_update),
-                            global_batch, time.perf_counter() - start, skipped)
+                            global_batch, time.perf_counter() - start, skipped,
+                            math.nan if skipped else self.last_grad_norm)
             for callback in batch_end_callbacks:
                 callback(info)
         return self

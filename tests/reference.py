@@ -87,12 +87,13 @@ def sgd_momentum_pytorch(weight, grad, mom, lr, momentum, wd, rescale_grad=1.0, 
 
 
 def partial_fc_run(data, labels, backbone_weight, centers, sampled, lr_of_step, margins,
-                   momentum=0.9, wd=5e-4):
+                   momentum=0.9, wd=5e-4, grad_norms=None):
     """Reference training of a linear backbone (embeddings = flat(data) W^T + b) + centers.
 
     sampled[t]: sorted global class ids scored at step t (all classes at ratio 1.0); only
     those bank rows are updated. The bias has no weight decay (MXNet's wd_mult default).
-    Returns (losses, backbone weight, bias, bank weight, bank momentum).
+    Returns (losses, backbone weight, bias, bank weight, bank momentum); appends each step's
+    global L2 norm of the backbone gradients (weight and bias) to the list `grad_norms` if given.
     """
     weight, bias = backbone_weight.astype(np.float64), np.zeros(backbone_weight.shape[0])
     weight_mom, bias_mom = np.zeros_like(weight), np.zeros_like(bias)
@@ -107,8 +108,11 @@ def partial_fc_run(data, labels, backbone_weight, centers, sampled, lr_of_step, 
         lr = lr_of_step(step + 1)
         bank_w[columns], bank_m[columns] = sgd_momentum(bank_w[columns], grad_w, bank_m[columns],
                                                         lr, momentum, wd)
-        weight, weight_mom = sgd_momentum(weight, grad_x.T @ flat, weight_mom, lr, momentum, wd)
-        bias, bias_mom = sgd_momentum(bias, grad_x.sum(0), bias_mom, lr, momentum, 0.0)
+        grad_weight, grad_bias = grad_x.T @ flat, grad_x.sum(0)
+        if grad_norms is not None:
+            grad_norms.append(np.sqrt(np.sum(grad_weight ** 2) + np.sum(grad_bias ** 2)))
+        weight, weight_mom = sgd_momentum(weight, grad_weight, weight_mom, lr, momentum, wd)
+        bias, bias_mom = sgd_momentum(bias, grad_bias, bias_mom, lr, momentum, 0.0)
         losses.append(loss)
     return np.array(losses), weight, bias, bank_w, bank_m
 

@@ -14,8 +14,8 @@ from sample_fc.module import StepInfo
 from sample_fc.verification import score
 
 
-def info(step, loss=1.0, skipped=False, lr=0.1, global_batch=8):
-    return StepInfo(step, loss, lr, global_batch, 0.01, skipped)
+def info(step, loss=1.0, skipped=False, lr=0.1, global_batch=8, grad_norm=1.0):
+    return StepInfo(step, loss, lr, global_batch, 0.01, skipped, math.nan if skipped else grad_norm)
 
 
 # what fit() reports: a skipped step repeats the last completed update number
@@ -76,39 +76,52 @@ class FakeClock:
 
 def test_progress_logger_lines_mean_loss_speed_and_eta(recorder, monkeypatch):
     """Test that ProgressLogger logs at every `frequent` steps and at max_update, with the mean of
-    the non-skipped losses since the last line, samples/s over the time since it, the ETA from
-    the time per step, and sends loss, lr and samples/s to the writer."""
+    the non-skipped losses and gradient norms since the last line, the share of those norms
+    above clip_grad_norm, samples/s over the time since it, the ETA from the time per step, and
+    sends loss, lr, samples/s and the norm to the writer."""
     rec, logger = recorder
     clock = FakeClock()
     monkeypatch.setattr(callbacks, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
-    progress = ProgressLogger(frequent=2, max_update=5, logger=logger, writer=rec)
+    progress = ProgressLogger(frequent=2, max_update=5, logger=logger, writer=rec, clip_grad_norm=5.0)
     timeline = [  # (seconds since start, StepInfo)
-        (1.0, info(1, loss=4.0)),
-        (4.0, info(2, loss=2.0, lr=0.5)),                        # line: 16 samples / 4 s
+        (1.0, info(1, loss=4.0, grad_norm=9.0)),
+        (4.0, info(2, loss=2.0, lr=0.5, grad_norm=3.0)),         # line: 16 samples / 4 s
         (5.0, info(2, loss=math.nan, skipped=True)),             # ignored, repeats step 2
-        (6.0, info(3, loss=1.0, global_batch=8)),
+        (6.0, info(3, loss=1.0, global_batch=8, grad_norm=5.0)),  # at the limit: not clipped
         (7.0, info(3, loss=100.0, skipped=True)),                # ignored
-        (10.0, info(4, loss=3.0, lr=0.05)),                      # line: 16 samples / 6 s
+        (10.0, info(4, loss=3.0, lr=0.05, grad_norm=2.0)),       # line: 16 samples / 6 s
         (10.5, info(4, loss=math.nan, skipped=True)),            # no second line for step 4
-        (11.0, info(5, loss=5.0, lr=0.05)),                      # max_update: 8 samples / 1 s
+        (11.0, info(5, loss=5.0, lr=0.05, grad_norm=6.5)),       # max_update: 8 samples / 1 s
     ]
     for now, step_info in timeline:
         clock.now = now
         progress(step_info)
     lines = [r.getMessage() for r in rec.records]
     assert len(lines) == 3, lines
-    steps, totals, speeds, losses, lrs, etas = zip(*(r.args for r in rec.records))
+    steps, totals, speeds, losses, lrs, norms, clipped, etas = zip(*(r.args for r in rec.records))
     assert steps == (2, 4, 5) and totals == (5, 5, 5)
     np.testing.assert_allclose(speeds, [16 / 4.0, 16 / 6.0, 8 / 1.0], rtol=1e-12)
     np.testing.assert_allclose(losses, [(4.0 + 2.0) / 2, (1.0 + 3.0) / 2, 5.0], rtol=1e-12)
+    np.testing.assert_allclose(norms, [(9.0 + 3.0) / 2, (5.0 + 2.0) / 2, 6.5], rtol=1e-12)
+    assert clipped == (" (clipped 50%)", " (clipped 0%)", " (clipped 100%)")
     assert lrs == (0.5, 0.05, 0.05)
     # ETA = remaining steps * seconds per step since the last line: 3 * 4/2, 1 * 6/2, 0
     assert [str(e) for e in etas] == ["0:00:06", "0:00:03", "0:00:00"]
-    assert lines[0] == "step 2/5  4.0 samples/s  loss 3.0000  lr 0.500000  eta 0:00:06"
+    assert lines[0] == "step 2/5  4.0 samples/s  loss 3.0000  lr 0.500000  grad norm 6.00 (clipped 50%)  eta 0:00:06"
     assert "2.7 samples/s" in lines[1] and "loss 2.0000" in lines[1] and "eta 0:00:03" in lines[1]
-    assert rec.scalars == [("loss", 3.0, 2), ("lr", 0.5, 2), ("samples_per_s", 4.0, 2),
+    assert rec.scalars == [("loss", 3.0, 2), ("lr", 0.5, 2), ("samples_per_s", 4.0, 2), ("grad_norm", 6.0, 2),
                            ("loss", 2.0, 4), ("lr", 0.05, 4), ("samples_per_s", pytest.approx(16 / 6), 4),
-                           ("loss", 5.0, 5), ("lr", 0.05, 5), ("samples_per_s", 8.0, 5)]
+                           ("grad_norm", 3.5, 4),
+                           ("loss", 5.0, 5), ("lr", 0.05, 5), ("samples_per_s", 8.0, 5), ("grad_norm", 6.5, 5)]
+
+
+def test_progress_logger_without_clipping_shows_the_norm_only(recorder):
+    """Test that with clip_grad_norm 0 the line has the mean norm and no clipped share."""
+    rec, logger = recorder
+    progress = ProgressLogger(frequent=2, max_update=2, logger=logger)
+    progress(info(1, grad_norm=100.0))
+    progress(info(2, grad_norm=50.0))
+    assert "grad norm 75.00  eta" in rec.records[0].getMessage()
 
 
 def test_progress_logger_without_writer_logs_only_on_schedule(recorder):
@@ -119,7 +132,7 @@ def test_progress_logger_without_writer_logs_only_on_schedule(recorder):
         progress(step_info)
     assert [r.args[0] for r in rec.records] == [3, 6, 7]
     for record in rec.records:
-        speed, eta = record.args[2], record.args[5]
+        speed, eta = record.args[2], record.args[-1]
         assert speed > 0 and "samples/s" in record.getMessage() and f"eta {eta}" in record.getMessage()
 
 

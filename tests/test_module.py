@@ -17,21 +17,24 @@ def _run(single_process, tmp_path, name, **options):
     return case.load_run(tmp_path / name, 1)
 
 
-def _reference(run, global_batch, classes, embedding, steps, lr):
+def _reference(run, global_batch, classes, embedding, steps, lr, grad_norms=None):
     weight, data, labels, centers = case.inputs(global_batch, classes, embedding, steps)
     return ref.partial_fc_run(data, labels, weight, centers, run["sampled"], case.lr_of_step(lr),
-                              case.MARGINS)
+                              case.MARGINS, grad_norms=grad_norms)
 
 
 @pytest.mark.parametrize("kernel", ["host", "device"])
 def test_full_softmax_steps_match_numpy(single_process, tmp_path, kernel):
     """Test that 3 steps at ratio 1.0 give the NumPy reference's losses, backbone and bank,
-    with either head kernel."""
+    with either head kernel, and report the reference's backbone gradient norm (the progress
+    line's `grad norm`)."""
     run = _run(single_process, tmp_path, "full", global_batch=8, classes=11, steps=3, ratio=1.0,
                head_kernel=kernel)
     assert all(len(s) == 11 for s in run["sampled"])
-    losses, weight, bias, bank_w, bank_m = _reference(run, 8, 11, 6, 3, LR)
+    grad_norms = []
+    losses, weight, bias, bank_w, bank_m = _reference(run, 8, 11, 6, 3, LR, grad_norms)
     ref.assert_close(run["losses"], losses, RTOL)
+    ref.assert_close(run["grad_norms"], grad_norms, RTOL)
     ref.assert_close(run["fc_embed_weight"], weight, RTOL)
     ref.assert_close(run["fc_embed_bias"], bias, RTOL)
     ref.assert_close(run["bank_weight"], bank_w, RTOL)

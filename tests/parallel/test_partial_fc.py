@@ -42,7 +42,8 @@ def test_two_workers_equal_one_worker_with_double_batch(horovod_job, single_proc
 
 def test_two_workers_sampled_softmax_matches_numpy(horovod_job, tmp_path):
     """Test that at ratio 0.1 on 2 workers the loss is the softmax over exactly the union of
-    both ranks' sampled centers, and rows never sampled are bit-identical afterwards."""
+    both ranks' sampled centers, rows never sampled are bit-identical afterwards, and each rank
+    reports the global gradient norm of the whole batch (the reference's, not its half's)."""
     classes = 400
     run = _two_workers(horovod_job, tmp_path / "sampled", global_batch=8, classes=classes,
                        steps=2, ratio=0.1)
@@ -52,9 +53,13 @@ def test_two_workers_sampled_softmax_matches_numpy(horovod_job, tmp_path):
         for step, sampled in enumerate(rank_run["sampled"]):
             positives = {int(y) for y in labels[step] if start <= y < start + shard}
             assert positives <= set(sampled) and len(sampled) == max(20, len(positives))
+    grad_norms = []
     losses, backbone, _, bank_w, bank_m = ref.partial_fc_run(data, labels, weight, centers, run["sampled"],
-                                                             case.lr_of_step(LR), case.MARGINS)
+                                                             case.lr_of_step(LR), case.MARGINS,
+                                                             grad_norms=grad_norms)
     ref.assert_close(run["losses"], losses, RTOL)
+    for rank_run in run["per_rank"]:
+        ref.assert_close(rank_run["grad_norms"], grad_norms, RTOL)
     ref.assert_close(run["fc_embed_weight"], backbone, RTOL)
     ref.assert_close(run["bank_weight"], bank_w, RTOL)
     never = np.setdiff1d(np.arange(classes), np.concatenate(run["sampled"]))

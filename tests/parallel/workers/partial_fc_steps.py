@@ -67,7 +67,7 @@ def backbone_params(module):
     return {k: v.asnumpy() for k, v in {**arg_params, **aux_params}.items()}
 
 
-losses, sampled = [], []
+losses, sampled, grad_norms = [], [], []
 
 
 def recording_sampler(all_labels):
@@ -86,8 +86,10 @@ for step in range(args.steps):
                             label=[mx.nd.array(labels[step, rows], dtype="int64")])
     loss, skipped = module.step(batch)
     losses.append(np.nan if skipped else loss)
+    grad_norms.append(np.nan if skipped else module.last_grad_norm)
 
-np.savez(f"{args.out}.rank{rank}.npz", losses=np.array(losses), class_start=bank.class_start,
+np.savez(f"{args.out}.rank{rank}.npz", losses=np.array(losses), grad_norms=np.array(grad_norms),
+         class_start=bank.class_start,
          bank_weight=bank.weight.asnumpy(), bank_momentum=bank.momentum.asnumpy(),
          sampled=np.array(sampled, dtype=object), **backbone_params(module))
 print(f"STEPS_OK rank={rank}", flush=True)
