@@ -1,7 +1,8 @@
 """Train a face-recognition embedding with Partial FC on Horovod workers.
 
-    horovodrun -np 8 -H localhost:8 python train.py --dataset emore --network r100 --loss arcface \
+    horovodrun -np 8 -H localhost:8 python train.py --dataset emore --network r100 --loss arcface \\
         --models-root models/r100 [--set key=value ...] [--resume models/r100]
+
 With no arguments it trains the demo (built on first use in data/demo/). Every rank runs
 this; rank 0 logs and writes config.json and the backbone of each checkpoint. A mistake in
 the config, the data or a checkpoint ends the job with one line and exit code 2, before
@@ -59,7 +60,8 @@ def make_parser():
     parser.add_argument("--network", "--net", default=None, choices=default.NETWORKS,
                         help="default: the dataset's")
     parser.add_argument("--loss", default=None, choices=default.LOSSES,
-                        help="margins as published; default: the dataset's recipe")
+                        help="margins as published (the demo also warms ArcFace's lr up: default.py); "
+                             "default: the dataset's recipe")
     parser.add_argument("--models-root", default=None,
                         help="output dir (default: models/<dataset>_<network>; with --resume, that run's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -66,6 +66,18 @@ def test_margins_are_the_published_values_at_the_datasets_scale():
     assert margins(default.get_config('demo')) == (32.0, 1.0, 0.0, 0.25)   # the demo's own CosFace
 
 
+def test_the_demo_warms_arcface_up_and_nothing_else():
+    """Test that `--loss arcface` on the demo brings the demo's warm-up for it (its margins
+    still the published ones), that no other dataset or loss gets it, and that --set wins."""
+    assert default.get_config('demo', loss='arcface').warmup_steps == 50
+    assert default.get_config('demo', loss='arcface').loss_m2 == 0.5
+    for dataset, loss in (('demo', None), ('demo', 'cosface'), ('emore', 'arcface'),
+                          ('emore', None), ('glint360k', 'arcface'), ('webface', 'cosface')):
+        assert default.get_config(dataset, loss=loss).warmup_steps == 0, (dataset, loss)
+    cfg = default.config_for_run('demo', None, 'arcface', ['warmup_steps=0'])
+    assert (cfg.loss, cfg.warmup_steps) == ('arcface', 0)
+
+
 def test_dataset_presets_hold_the_dataset_facts():
     """Test that real and synthetic datasets carry their class counts, image counts and
     sample ratios, and that defaults are the documented ones."""
