@@ -25,7 +25,7 @@ from easydict import EasyDict as edict
 
 from sample_fc.config import apply_overrides
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               LR_SCHEDULES, MOMENTUM_FORMS)
+                               LR_SCHEDULES, MOMENTUM_FORMS, is_probability)
 
 
 def _base_config():
@@ -370,9 +370,8 @@ def check_config(cfg):
     if not 0.0 <= cfg.dropout < 1.0:
         _fail('dropout', cfg.dropout, "a float in [0, 1)")
     for key in ('aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale'):
-        value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-            _fail(key, value, "a float in [0, 1] (a probability)")
+        if not is_probability(cfg[key]):
+            _fail(key, cfg[key], "a float in [0, 1] (a probability)")
     for key in ('lr', 'loss_s', 'loss_m1'):
         if not (math.isfinite(cfg[key]) and cfg[key] > 0):
             _fail(key, cfg[key], "a finite float > 0")

@@ -1,8 +1,10 @@
-"""The valid values of the library's string options, in one place.
+"""The valid values of the library's options, in one place.
 
 default.py checks a config against these and the library checks its arguments against
-them; this module imports nothing, so default.py stays light.
+them; this module imports nothing heavy, so default.py stays light.
 """
+import numbers
+
 CONTEXTS = ("auto", "cpu", "gpu")           # backbone device: auto = gpu when MXNet sees one
 BANK_CONTEXTS = ("same", "cpu")             # memory bank device: the backbone's, or host memory
 ALLGATHERS = ("native", "allreduce")        # dist.allgather strategies
@@ -10,3 +12,8 @@ HEAD_KERNELS = ("auto", "host", "device")   # module.make_head kernels
 LR_SCHEDULES = ("step", "poly", "cosine")   # optimizers.make_schedule kinds
 BACKBONE_INITS = ("pytorch", "xavier")      # initializers.backbone_initializer kinds
 MOMENTUM_FORMS = ("pytorch", "mxnet")       # optimizers: what SGD momentum accumulates
+
+
+def is_probability(value):
+    """A real number (not a bool) in [0, 1]: the aug_* config keys, Augmentation's fields."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value <= 1

@@ -7,11 +7,12 @@ image's ops and values up front from a given generator, so the iterator draws a 
 epoch's parameters from (seed, epoch, rank) and the augmented images do not depend on
 which decode thread runs when. `augment_image` applies one image's parameters.
 """
-import numbers
 from dataclasses import dataclass, fields
 
 import numpy as np
 from PIL import Image, ImageFilter
+
+from ..options import is_probability
 
 DOWNSCALE_RANGE = (0.5, 1.0)  # side fraction of the shrunken image, [low, high)
 BLUR_RADIUS_RANGE = (0.5, 1.5)  # Gaussian blur radius in pixels
@@ -34,7 +35,7 @@ class Augmentation:
     def __post_init__(self):
         for field in fields(self):
             value = getattr(self, field.name)
-            if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value <= 1):
+            if not is_probability(value):
                 raise ValueError(f"aug_{field.name} must be a probability in [0, 1], got {value!r}")
 
     @property
