@@ -28,7 +28,7 @@ class ProgressLogger:
         self._reset(time.perf_counter())
 
     def _reset(self, now):
-        self._since, self._losses, self._norms, self._samples, self._steps = now, [], [], 0, 0
+        self._since, self._losses, self._norms, self._samples = now, [], [], 0
 
     def __call__(self, info):
         if info.skipped:                  # the module already warned; nothing was trained
@@ -36,18 +36,17 @@ class ProgressLogger:
         self._losses.append(info.loss)
         self._norms.append(info.grad_norm)
         self._samples += info.global_batch
-        self._steps += 1
         if info.step % self.frequent and info.step != self.max_update:
             return
         now = time.perf_counter()
         elapsed = max(now - self._since, 1e-9)
         speed = self._samples / elapsed
-        loss = sum(self._losses) / len(self._losses)
-        norm = sum(self._norms) / len(self._norms)
-        eta = datetime.timedelta(seconds=int((self.max_update - info.step) * elapsed / self._steps))
+        steps = len(self._losses)         # applied steps since the last line
+        loss, norm = sum(self._losses) / steps, sum(self._norms) / steps
+        eta = datetime.timedelta(seconds=int((self.max_update - info.step) * elapsed / steps))
         clipped = ""
         if self.clip_grad_norm > 0:
-            share = sum(n > self.clip_grad_norm for n in self._norms) / len(self._norms)
+            share = sum(n > self.clip_grad_norm for n in self._norms) / steps
             clipped = f" (clipped {100 * share:.0f}%)"
         self.logger.info("step %d/%d  %.1f samples/s  loss %.4f  lr %.6f  grad norm %.2f%s  eta %s",
                          info.step, self.max_update, speed, loss, info.lr, norm, clipped, eta)

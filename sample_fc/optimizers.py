@@ -95,6 +95,11 @@ def make_schedule(kind, base_lr, warmup_steps, max_update, steps, factor):
     raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {kind!r}")
 
 
+def _check_momentum_form(momentum_form):
+    if momentum_form not in MOMENTUM_FORMS:
+        raise ValueError(f"momentum_form must be one of {MOMENTUM_FORMS}, got {momentum_form!r}")
+
+
 class DistributedOptimizer(mx.optimizer.Optimizer):
     """The wrapped optimizer, applied to gradients summed over all ranks and clipped.
 
@@ -110,8 +115,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         # no super().__init__: every Optimizer attribute is the wrapped one's
         if not clip_grad_norm >= 0:
             raise ValueError(f"clip_grad_norm must be >= 0 (0 = off), got {clip_grad_norm!r}")
-        if momentum_form not in MOMENTUM_FORMS:
-            raise ValueError(f"momentum_form must be one of {MOMENTUM_FORMS}, got {momentum_form!r}")
+        _check_momentum_form(momentum_form)
         self._optimizer = optimizer
         self.clip_grad_norm, self.momentum_form = clip_grad_norm, momentum_form
         self.base_rescale_grad = optimizer.rescale_grad
@@ -204,8 +208,7 @@ class MemoryBankSGDOptimizer:
 
     def __init__(self, lr_schedule, momentum=0.9, wd=5e-4, rescale_grad=1.0, clip_gradient=None,
                  momentum_form="mxnet"):
-        if momentum_form not in MOMENTUM_FORMS:
-            raise ValueError(f"momentum_form must be one of {MOMENTUM_FORMS}, got {momentum_form!r}")
+        _check_momentum_form(momentum_form)
         self.lr_schedule, self.momentum, self.wd = lr_schedule, momentum, wd
         self.rescale_grad, self.clip_gradient = rescale_grad, clip_gradient
         self.momentum_form = momentum_form
