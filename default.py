@@ -73,7 +73,7 @@ def _base_config():
     cfg.lr = 0.1                         # lr for a global batch of 512, scaled linearly by global batch / 512
     cfg.lr_scale_by_world = True         # True: apply that linear scaling; False: use lr as given
     cfg.momentum = 0.9                   # SGD momentum, backbone and memory bank alike
-    cfg.sgd_momentum = 'pytorch'         # pytorch: momentum of gradients, lr applied per step (no overshoot at lr drops) | mxnet: of lr-scaled steps
+    cfg.momentum_form = 'pytorch'        # SGD momentum form, backbone and bank: pytorch: momentum of gradients, lr applied per step (no overshoot at lr drops) | mxnet: of lr-scaled steps
     cfg.wd = 5e-4                        # weight decay, backbone and memory bank alike (not on biases and BN betas)
     cfg.clip_grad_norm = 5.0             # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
     cfg.lr_schedule = 'step'             # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
@@ -85,7 +85,7 @@ def _base_config():
     # ---- run control --------------------------------------------------------------
     cfg.seed = 0                         # random seed: data order (shared by all ranks), sampler (offset by rank), init
     cfg.frequent = 20                    # log speed and loss every N steps
-    cfg.verbose = 2000                   # run verification on val_targets every N steps (0 = never)
+    cfg.verify_period = 2000             # run verification on val_targets every N steps (0 = never; and at the end)
     cfg.ckpt_period = 10000              # save a checkpoint every N steps (and at the end)
     cfg.ckpt_keep = 3                    # keep the N most recent checkpoints, delete older ones
     cfg.tensorboard = False              # write tensorboardX event files to the output dir
@@ -153,7 +153,7 @@ _DATASET_PRESETS = {
         'lr_steps': [180, 230],          # decay twice near the end
         'max_update': 260,               # ~4 min on 2 CPU workers (~4 epochs): held-out 0.92 (400 steps, decay at 280, 350: 0.9233)
         'frequent': 20,                  # log often
-        'verbose': 130,                  # verify halfway and at the end
+        'verify_period': 130,            # verify halfway and at the end
         'ckpt_period': 130,              # checkpoint halfway and at the end
     },
     'webface': {
@@ -282,7 +282,7 @@ def get_config(dataset='demo', network='mbf', loss=None):
 # the tail of its lr schedule, logging, checkpoints, evaluation, augmentation and how it
 # executes, not the model or the data it learns from. Every other key is fixed by the run's checkpoint, and
 # setting it to another value on resume is an error naming the key and both values.
-RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'frequent', 'verbose',
+RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'frequent', 'verify_period',
                   'ckpt_period', 'ckpt_keep', 'tensorboard', 'val_targets', 'data_threads',
                   'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'context', 'bank_context',
                   'head_kernel', 'allgather', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
@@ -290,14 +290,36 @@ RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'freque
 # Keys added after runs were saved without them, with the value that behaves as those runs
 # did (a run resumed from such a checkpoint goes on as it trained; the preset default
 # would change its loss).
-VALUE_BEFORE_KEY = {'clip_grad_norm': 0.0, 'backbone_init': 'xavier', 'sgd_momentum': 'mxnet'}
+VALUE_BEFORE_KEY = {'clip_grad_norm': 0.0, 'backbone_init': 'xavier', 'momentum_form': 'mxnet'}
+
+# Keys renamed since runs were saved (old name -> new name). The old name is still read, from a
+# saved run's config and from `--set old=value`, with a one-line note; it is never written.
+RENAMED_KEYS = {'sgd_momentum': 'momentum_form', 'verbose': 'verify_period'}
 
 
-def config_from_checkpoint(saved):
+def _renamed(key, note):
+    """The current name of config key `key`; note(line) when it is an old name."""
+    if key in RENAMED_KEYS:
+        note(f"config key {key!r} is now called {RENAMED_KEYS[key]!r}; read as {RENAMED_KEYS[key]!r}")
+        return RENAMED_KEYS[key]
+    return key
+
+
+def renamed_overrides(overrides, note=lambda line: None):
+    """`key=value` overrides with old key names (RENAMED_KEYS) replaced by the current ones."""
+    renamed = []
+    for text in overrides:
+        key, sep, value = text.partition('=')
+        renamed.append(f"{_renamed(key.strip(), note)}{sep}{value}" if key.strip() in RENAMED_KEYS else text)
+    return renamed
+
+
+def config_from_checkpoint(saved, note=lambda line: None):
     """The config of a saved run (the `config` of a checkpoint's state.json): the defaults of
     its presets for keys added since it was written (VALUE_BEFORE_KEY where the default would
-    change how it trains), then every saved value. Raises ValueError for a preset name this
-    version does not know."""
+    change how it trains), then every saved value (under its current name: RENAMED_KEYS).
+    Raises ValueError for a preset name this version does not know."""
+    saved = {_renamed(key, note): value for key, value in saved.items()}
     cfg = get_config(saved.get('dataset'), saved.get('network'), saved.get('loss'))
     for key in cfg:
         if key in saved:
@@ -317,11 +339,13 @@ def resume_changes(saved, cfg):
                              f"may change: {', '.join(RESUME_MUTABLE)}); start a new run instead")
 
 
-def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=None):
+def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=None, note=lambda line: None):
     """The config of a run from its command line: presets (the demo's by default) and
     `key=value` overrides; or, resuming, the run's saved config (`resumed`: the `config` of
     its checkpoint), which presets and overrides may change only in RESUME_MUTABLE keys.
-    Raises ValueError naming the bad key or value."""
+    note(line) is told of old key names read (RENAMED_KEYS). Raises ValueError naming the
+    bad key or value."""
+    overrides = renamed_overrides(overrides, note)
     for text in overrides:
         if text.split('=', 1)[0].strip() in ('dataset', 'network', 'loss'):
             raise ValueError(f"--set {text}: choose presets with --dataset/--network/--loss instead")
@@ -329,7 +353,7 @@ def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=
         dataset = dataset or 'demo'
         cfg = get_config(dataset, network or get_config(dataset).network, loss)
     else:
-        saved = config_from_checkpoint(resumed)
+        saved = config_from_checkpoint(resumed, note)
         cfg = copy.deepcopy(saved)
         cfg.update({key: value for key, value in (('dataset', dataset), ('network', network),
                                                   ('loss', loss)) if value is not None})
@@ -354,7 +378,7 @@ def check_config(cfg):
                          ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
                          ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS),
                          ('lr_schedule', LR_SCHEDULES), ('backbone_init', BACKBONE_INITS),
-                         ('sgd_momentum', MOMENTUM_FORMS)):
+                         ('momentum_form', MOMENTUM_FORMS)):
         if cfg[key] not in choices:
             _fail(key, cfg[key], f"one of: {', '.join(choices)}")
     for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',
@@ -362,7 +386,7 @@ def check_config(cfg):
                 'collective_timeout_s'):
         if cfg[key] < 1:
             _fail(key, cfg[key], "an integer >= 1")
-    for key in ('num_images', 'warmup_steps', 'verbose', 'step_timeout_s', 'margin_warmup_steps'):
+    for key in ('num_images', 'warmup_steps', 'verify_period', 'step_timeout_s', 'margin_warmup_steps'):
         if cfg[key] < 0:
             _fail(key, cfg[key], "an integer >= 0")
     if not 0.0 < cfg.sample_ratio <= 1.0:

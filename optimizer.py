@@ -1,9 +1,9 @@
 """The optimizers train.py uses, re-exported from the library (sample_fc/optimizers.py).
 
 - WarmupMultiStepSchedule: lr(step), linear warm-up then a factor at each step boundary.
-- DistributedOptimizer: wraps any mx.optimizer.Optimizer; sums gradients over the ranks.
+- BackboneOptimizer: wraps any mx.optimizer.Optimizer; sums gradients over the ranks.
 - MemoryBankSGDOptimizer: SGD with momentum on the sampled rows of the class-center bank.
 """
-from sample_fc.optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from sample_fc.optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
 
-__all__ = ["DistributedOptimizer", "MemoryBankSGDOptimizer", "WarmupMultiStepSchedule"]
+__all__ = ["BackboneOptimizer", "MemoryBankSGDOptimizer", "WarmupMultiStepSchedule"]

@@ -9,6 +9,7 @@ the config, the data or a checkpoint ends the job with one line and exit code 2,
 anything is written to the models root.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from sample_fc import builder, checkpoint, dist, resume
 from sample_fc.checkpoint import CheckpointError
 from sample_fc.config import format_config, save_config
 from sample_fc.data import DataError
+from sample_fc.data.demo import ensure_demo
 from sample_fc.launch import launcher_rank
 from sample_fc.restart import AUTO_RESUME_ENV
 from sample_fc.module import NonFiniteError
@@ -73,26 +75,41 @@ def make_parser():
                         help="start from a trained backbone's weights (a prefix as for "
                              "mx.model.load_checkpoint, a checkpoint dir or a models root); the "
                              "class centers and optimizer start fresh")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the run's resolved config as JSON and exit (nothing is trained or written)")
     return parser
+
+
+def say(line):
+    """A note to the user before training starts, printed once (by the first rank) to stderr,
+    so that stdout holds only what was asked for (--print-config's JSON)."""
+    if launcher_rank() == 0:
+        print(f"train.py: {line}", file=sys.stderr, flush=True)
+
+
+def models_root_for(args, cfg):
+    """--models-root; else, resuming, that run's own root; else models/<dataset>_<network>."""
+    if args.models_root:
+        return args.models_root
+    if args.resume:
+        return checkpoint.models_root_of(args.resume)
+    return os.path.join("models", f"{cfg.dataset}_{cfg.network}")
 
 
 def build_config(args):
     """The run's config (default.config_for_run); the demo data built on first use; the
     dataset's own class count and image size (its property file) unless --set names them."""
     if not args.resume and os.environ.get(AUTO_RESUME_ENV) == "1":     # a restarted job (restart.py)
-        fresh = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
-        root = args.models_root or os.path.join("models", f"{fresh.dataset}_{fresh.network}")
+        root = models_root_for(args, default.config_for_run(args.dataset, args.network, args.loss, args.overrides))
         args.resume = root if checkpoint.list_checkpoints(root) else None
     resumed = resume.saved_config(args.resume) if args.resume else None
-    cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed)
+    cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed, note=say)
     if cfg.dataset == "demo" and cfg.rec == default.get_config("demo").rec:
-        from sample_fc.tools.demo_data import ensure_demo   # ranks and jobs wait on a lock
-        ensure_demo(os.path.dirname(cfg.rec), log=lambda line: print(line, flush=True))
+        ensure_demo(os.path.dirname(cfg.rec), log=say)       # ranks and jobs wait on its lock
     if not args.resume:
-        explicit = {text.split("=", 1)[0].strip() for text in args.overrides}
+        explicit = {text.split("=", 1)[0].strip() for text in default.renamed_overrides(args.overrides)}
         for note in builder.fill_from_property(cfg, explicit):
-            if launcher_rank() == 0:
-                print(f"train.py: {note}", flush=True)
+            say(note)
         default.check_config(cfg)
     return cfg
 
@@ -104,6 +121,9 @@ def main(argv=None):
         cfg = build_config(args)
     except (ValueError, OSError) as error:
         parser.error(str(error))
+    if args.print_config:
+        print(json.dumps(cfg, indent=2, sort_keys=True))
+        return 0
     dist.init(stall_shutdown_s=cfg.collective_timeout_s)
     try:
         return train(cfg, args)
@@ -126,8 +146,7 @@ def train(cfg, args):
     logger = builder.setup_logger(rank)
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    models_root = args.models_root or (resume.models_root_of(args.resume) if args.resume else
-                                       os.path.join("models", f"{cfg.dataset}_{cfg.network}"))
+    models_root = models_root_for(args, cfg)
     try:            # every rank checks config, data and checkpoint before anything is written
         run = builder.open_run(cfg, models_root, args.resume, args.pretrained, rank, world,
                                dist.local_rank(), logger)
@@ -151,9 +170,9 @@ def train(cfg, args):
                                              cfg.embedding_size)
         logger.info("resumed from %s at step %d", run.resume_from, step)
     watchdog = StepWatchdog(cfg.step_timeout_s, rank).start()
-    callbacks, finish = builder.run_callbacks(cfg, run, module, rank, world, logger, watchdog)
-    module.fit(run.train_iter, cfg.max_update, callbacks)
-    finish(module.num_update)
+    events = builder.RunEvents(cfg, run, module, rank, world, logger, watchdog)
+    module.fit(run.train_iter, cfg.max_update, events.callbacks)
+    events.end_of_run(module.num_update)
     watchdog.stop()
     logger.info("done: %d steps, checkpoints in %s", module.num_update, models_root)
     mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod

@@ -21,7 +21,7 @@ _EXPORTS = {
     "SampleDistributeModule": "module",
     "FaceRecordIter": "data",
     "SyntheticIter": "data",
-    "DistributedOptimizer": "optimizers",
+    "BackboneOptimizer": "optimizers",
     "MemoryBankSGDOptimizer": "optimizers",
     "WarmupMultiStepSchedule": "optimizers",
 }

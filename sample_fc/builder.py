@@ -20,12 +20,12 @@ from .data.augment import Augmentation
 from .data.bin_format import load_bin
 from .data.recordio import read_property
 from .initializers import backbone_initializer
-from .margin import CombinedMargin, MarginWarmup
+from .margin import CombinedMargin
 from .memory_bank import MemoryBank
 from .module import SampleDistributeModule
-from .optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, make_schedule
+from .optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, make_schedule
 from .sampler import ClassCenterSampler
-from .tools.model_io import load_pretrained
+from .saved_model import load_pretrained
 from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 
@@ -66,19 +66,18 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
     """
     lr = cfg.lr * (cfg.batch_size * world / 512 if cfg.lr_scale_by_world else 1.0)
     schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
-    backbone_optimizer = DistributedOptimizer(mx.optimizer.SGD(
+    backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(
         learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
-        multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.sgd_momentum)
+        multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form)
     bank = MemoryBank.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx, seed=cfg.seed)
     module = SampleDistributeModule(
         symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, cfg.sample_ratio, seed=cfg.seed),
         margin=CombinedMargin(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3, cfg.loss_s),
-        bank_optimizer=MemoryBankSGDOptimizer(schedule, cfg.momentum, cfg.wd, momentum_form=cfg.sgd_momentum),
+        bank_optimizer=MemoryBankSGDOptimizer(schedule, cfg.momentum, cfg.wd, momentum_form=cfg.momentum_form),
         backbone_optimizer=backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
         data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
-        head_kernel=cfg.head_kernel, max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
-    if cfg.margin_warmup_steps:
-        module.margin_schedule = MarginWarmup(module.margin, cfg.margin_warmup_steps)
+        head_kernel=cfg.head_kernel, margin_warmup_steps=cfg.margin_warmup_steps,
+        max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
     arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights
     module.init_params(backbone_initializer(cfg.backbone_init), arg_params, aux_params)
     module.broadcast_parameters()
@@ -190,50 +189,57 @@ def parameter_values(symbol, image_size):
     return sum(int(np.prod(shape)) for shape in shapes)
 
 
-def run_callbacks(cfg, run, module, rank, world, logger, watchdog):
-    """(batch-end callbacks for module.fit, finish(step)): the step watchdog told of every
-    step and stage, checkpoints every ckpt_period, verification every verbose steps, progress
-    lines on rank 0; finish saves and verifies the last step if the periods missed it and
-    logs the final accuracy next to the raw-pixel baseline. Checkpoints and verification are
-    collectives: every rank runs them."""
-    module.on_stage = watchdog.stage
-    saved_steps = set()
-    train_state = {"world_size": world, "num_classes": cfg.num_classes,
-                   "embedding_size": cfg.embedding_size, "config": cfg}
+class RunEvents:
+    """What happens around the steps of a run, on every rank: the step watchdog told of every
+    step and stage, a checkpoint every ckpt_period steps, verification every verify_period
+    steps, progress lines on rank 0 (`callbacks`, for module.fit); and `end_of_run(step)`.
+    Checkpoints and verification are collectives: every rank runs them."""
 
-    def save(step):
-        saved_steps.add(step)
-        watchdog.stage("checkpoint")
-        checkpoint.save_checkpoint(run.models_root, step, module, run.symbol, run.train_iter, train_state,
-                                   cfg.ckpt_keep)
-        watchdog.progress()
-        logger.info("step %d: checkpoint saved", step)
+    def __init__(self, cfg, run, module, rank, world, logger, watchdog):
+        self.cfg, self.run, self.module, self.rank, self.logger = cfg, run, module, rank, logger
+        self.watchdog = watchdog
+        module.stage_hook = watchdog.stage
+        self.saved_steps = set()
+        self.train_state = {"world_size": world, "num_classes": cfg.num_classes,
+                            "embedding_size": cfg.embedding_size, "config": cfg}
+        writer = tensorboard_writer(cfg, rank, run.models_root)
+        self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
+        self.callbacks = [lambda info: watchdog.step_done(info.step, info.seconds),
+                          PeriodicCallback(cfg.ckpt_period, self.save),
+                          PeriodicCallback(cfg.verify_period, self.verify)]
+        if rank == 0:
+            self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm))
 
-    def verify(step):
-        watchdog.stage("verification")
-        result = verifier(step)
-        watchdog.progress()
+    def save(self, step):
+        """Checkpoint `step` (checkpoint.save_checkpoint)."""
+        self.saved_steps.add(step)
+        with self.watchdog.stage("checkpoint"):
+            checkpoint.save_checkpoint(self.run.models_root, step, self.module, self.run.symbol,
+                                       self.run.train_iter, self.train_state, self.cfg.ckpt_keep)
+        self.watchdog.progress()
+        self.logger.info("step %d: checkpoint saved", step)
+
+    def verify(self, step):
+        """Verification on the run's targets at `step`."""
+        with self.watchdog.stage("verification"):
+            result = self.verifier(step)
+        self.watchdog.progress()
         return result
 
-    def embed_images(images):
-        arg_params, aux_params = module.get_export_params()
-        embed = Embedder(run.symbol, arg_params, aux_params, run.ctx, cfg.image_size, batch_size=cfg.batch_size)
+    def embed_images(self, images):
+        arg_params, aux_params = self.module.get_export_params()
+        embed = Embedder(self.run.symbol, arg_params, aux_params, self.run.ctx, self.cfg.image_size,
+                         batch_size=self.cfg.batch_size)
         return embed(to_nchw(images))
 
-    writer = tensorboard_writer(cfg, rank, run.models_root)
-    verifier = VerificationRunner(run.targets, embed_images, logger, run.models_root, writer)
-    callbacks = [lambda info: watchdog.step_done(info.step, info.seconds),
-                 PeriodicCallback(cfg.ckpt_period, save), PeriodicCallback(cfg.verbose, verify)]
-    if rank == 0:
-        callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm))
-
-    def finish(step):
-        if step not in saved_steps:           # a run always ends with a checkpoint
-            save(step)
-        if not cfg.verbose or step % cfg.verbose:
-            verify(step)
-        for name, (images, issame) in (run.targets.items() if rank == 0 else ()):
+    def end_of_run(self, step):
+        """A run always ends with a checkpoint and a verification of its last step (unless the
+        periods just did them), then logs the final accuracy next to the raw-pixel baseline."""
+        if step not in self.saved_steps:
+            self.save(step)
+        if not self.cfg.verify_period or step % self.cfg.verify_period:
+            self.verify(step)
+        for name, (images, issame) in (self.run.targets.items() if self.rank == 0 else ()):
             baseline = evaluate(raw_pixel_embed, images, issame)
-            logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
-                        name, verifier.last[name].accuracy, baseline.accuracy)
-    return callbacks, finish
+            self.logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
+                             name, self.verifier.last[name].accuracy, baseline.accuracy)

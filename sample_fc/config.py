@@ -28,40 +28,12 @@ def parse_override(text):
     return key, raw
 
 
-def _flat_keys(cfg, prefix=''):
-    """All leaf keys of a nested dict as dotted names."""
-    keys = []
-    for name, value in cfg.items():
-        if isinstance(value, dict):
-            keys.extend(_flat_keys(value, f"{prefix}{name}."))
-        else:
-            keys.append(f"{prefix}{name}")
-    return keys
-
-
 def _unknown_key(cfg, key):
-    valid = _flat_keys(cfg)
+    valid = list(cfg)
     close = difflib.get_close_matches(key, valid, n=1)
     if close:
         return ValueError(f"unknown config key {key!r}; did you mean {close[0]!r}?")
     return ValueError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
-
-
-def _lookup(cfg, key):
-    """Return (parent dict, last name) for a dotted key that must already exist as a leaf."""
-    parent = cfg
-    names = key.split('.')
-    for name in names[:-1]:
-        if name not in parent or not isinstance(parent[name], dict):
-            raise _unknown_key(cfg, key)
-        parent = parent[name]
-    last = names[-1]
-    if last not in parent:
-        raise _unknown_key(cfg, key)
-    if isinstance(parent[last], dict):
-        raise ValueError(f"config key {key!r} is a section; override one of its keys: "
-                         f"{', '.join(key + '.' + k for k in parent[last])}")
-    return parent, last
 
 
 def _bad(key, raw, expected):
@@ -156,17 +128,18 @@ def convert_value(key, raw, current):
 def apply_overrides(cfg, overrides):
     """Apply "key=value" strings to cfg in place and return it.
 
-    Each key (dotted for nested sections) must exist; the value is converted to the
-    existing value's type. All overrides are checked before any is applied, so on error
+    Each key must exist (the config is flat); the value is converted to the existing value's
+    type. All overrides are checked before any is applied, so on error
     cfg is unchanged. Raises ValueError naming the key, the bad value and the type.
     """
     updates = []
     for text in overrides:
         key, raw = parse_override(text)
-        parent, name = _lookup(cfg, key)
-        updates.append((parent, name, convert_value(key, raw, parent[name])))
-    for parent, name, value in updates:
-        parent[name] = value
+        if key not in cfg:
+            raise _unknown_key(cfg, key)
+        updates.append((key, convert_value(key, raw, cfg[key])))
+    for key, value in updates:
+        cfg[key] = value
     return cfg
 
 
@@ -205,16 +178,7 @@ def load_config(path):
 
 
 def format_config(cfg):
-    """Return "key: value" lines (dotted keys for sections, insertion order) for logging."""
-    rows = []
-
-    def walk(section, prefix):
-        for name, value in section.items():
-            if isinstance(value, dict):
-                walk(value, f"{prefix}{name}.")
-            else:
-                rows.append((f"{prefix}{name}", value))
-
-    walk(cfg, '')
+    """Return "key: value" lines (insertion order) for logging."""
+    rows = list(cfg.items())
     width = max((len(k) for k, _ in rows), default=0)
     return '\n'.join(f"{k + ':':<{width + 1}} {v!r}" for k, v in rows)

@@ -96,14 +96,10 @@ def allreduce_sum(array, name):
     return hvd.allreduce(array, op=hvd.Sum, name=name)
 
 
-def allreduce_sum_(array, name):
-    """In-place element-wise sum over ranks. Must match: name, shape, dtype."""
-    return hvd.allreduce_(array, op=hvd.Sum, name=name)
-
-
-def grouped_allreduce_sum_(arrays, names):
-    """In-place sum over ranks of several arrays in one fused call (names[0] names the group)."""
-    return hvd.grouped_allreduce_(list(arrays), op=hvd.Sum, name=names[0])
+def grouped_allreduce_sum_(arrays, name):
+    """In-place sum over ranks of several arrays in one fused call. Must match: name, and the
+    arrays' number, order, shapes and dtypes."""
+    return hvd.grouped_allreduce_(list(arrays), op=hvd.Sum, name=name)
 
 
 def allreduce_max(array, name):

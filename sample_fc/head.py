@@ -69,33 +69,61 @@ def head_forward_backward(embeddings, weights, target, margin, total_rows,
     return loss, grad_embeddings, grad_weights
 
 
-class DeviceHead:
-    """Head step and bank update on the bank's own context (any device, any dtype): the
-    sampled rows are copied out, `head_forward_backward` runs with MXNet operators, and the
-    memory optimizer's update is written back. HostHead (host_head.py) is the CPU kernel."""
+class Head:
+    """The head of one rank: steps 4-8 and 10 of a step (docs/DESIGN.md) on its MemoryBank.
+    Both kernels implement this contract: DeviceHead (below, MXNet operators on the bank's
+    context) and HostHead (host_head.py, NumPy BLAS on a float32 CPU bank), pinned to the same
+    NumPy reference by tests/test_host_head.py and tests/test_module.py.
 
-    def __init__(self, bank, margin, memory_optimizer):
-        self.bank, self.margin, self.optimizer = bank, margin, memory_optimizer
+    forward_backward(embeddings, target, index, total_rows, margin) -> (loss, grad_embeddings)
+        embeddings: (B, D) NDArray, the global batch; target: (B,) int64 NumPy, each row's
+        position in `index`, or -1 where the class lives on another rank; index: sorted
+        distinct rows of the bank (NumPy int64), the sample; total_rows: B, the rows the loss
+        is averaged over; margin: this step's CombinedMargin (the module decides it).
+        Returns the global mean loss ((1,) NDArray) and d loss / d embeddings ((B, D) NDArray
+        on the embeddings' context, this rank's columns only: to be summed over ranks). What
+        the bank update needs is kept until update() or discard().
+    update(num_update): 10. `optimizer`'s update (MemoryBankSGDOptimizer) on rows `index`
+        only, written back to the bank; num_update is 1-based.
+    discard(): forget the kept update (a skipped step).
+
+    allreduce_max / allreduce_sum(array, name) are the softmax's two collectives over the
+    ranks (dist's, or identities in one process); stage(name) -> context manager names each
+    block of the work (the module's stage hook: the step watchdog, the benchmark's timer).
+    """
+
+    def __init__(self, bank, optimizer, *, allreduce_max, allreduce_sum, stage=no_stage):
+        self.bank, self.optimizer = bank, optimizer
+        self.allreduce_max, self.allreduce_sum, self.stage = allreduce_max, allreduce_sum, stage
         self.pending = None
 
-    def forward_backward(self, embeddings, target, index, total_rows, allreduce_max, allreduce_sum,
-                         stage=no_stage):
-        """Same contract as HostHead.forward_backward."""
-        with stage("gather_rows"):    # 4. read the sampled rows of the bank
+    def forward_backward(self, embeddings, target, index, total_rows, margin):
+        raise NotImplementedError
+
+    def update(self, num_update):
+        raise NotImplementedError
+
+    def discard(self):
+        self.pending = None
+
+
+class DeviceHead(Head):
+    """The head on the bank's own context (any device, any dtype): the sampled rows are copied
+    out, `head_forward_backward` runs with MXNet operators, and the update is written back."""
+
+    def forward_backward(self, embeddings, target, index, total_rows, margin):
+        with self.stage("gather_rows"):    # 4. read the sampled rows of the bank
             index = self.bank.index_array(index)
             weight_rows, momentum_rows = self.bank.get(index)
         target = mx.nd.array(target, ctx=self.bank.ctx, dtype="int64")
         loss, grad_embeddings, grad_weight_rows = head_forward_backward(
-            embeddings, weight_rows, target, self.margin, total_rows, allreduce_max, allreduce_sum, stage)
+            embeddings, weight_rows, target, margin, total_rows, self.allreduce_max, self.allreduce_sum,
+            self.stage)
         self.pending = (index, weight_rows, momentum_rows, grad_weight_rows)
         return loss, grad_embeddings
 
     def update(self, num_update):
-        """10. The memory optimizer's SGD-momentum on the sampled rows, written back."""
         index, weight_rows, momentum_rows, grad_weight_rows = self.pending
         self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update)
         self.bank.set(index, weight_rows, momentum_rows)
-        self.pending = None
-
-    def discard(self):
         self.pending = None

@@ -1,6 +1,6 @@
-"""The head step for a bank in host memory: the same math as head.py, on NumPy's BLAS.
+"""The head step for a bank in host memory: the Head contract of head.py, on NumPy's BLAS.
 
-DESIGN.md steps 4-8 and 10 (gather, cosine, margin softmax, gradients, bank update), laid out
+Steps 4-8 and 10 of docs/DESIGN.md (gather, cosine, margin softmax, gradients, bank update), laid out
 for a CPU. On this machine's class of CPU NumPy's BLAS runs the step's GEMMs 2-3x faster
 than mx.nd.dot, and the K x D passes, not the B x K ones, are what cost:
 - no K x D array is normalised: 1/|w_k| scales the B x K cosines and gradients instead,
@@ -10,8 +10,8 @@ than mx.nd.dot, and the K x D passes, not the B x K ones, are what cost:
 - the gradient of the bank rows is never held whole: the update walks blocks of rows that
   fit in cache (gradient block by GEMM, SGD-momentum, write-back);
 - no one-hot matrix: the margin touches only the B target entries.
-The update is MXNet's sgd_mom_update (MemoryBankSGDOptimizer's semantics). Used for CPU
-banks of float32 by SampleDistributeModule; GPU banks run head.py on the device.
+The margin is margin.py's formula on NumPy arrays, the update MemoryBankSGDOptimizer's.
+Used for CPU banks of float32 by SampleDistributeModule; GPU banks run head.py on the device.
 """
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -20,11 +20,16 @@ import mxnet as mx
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from .head import NORM_EPS, no_stage
-from .launch import omp_threads
+from .head import NORM_EPS, Head, no_stage
 from .memory_bank import host_view
 
 BLOCK_ROWS = 512         # rows per update block (measured at 1M classes, ratio 0.1: 512 best of 256-16384)
+
+
+def omp_threads():
+    """OMP_NUM_THREADS as a positive int, or None when it is unset or not one."""
+    configured = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(configured) if configured.isdigit() and int(configured) >= 1 else None
 
 
 def default_threads(local_workers):
@@ -56,30 +61,22 @@ class Workspace:
         return self.flat[name][:size].reshape(shape)
 
 
-class HostHead:
-    """Head step and bank update of one rank whose MemoryBank is a float32 CPU bank."""
+class HostHead(Head):
+    """The Head of one rank whose MemoryBank is a float32 CPU bank; `threads` share the update."""
 
-    def __init__(self, bank, margin, memory_optimizer, threads=1):
+    def __init__(self, bank, optimizer, *, allreduce_max, allreduce_sum, stage=no_stage, threads=1):
         if not (isinstance(threads, int) and threads >= 1):
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
         if bank.ctx.device_type != "cpu" or np.dtype(bank.dtype) != np.float32:
             raise ValueError(f"HostHead needs a float32 bank on the CPU, got {bank.dtype} on {bank.ctx}")
-        self.bank = bank
+        super().__init__(bank, optimizer, allreduce_max=allreduce_max, allreduce_sum=allreduce_sum, stage=stage)
         self.weight, self.momentum = host_view(bank.weight), host_view(bank.momentum)
-        self.margin, self.optimizer = margin, memory_optimizer
         self.workspace = Workspace()
         self.threads, self.pool = threads, None
         self.numpy_blas = numpy_blas() if threads > 1 else None
-        self.pending = None
 
-    def forward_backward(self, embeddings, target, index, total_rows, allreduce_max, allreduce_sum,
-                         stage=no_stage):
-        """Loss and d loss / d embeddings of the global batch (this rank's columns only).
-
-        embeddings: (B, D) NDArray; target: (B,) int64, position in `index` or -1; index:
-        sorted distinct local rows. Returns (loss (1,) NDArray, grad (B, D) NDArray); the
-        bank update is kept for `update`.
-        """
+    def forward_backward(self, embeddings, target, index, total_rows, margin):
+        stage = self.stage
         x = embeddings.asnumpy()
         self.bank.weight.wait_to_read()      # MXNet writes to the bank (a load) must have landed
         self.bank.momentum.wait_to_read()
@@ -95,7 +92,7 @@ class HostHead:
             cosine = np.dot(x_hat, rows.T, out=self.workspace.get("cosine", (len(x), len(index))))
             cosine *= inv_w
         with stage("softmax"):       # 6-8. margin on the targets, exact softmax, d loss / d cosine
-            loss, grad = self._margin_softmax(cosine, target, total_rows, allreduce_max, allreduce_sum)
+            loss, grad = self._margin_softmax(cosine, target, total_rows, margin)
         with stage("gradients"):     # through both normalisations; the rows' part waits for `update`
             grad *= inv_w                                        # now d loss / d (x_hat . w^T)
             grad_x_hat = np.dot(grad, rows)
@@ -105,23 +102,21 @@ class HostHead:
         self.pending = (index, whole_shard, rows, grad, x_hat, row_radial)
         return mx.nd.array([loss], ctx=embeddings.context), mx.nd.array(grad_x, ctx=embeddings.context)
 
-    def _margin_softmax(self, cosine, target, total_rows, allreduce_max, allreduce_sum):
+    def _margin_softmax(self, cosine, target, total_rows, margin):
         """(mean loss, d loss / d cosine) with the exact softmax over all ranks' columns
         (the collectives as in softmax.py); the gradient overwrites a reused buffer."""
-        scale = self.margin.s
+        scale = margin.s
         rows = np.flatnonzero(target >= 0)
         columns = target[rows]
-        cos_target = mx.nd.array(cosine[rows, columns]) if len(rows) else None
-        psi, slope = ((v.asnumpy() for v in self.margin.psi_and_derivative(cos_target))
-                      if len(rows) else (np.zeros(0, np.float32), np.zeros(0, np.float32)))
+        psi, slope = margin.psi_and_derivative(cosine[rows, columns])
         logits = np.multiply(cosine, scale, out=self.workspace.get("grad", cosine.shape))
         target_logit = np.zeros(len(cosine), dtype=np.float32)
         target_logit[rows] = psi * scale
         logits[rows, columns] = target_logit[rows]
-        row_max = _to_numpy(allreduce_max(mx.nd.array(logits.max(axis=1)), "softmax.row_max"))
+        row_max = _to_numpy(self.allreduce_max(mx.nd.array(logits.max(axis=1)), "softmax.row_max"))
         logits -= row_max[:, None]
         exp = np.exp(logits, out=logits)
-        sums = _to_numpy(allreduce_sum(mx.nd.array(np.stack([exp.sum(axis=1), target_logit])),
+        sums = _to_numpy(self.allreduce_sum(mx.nd.array(np.stack([exp.sum(axis=1), target_logit])),
                                        "softmax.sum_and_target"))
         row_sum, global_target_logit = sums[0], sums[1]
         loss = float(np.sum(row_max + np.log(row_sum) - global_target_logit)) / total_rows
@@ -131,23 +126,18 @@ class HostHead:
         return loss, grad
 
     def update(self, num_update):
-        """10. SGD-momentum (MemoryBankSGDOptimizer's semantics) on the sampled rows, block by block.
+        """10. The optimizer's SGD-momentum on the sampled rows, block by block.
 
         The rows' gradient is g = G^T x_hat - w r (r = <d w_hat, w_hat> / |w|^2, G the scaled
-        d loss / d cosine); "mxnet" form: mom = momentum mom - lr (clip(rescale g) + wd w);
-        w += mom; "pytorch" form: the same with lr 1, then w += lr mom. Without clipping lr and
-        rescale ride on x_hat and r, so a block costs one GEMM and four passes (five: pytorch).
+        d loss / d cosine). The optimizer's scaled step a (g + wd w) is formed as
+        G^T (a x_hat) + w a (wd - r): one GEMM and one pass per block; its `apply` does the rest.
         Blocks hold distinct rows: `threads` threads take every threads-th block, each with
         one BLAS thread (the blocks are memory-bound; measured 219 -> 166 ms at K = 100k on 2 cores).
         """
         index, whole_shard, rows, grad, x_hat, row_radial = self.pending
         opt = self.optimizer
-        lr, momentum, wd, rescale = opt.lr_schedule(num_update), opt.momentum, opt.wd, opt.rescale_grad
-        lr, step_lr = (lr, None) if opt.momentum_form == "mxnet" else (1.0, lr)   # step_lr: w += step_lr mom
-        if opt.clip_gradient is None:   # lr (rescale g + wd w) = (lr rescale G)^T x_hat + w lr (wd - rescale r)
-            x_factor, row_factor = x_hat * (lr * rescale), lr * (wd - rescale * row_radial)
-        else:
-            x_factor, row_factor = x_hat, -row_radial
+        step_scale, weight_scale = opt.step_scales(num_update)
+        x_factor, row_factor = x_hat * step_scale, step_scale * (opt.wd - row_radial)
         block = min(BLOCK_ROWS, len(index))
         starts = range(0, len(index), block)
         threads = min(self.threads, len(starts))
@@ -161,16 +151,9 @@ class HostHead:
                 weight, n = rows[lo:hi], hi - lo
                 step = np.dot(grad[:, lo:hi].T, x_factor, out=step_buffer[:n])
                 step += np.multiply(weight, row_factor[lo:hi, None], out=scaled_buffer[:n])
-                if opt.clip_gradient is not None:   # step is g here: lr (clip(rescale g) + wd w)
-                    step *= rescale
-                    np.clip(step, -opt.clip_gradient, opt.clip_gradient, out=step)
-                    step += np.multiply(weight, wd, out=scaled_buffer[:n])
-                    step *= lr
                 mom = self.momentum[lo:hi] if whole_shard else np.take(
                     self.momentum, index[lo:hi], axis=0, mode="clip", out=momentum_buffer[:n])
-                mom *= momentum
-                mom -= step
-                weight += mom if step_lr is None else np.multiply(mom, step_lr, out=scaled_buffer[:n])
+                opt.apply(weight, mom, step, weight_scale, scratch=scaled_buffer[:n])
                 if not whole_shard:
                     self.weight[index[lo:hi]] = weight
                     self.momentum[index[lo:hi]] = mom
@@ -186,10 +169,6 @@ class HostHead:
         if self.pool is None or self.pool._max_workers != threads:
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="host_head")
         return self.pool
-
-    def discard(self):
-        """Forget the pending update (a skipped step)."""
-        self.pending = None
 
     def _check_index(self, index):
         """np.take(mode='clip') would clamp a bad index silently: check it once here."""

@@ -9,11 +9,13 @@ Two numerical rules keep training finite:
 - past theta* = (pi - m2) / m1, where m1 theta + m2 would exceed pi and cos(.) would turn
   back up, psi continues as c - cos(theta*) - 1 - m3: continuous at theta*, decreasing in
   theta, slope 1. So psi is monotone in theta over the whole [0, pi].
-Functions take and return NDArrays on any context (CPU or GPU).
+The formula is written once for both head kernels: it takes and returns NDArrays on any
+context (the device kernel) or NumPy arrays (the host kernel), computing in the input's dtype.
 """
 import math
 
 import mxnet as mx
+import numpy as np
 
 EPS = 1e-6
 
@@ -40,20 +42,22 @@ class CombinedMargin:
         return self.psi_and_derivative(cos_target)[0]
 
     def psi_and_derivative(self, cos_target):
-        """(psi(c), d psi / dc) for a vector of target cosines."""
+        """(psi(c), d psi / dc) for a vector of target cosines (an NDArray or a NumPy array;
+        the results are of the same kind)."""
+        ops = np if isinstance(cos_target, np.ndarray) else mx.nd
         if self.cos_only:
-            return cos_target - self.m3, mx.nd.ones_like(cos_target)
-        c = mx.nd.clip(cos_target, -1.0 + EPS, 1.0 - EPS)
-        theta = mx.nd.arccos(c)
+            return cos_target - self.m3, ops.ones_like(cos_target)
+        c = ops.clip(cos_target, -1.0 + EPS, 1.0 - EPS)
+        theta = ops.arccos(c)
         angle = theta * self.m1 + self.m2
-        main_value = mx.nd.cos(angle) - self.m3
-        main_slope = mx.nd.sin(angle) * self.m1 / mx.nd.sqrt(1.0 - c * c)
+        main_value = ops.cos(angle) - self.m3
+        main_slope = ops.sin(angle) * self.m1 / ops.sqrt(1.0 - c * c)
         if self.theta_star >= math.pi:          # the continuation is never reached
             return main_value, main_slope
         past = angle > math.pi
         tail_value = cos_target - (self.cos_star + 1.0 + self.m3)
-        value = mx.nd.where(past, tail_value, main_value)
-        slope = mx.nd.where(past, mx.nd.ones_like(c), main_slope)
+        value = ops.where(past, tail_value, main_value)
+        slope = ops.where(past, ops.ones_like(c), main_slope)
         return value, slope
 
 
@@ -61,15 +65,16 @@ class MarginWarmup:
     """The margin of update n when the margins grow in over `steps` updates: m2 and m3 times
     a = min(1, n / steps), m1 from 1 towards its value (1 + (m1 - 1) a), s fixed. At a = 0 the
     loss is the plain normalised softmax, which trains from scratch where a full ArcFace
-    margin (0.5 rad at s = 64) stalls; a pure function of n (exact resume)."""
+    margin (0.5 rad at s = 64) stalls; a pure function of n (exact resume). steps = 0: the
+    target margin from the first update."""
 
-    def __init__(self, margin, steps):
-        if steps < 1:
-            raise ValueError(f"margin warm-up needs steps >= 1, got {steps}")
+    def __init__(self, margin, steps=0):
+        if not (isinstance(steps, int) and steps >= 0):
+            raise ValueError(f"margin warm-up needs steps >= 0 (0 = none), got {steps!r}")
         self.target, self.steps = margin, steps
 
     def __call__(self, num_update):
-        a = min(1.0, num_update / self.steps)
+        a = min(1.0, num_update / self.steps) if self.steps else 1.0
         if a == 1.0:
             return self.target
         t = self.target

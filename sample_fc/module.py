@@ -1,4 +1,4 @@
-"""SampleDistributeModule: the Partial FC training step of one rank (DESIGN.md, "One training step")."""
+"""SampleDistributeModule: the Partial FC training step of one rank (docs/DESIGN.md, "One step")."""
 import logging
 import math
 import time
@@ -12,6 +12,7 @@ from . import dist
 from .head import DeviceHead, no_stage
 from .host_head import HostHead, default_threads
 from .initializers import backbone_initializer
+from .margin import MarginWarmup
 from .options import ALLGATHERS, HEAD_KERNELS
 from .sampler import as_int_labels
 
@@ -40,9 +41,8 @@ class SampleDistributeModule:
       forward_backbone       1. the backbone on this rank's batch -> embeddings (b x D)
       loss_and_gradients     2. allgather the global batch: embeddings (B x D), integer labels
                              3. sampler: every local positive + uniform negatives -> index I
-                             4-8. head: rows I of the bank, cosine, margin, exact distributed
-                                softmax, loss and gradients (head.py on a device bank,
-                                host_head.py on a float32 CPU bank: the same math)
+                             4-8. head (head.Head): rows I of the bank, cosine, this step's
+                                margin, exact distributed softmax, loss and gradients
                              9. reducescatter d loss / d embeddings to this rank's b rows,
                                 then the backbone's backward
       all_ranks_finite       skip the step everywhere when any rank saw NaN/Inf
@@ -50,21 +50,25 @@ class SampleDistributeModule:
                                 (its optimizer sums the gradients over ranks)
 
     Collaborators: `symbol` (input `data`, one output: the embeddings), `bank` (this rank's
-    MemoryBank), `sampler` (this rank's ClassCenterSampler), `margin` (CombinedMargin),
-    `bank_optimizer` (MemoryBankSGDOptimizer), `backbone_optimizer` (a DistributedOptimizer),
-    `context` (one mx.Context or a list: the backbone's devices).
+    MemoryBank), `sampler` (this rank's ClassCenterSampler), `margin` (the CombinedMargin to
+    train with), `bank_optimizer` (MemoryBankSGDOptimizer), `backbone_optimizer` (a
+    BackboneOptimizer), `context` (one mx.Context or a list: the backbone's devices).
     Options: `batch_size` per rank, `data_shape` of one sample, `allgather` strategy (dist.py),
-    `head_kernel` (auto | host | device), `max_nonfinite_steps` in a row before NonFiniteError.
-    Every rank must build the same module (same symbol and shapes): the steps are collectives.
+    `head_kernel` (auto | host | device), `margin_warmup_steps` (margin.MarginWarmup: the module
+    alone decides each step's margin, margin_at), `max_nonfinite_steps` in a row before
+    NonFiniteError. `stage_hook(name)` -> context manager is told each stage of the step as it
+    runs (the step watchdog; a benchmark's timer). Every rank must build the same module (same
+    symbol and shapes): the steps are collectives.
     """
 
     def __init__(self, symbol, *, bank, sampler, margin, bank_optimizer, backbone_optimizer, context,
                  batch_size, data_shape=(3, 112, 112), allgather="native", head_kernel="auto",
-                 max_nonfinite_steps=5, logger=None):
+                 margin_warmup_steps=0, max_nonfinite_steps=5, logger=None):
         if allgather not in ALLGATHERS:
             raise ValueError(f"allgather must be one of {ALLGATHERS}, got {allgather!r}")
         self.contexts = list(context) if isinstance(context, (list, tuple)) else [context]
-        self.bank, self.sampler, self.margin = bank, sampler, margin
+        self.bank, self.sampler = bank, sampler
+        self.margin_schedule = MarginWarmup(margin, margin_warmup_steps)   # update number -> margin
         self.bank_optimizer, self.backbone_optimizer = bank_optimizer, backbone_optimizer
         self.batch_size, self.allgather = batch_size, allgather
         self.max_nonfinite_steps = max_nonfinite_steps
@@ -75,11 +79,18 @@ class SampleDistributeModule:
         self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
                                       context=self.contexts)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
-        self.head = make_head(head_kernel, bank, margin, bank_optimizer)
-        self.on_stage = lambda name: None   # told each stage's name (the step watchdog listens)
-        self.margin_schedule = None         # update number -> CombinedMargin (margin.MarginWarmup)
+        self.stage_hook = no_stage
+        self.head = make_head(head_kernel, bank, bank_optimizer, self.stage)
         self._labels = None                 # this rank's integer labels of the current batch
         self._grad_all_embeddings = None    # this step's d loss / d (global embeddings), partial
+
+    def stage(self, name):
+        """The stage hook's context for the block `name` of the step."""
+        return self.stage_hook(name)
+
+    def margin_at(self, num_update):
+        """The margin of update `num_update` (1-based): the target after the warm-up."""
+        return self.margin_schedule(num_update)
 
     # ---- set-up -----------------------------------------------------------------------
     def init_params(self, initializer=None, arg_params=None, aux_params=None):
@@ -134,12 +145,9 @@ class SampleDistributeModule:
             raise ValueError(f"expected {self.batch_size} labels per rank, got shape {self._labels.shape}")
         self.backbone.forward(data_batch, is_train=True)
 
-    def loss_and_gradients(self, stage=no_stage):
-        """2-9 after forward_backbone: returns the global mean loss ((1,) NDArray).
-
-        stage(name) -> context manager wraps each block (see head.no_stage; benchmarks time them).
-        """
-        bank_ctx = self.bank.ctx
+    def loss_and_gradients(self):
+        """2-9 after forward_backbone: returns the global mean loss ((1,) NDArray)."""
+        stage, bank_ctx = self.stage, self.bank.ctx
         embeddings = self.backbone.get_outputs(merge_multi_context=True)[0]
         with stage("allgather"):      # 2. the global batch: embeddings (B x D), integer labels (B)
             all_embeddings = dist.allgather(embeddings.as_in_context(bank_ctx), "embeddings", self.allgather)
@@ -148,7 +156,7 @@ class SampleDistributeModule:
             target, index = self.sampler(all_labels)
         # 4-8. sampled rows, cosine, margin, exact distributed softmax, gradients
         loss, self._grad_all_embeddings = self.head.forward_backward(
-            all_embeddings, target, index, len(all_labels), dist.allreduce_max, dist.allreduce_sum, stage)
+            all_embeddings, target, index, len(all_labels), self.margin_at(self.num_update + 1))
         with stage("reducescatter"):  # 9. this rank's rows of d loss / d embeddings, summed over ranks
             grad_embeddings = dist.reducescatter_sum(self._grad_all_embeddings, "embedding_grads")
         with stage("backbone_backward"):
@@ -177,10 +185,12 @@ class SampleDistributeModule:
         """10-11: SGD-momentum on the sampled bank rows; the backbone's gradients summed over
         the ranks (one fused collective) and clipped to the optimizer's global norm, then its update."""
         self.num_update += 1
-        self.head.update(self.num_update)
-        self.last_grad_norm = self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays,
-                                                                    self.num_update)
-        self.backbone.update()
+        with self.stage("bank_update"):
+            self.head.update(self.num_update)
+        with self.stage("backbone_update"):
+            self.last_grad_norm = self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays,
+                                                                        self.num_update)
+            self.backbone.update()
 
     # ---- one step ---------------------------------------------------------------------
     def step(self, data_batch):
@@ -191,15 +201,12 @@ class SampleDistributeModule:
         row NonFiniteError is raised.
         """
         aux_before = [[a.copy() for a in per_context] for per_context in self.backbone._exec_group.aux_arrays]
-        self.on_stage("forward")
-        self.forward_backbone(data_batch)
-        self.on_stage("head")
-        if self.margin_schedule is not None:
-            self.head.margin = self.margin_schedule(self.num_update + 1)
+        with self.stage("forward"):
+            self.forward_backbone(data_batch)
         loss = self.loss_and_gradients()
-        self.on_stage("collective")
-        if self.all_ranks_finite(loss):
-            self.on_stage("update")
+        with self.stage("finite_check"):
+            finite = self.all_ranks_finite(loss)
+        if finite:
             self.apply_updates()
             self.nonfinite_in_a_row = 0
             return float(loss.asscalar()), False
@@ -225,9 +232,9 @@ class SampleDistributeModule:
         """
         global_batch = self.batch_size * dist.size()
         while self.num_update < max_update:
-            self.on_stage("data")
             try:
-                batch = train_iter.next()
+                with self.stage("data"):
+                    batch = train_iter.next()
             except StopIteration:
                 train_iter.reset()
                 continue
@@ -241,12 +248,14 @@ class SampleDistributeModule:
         return self
 
 
-def make_head(kernel, bank, margin, bank_optimizer):
-    """The head step's kernel: `host` (NumPy BLAS, float32 CPU banks), `device` (MXNet
-    operators on the bank's context), or `auto` = host where it applies."""
+def make_head(kernel, bank, bank_optimizer, stage=no_stage):
+    """The head.Head of this rank: `host` (NumPy BLAS, float32 CPU banks), `device` (MXNet
+    operators on the bank's context), or `auto` = host where it applies; its softmax
+    collectives are dist's."""
     if kernel not in HEAD_KERNELS:
         raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, got {kernel!r}")
+    collectives = {"allreduce_max": dist.allreduce_max, "allreduce_sum": dist.allreduce_sum, "stage": stage}
     on_host = bank.ctx.device_type == "cpu" and np.dtype(bank.dtype) == np.float32
     if kernel == "host" or (kernel == "auto" and on_host):
-        return HostHead(bank, margin, bank_optimizer, threads=default_threads(dist.local_size()))
-    return DeviceHead(bank, margin, bank_optimizer)
+        return HostHead(bank, bank_optimizer, threads=default_threads(dist.local_size()), **collectives)
+    return DeviceHead(bank, bank_optimizer, **collectives)

@@ -4,11 +4,11 @@
   one): lr(step), a linear warm-up, then a factor at each step boundary, a polynomial decay
   to 0 at max_update (arcface_torch's default), or a cosine to 0; pure functions of the
   1-based update number, so a resumed run continues them exactly.
-- DistributedOptimizer: wraps any mx.optimizer.Optimizer for the data-parallel backbone;
+- BackboneOptimizer: wraps any mx.optimizer.Optimizer for the data-parallel backbone;
   sum_gradients sums all gradients over the ranks in one fused collective and clips their
   global norm, then Module's update applies the wrapped optimizer.
 - MemoryBankSGDOptimizer: SGD with momentum and weight decay on the sampled rows of the
-  class-center bank.
+  class-center bank; both head kernels apply its formula.
 
 Momentum forms (MOMENTUM_FORMS), the same while the lr is constant:
 - "mxnet" (mx.optimizer.SGD): mom = m mom - lr g; w += mom. The momentum holds lr-scaled
@@ -18,12 +18,13 @@ Momentum forms (MOMENTUM_FORMS), the same while the lr is constant:
   MXNet's fused update and rescales its momentum by lr(n) / lr(n-1) whenever the lr changes
   (Goyal et al. 2017, "momentum correction"), which is exactly this form; the bank, whose
   rows are updated only when sampled, keeps buf itself (gradient units, no lr inside).
-g includes the weight decay: g = clip(rescale grad) + wd w.
+g includes the weight decay: g = grad + wd w.
 """
 import bisect
 import math
 
 import mxnet as mx
+import numpy as np
 
 from . import dist
 from .options import LR_SCHEDULES, MOMENTUM_FORMS
@@ -100,8 +101,10 @@ def _check_momentum_form(momentum_form):
         raise ValueError(f"momentum_form must be one of {MOMENTUM_FORMS}, got {momentum_form!r}")
 
 
-class DistributedOptimizer(mx.optimizer.Optimizer):
-    """The wrapped optimizer, applied to gradients summed over all ranks and clipped.
+class BackboneOptimizer(mx.optimizer.Optimizer):
+    """The data-parallel backbone's optimizer: the wrapped one, applied to gradients summed over
+    all ranks and clipped to a global norm (unlike Horovod's DistributedOptimizer, which
+    averages and does not clip).
 
     Each step, sum_gradients(grad_arrays, num_update) runs before Module.update(): gradients are summed,
     not averaged (the step's loss is already the mean over the global batch, so the per-rank
@@ -155,7 +158,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         arrays = [grad for per_context in grad_arrays for grad in per_context]
         if not arrays:                    # a backbone without parameters (the benchmark's identity)
             return 0.0
-        dist.grouped_allreduce_sum_(arrays, ["backbone_grads"])
+        dist.grouped_allreduce_sum_(arrays, "backbone_grads")
         totals = [per_context[0] if len(per_context) == 1 else
                   mx.nd.add_n(*[g.as_in_context(per_context[0].context) for g in per_context])
                   for per_context in grad_arrays]
@@ -199,32 +202,40 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
 
 
 class MemoryBankSGDOptimizer:
-    """SGD with momentum for rows of the memory bank (weights and momentum given as rows).
+    """SGD with momentum and weight decay for the sampled rows of the memory bank: the one
+    formula both head kernels apply (rows as NDArrays or NumPy arrays, updated in place).
 
-    g = clip(rescale_grad * grad) + wd * weight, lr = lr_schedule(num_update);
-    "mxnet": mom = momentum * mom - lr * g; weight += mom (exactly MXNet's sgd_mom_update);
-    "pytorch": mom = momentum * mom - g; weight += lr * mom (mom = -buf of torch.optim.SGD).
+    g = grad + wd * weight, lr = lr_schedule(num_update), (a, b) = step_scales(num_update):
+        mom = momentum * mom - a * g;  weight += b * mom
+    "mxnet":   (a, b) = (lr, 1): MXNet's sgd_mom_update (the momentum holds lr-scaled steps);
+    "pytorch": (a, b) = (1, lr): torch.optim.SGD with mom = -buf (the momentum holds gradients).
     """
 
-    def __init__(self, lr_schedule, momentum=0.9, wd=5e-4, rescale_grad=1.0, clip_gradient=None,
-                 momentum_form="mxnet"):
+    def __init__(self, lr_schedule, momentum=0.9, wd=5e-4, momentum_form="mxnet"):
         _check_momentum_form(momentum_form)
         self.lr_schedule, self.momentum, self.wd = lr_schedule, momentum, wd
-        self.rescale_grad, self.clip_gradient = rescale_grad, clip_gradient
         self.momentum_form = momentum_form
 
-    def update(self, weight_rows, momentum_rows, grad_rows, num_update):
-        """Update weight_rows and momentum_rows in place; num_update is 1-based."""
+    def step_scales(self, num_update):
+        """(a, b) of update `num_update` (1-based): a scales the step into the momentum, b the
+        momentum into the weights."""
         lr = self.lr_schedule(num_update)
-        if self.momentum_form == "mxnet":
-            mx.nd.sgd_mom_update(weight_rows, grad_rows, momentum_rows, out=weight_rows, lr=lr,
-                                 momentum=self.momentum, wd=self.wd, rescale_grad=self.rescale_grad,
-                                 clip_gradient=-1.0 if self.clip_gradient is None else self.clip_gradient)
-            return
-        step = grad_rows * self.rescale_grad
-        if self.clip_gradient is not None:
-            step = mx.nd.clip(step, -self.clip_gradient, self.clip_gradient)
-        step += self.wd * weight_rows
+        return (lr, 1.0) if self.momentum_form == "mxnet" else (1.0, lr)
+
+    def apply(self, weight_rows, momentum_rows, scaled_step, weight_scale, scratch=None):
+        """mom = momentum * mom - scaled_step; weight += weight_scale * mom, in place, where
+        scaled_step = a * (grad + wd * weight). `scratch` (NumPy, the rows' shape) avoids a
+        temporary for weight_scale * mom."""
         momentum_rows *= self.momentum
-        momentum_rows -= step
-        weight_rows += lr * momentum_rows
+        momentum_rows -= scaled_step
+        if weight_scale == 1.0:
+            weight_rows += momentum_rows
+        elif scratch is not None:
+            weight_rows += np.multiply(momentum_rows, weight_scale, out=scratch)
+        else:
+            weight_rows += momentum_rows * weight_scale
+
+    def update(self, weight_rows, momentum_rows, grad_rows, num_update):
+        """Update weight_rows and momentum_rows in place with their gradient grad_rows."""
+        step_scale, weight_scale = self.step_scales(num_update)
+        self.apply(weight_rows, momentum_rows, (grad_rows + self.wd * weight_rows) * step_scale, weight_scale)

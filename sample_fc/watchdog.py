@@ -3,8 +3,8 @@
 Horovod's stall check sees a rank missing from a collective the others joined; it cannot see
 a job where every rank is stuck outside a collective (all data readers on a dead file
 system, say). The watchdog can: a thread that ends the process with one line naming the
-rank, the step and the stage it was in (data, forward, head, collective, update,
-checkpoint, verification) when no step has finished for the timeout, so the launcher sees a
+rank, the step and the stage it was in (the module's stage hook: data, forward, allgather,
+..., bank_update, backbone_update; checkpoint, verification) when no step has finished for the timeout, so the launcher sees a
 failure (and, with restarts on, restarts the job from its last checkpoint).
 
 The timeout is `timeout_s` when > 0; with 0 it is set after `warmup_steps` steps to
@@ -13,6 +13,7 @@ only after the first `warmup_steps` steps (start-up, first MXNet graph builds). 
 legitimate stage (a checkpoint, a verification) calls progress() when it ends, so the next
 step is timed from there.
 """
+import contextlib
 import os
 import statistics
 import sys
@@ -41,8 +42,10 @@ class StepWatchdog:
 
     # ---- what the training loop reports ----------------------------------------------
     def stage(self, name):
-        """The stage this rank is in now (named in the timeout message)."""
+        """The stage this rank is in now (named in the timeout message); a stage hook, as
+        SampleDistributeModule.stage_hook: returns a context manager for the stage's block."""
         self.stage_name = name
+        return contextlib.nullcontext()
 
     def step_done(self, step, seconds):
         """A step finished (1-based `step`, its wall time)."""

@@ -67,21 +67,15 @@ def head_loss_grads(embeddings, weights, labels, m1, m2, m3, s):
     return loss, grad_x, grad_w
 
 
-def sgd_momentum(weight, grad, mom, lr, momentum, wd, rescale_grad=1.0, clip=None):
-    """MXNet sgd_mom_update: mom = momentum*mom - lr*(clip(rescale*grad) + wd*w); w += mom."""
-    grad = rescale_grad * grad
-    if clip is not None:
-        grad = np.clip(grad, -clip, clip)
+def sgd_momentum(weight, grad, mom, lr, momentum, wd):
+    """MXNet sgd_mom_update: mom = momentum*mom - lr*(grad + wd*w); w += mom."""
     mom = momentum * mom - lr * (grad + wd * weight)
     return weight + mom, mom
 
 
-def sgd_momentum_pytorch(weight, grad, mom, lr, momentum, wd, rescale_grad=1.0, clip=None):
-    """torch.optim.SGD's form, with mom = -buf: buf = momentum*buf + clip(rescale*grad) + wd*w;
+def sgd_momentum_pytorch(weight, grad, mom, lr, momentum, wd):
+    """torch.optim.SGD's form, with mom = -buf: buf = momentum*buf + grad + wd*w;
     w -= lr*buf. Returns (weight, -buf)."""
-    grad = rescale_grad * grad
-    if clip is not None:
-        grad = np.clip(grad, -clip, clip)
     buf = momentum * -mom + grad + wd * weight
     return weight - lr * buf, -buf
 

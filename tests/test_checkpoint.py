@@ -14,7 +14,7 @@ from sample_fc.data import SyntheticIter
 from sample_fc.margin import CombinedMargin
 from sample_fc.memory_bank import MemoryBank
 from sample_fc.module import SampleDistributeModule
-from sample_fc.optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from sample_fc.optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
 from sample_fc.sampler import ClassCenterSampler
 
 CLASSES, EMBEDDING, BATCH, DATA_SHAPE = 20, 6, 4, (3, 4, 4)
@@ -91,7 +91,7 @@ def build(seed, num_classes=CLASSES):
     symbol = mx.sym.BatchNorm(mx.sym.FullyConnected(flat, num_hidden=EMBEDDING, name="fc_embed"),
                               fix_gamma=False, name="bn_embed")
     schedule = WarmupMultiStepSchedule(0.05, warmup_steps=0, steps=[3], factor=0.5)
-    backbone_opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.05, momentum=0.9, wd=5e-4,
+    backbone_opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=0.05, momentum=0.9, wd=5e-4,
                                                          rescale_grad=1.0, lr_scheduler=schedule))
     bank = MemoryBank.for_rank(num_classes, 0, 1, EMBEDDING, mx.cpu(), seed=seed)
     module = SampleDistributeModule(symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, 0.5, seed=seed),

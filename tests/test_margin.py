@@ -64,5 +64,19 @@ def test_margin_warmup_grows_linearly_to_the_target():
     assert warm(10) is target and warm(500) is target
     c = mx.nd.array([-0.5, 0.1, 0.9])
     np.testing.assert_allclose(warm(0).psi(c).asnumpy(), c.asnumpy(), atol=1e-6)
-    with pytest.raises(ValueError, match="steps >= 1"):
-        MarginWarmup(target, 0)
+    assert MarginWarmup(target, 0)(1) is target and MarginWarmup(target)(0) is target   # no warm-up
+    with pytest.raises(ValueError, match="steps >= 0"):
+        MarginWarmup(target, -1)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_psi_on_numpy_equals_psi_on_ndarray(name):
+    """Test that the one margin formula gives the host kernel (NumPy arrays) what it gives the
+    device kernel (NDArrays), in float32, across the clamp and the continuation past pi."""
+    c = np.concatenate([np.linspace(-1.0, 1.0, 999), [-1.0, 1.0]]).astype(np.float32)
+    margin = CombinedMargin(*CASES[name])
+    on_numpy = margin.psi_and_derivative(c)
+    on_ndarray = margin.psi_and_derivative(mx.nd.array(c))
+    for host, device in zip(on_numpy, on_ndarray):
+        assert isinstance(host, np.ndarray) and host.dtype == np.float32
+        np.testing.assert_allclose(host, device.asnumpy(), rtol=1e-5, atol=1e-5)

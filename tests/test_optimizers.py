@@ -5,7 +5,7 @@ import pytest
 
 import reference as ref
 from sample_fc import dist
-from sample_fc.optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from sample_fc.optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,70 +66,43 @@ def _bank_rows(seed, rows=5, dim=4):
             rng.standard_normal((rows, dim)) * 3.0)
 
 
-def numpy_sgd_momentum(weight, mom, grad, lr, momentum, wd, rescale, clip):
-    """mom = momentum*mom - lr*(clip(rescale*grad) + wd*weight); weight += mom (float64)."""
-    step = rescale * grad
-    if clip is not None:
-        step = np.clip(step, -clip, clip)
-    mom = momentum * mom - lr * (step + wd * weight)
-    return weight + mom, mom
-
-
-@pytest.mark.parametrize("clip", [None, 0.5])
-def test_bank_update_matches_numpy_in_place(clip):
+@pytest.mark.parametrize("kind", ["ndarray", "numpy"])
+def test_bank_update_matches_numpy_in_place(kind):
     """Test that MemoryBankSGDOptimizer.update rewrites the given weight and momentum rows in
-    place exactly as SGD-momentum with weight decay (and clipping when set) in NumPy, with the
-    lr of the schedule at num_update, over two successive updates."""
+    place (NDArrays for the device kernel, NumPy arrays as the host kernel's rows) exactly as
+    MXNet's sgd_mom_update form of SGD-momentum with weight decay (reference.sgd_momentum),
+    with the lr of the schedule at num_update, over two successive updates."""
     schedule = WarmupMultiStepSchedule(0.2, warmup_steps=0, steps=[2], factor=0.1)
-    opt = MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-3, clip_gradient=clip)
+    opt = MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-3)
     weight, mom, grad = _bank_rows(1)
-    weight_nd, mom_nd = mx.nd.array(weight), mx.nd.array(mom)
+    array = mx.nd.array if kind == "ndarray" else (lambda a: a.astype(np.float32))
+    weight_rows, mom_rows = array(weight), array(mom)
     expected_w, expected_m = weight, mom
     for num_update, lr in ((1, 0.2), (2, 0.02)):
-        opt.update(weight_nd, mom_nd, mx.nd.array(grad), num_update)
-        expected_w, expected_m = numpy_sgd_momentum(expected_w, expected_m, grad, lr, 0.9, 5e-3, 1.0, clip)
-        ref.assert_close(weight_nd.asnumpy(), expected_w, 1e-6)
-        ref.assert_close(mom_nd.asnumpy(), expected_m, 1e-6)
-    if clip is not None:   # the clip took effect: some |grad| exceed it
-        assert np.abs(grad).max() > clip
-        unclipped, _ = numpy_sgd_momentum(weight, mom, grad, 0.2, 0.9, 5e-3, 1.0, None)
-        first, _ = numpy_sgd_momentum(weight, mom, grad, 0.2, 0.9, 5e-3, 1.0, clip)
-        assert not np.allclose(first, unclipped)
+        opt.update(weight_rows, mom_rows, array(grad), num_update)
+        expected_w, expected_m = ref.sgd_momentum(expected_w, grad, expected_m, lr, 0.9, 5e-3)
+        as_numpy = (lambda a: a.asnumpy()) if kind == "ndarray" else np.asarray
+        ref.assert_close(as_numpy(weight_rows), expected_w, 1e-6)
+        ref.assert_close(as_numpy(mom_rows), expected_m, 1e-6)
 
 
-@pytest.mark.parametrize("clip", [None, 0.5])
-def test_bank_update_in_pytorch_form_matches_torch_sgd_across_an_lr_drop(clip):
+def test_bank_update_in_pytorch_form_matches_torch_sgd_across_an_lr_drop():
     """Test that the "pytorch" form keeps -buf of torch.optim.SGD (buf = m buf + g + wd w,
     w -= lr buf; NumPy) over an lr drop, where it differs from the "mxnet" form: the step right
     after the drop is lr_new * buf, not the old lr-scaled momentum plus lr_new * g."""
     schedule = WarmupMultiStepSchedule(0.2, warmup_steps=0, steps=[3], factor=0.1)
-    opt = MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-3, rescale_grad=0.5, clip_gradient=clip,
-                                 momentum_form="pytorch")
+    opt = MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-3, momentum_form="pytorch")
     weight, mom, grad = _bank_rows(4)
     weight_nd, mom_nd = mx.nd.array(weight), mx.nd.array(mom)
     expected_w, expected_m, mxnet_w, mxnet_m = weight, mom, weight, mom
     for num_update, lr in ((1, 0.2), (2, 0.2), (3, 0.02)):
         opt.update(weight_nd, mom_nd, mx.nd.array(grad * num_update), num_update)
-        expected_w, expected_m = ref.sgd_momentum_pytorch(expected_w, grad * num_update, expected_m, lr, 0.9,
-                                                          5e-3, 0.5, clip)
+        expected_w, expected_m = ref.sgd_momentum_pytorch(expected_w, grad * num_update, expected_m, lr, 0.9, 5e-3)
         ref.assert_close(weight_nd.asnumpy(), expected_w, 1e-5)
         ref.assert_close(mom_nd.asnumpy(), expected_m, 1e-5)
     for num_update, lr in ((1, 0.2), (2, 0.2), (3, 0.02)):    # the mxnet form from the same start
-        mxnet_w, mxnet_m = ref.sgd_momentum(mxnet_w, grad * num_update, mxnet_m, lr, 0.9, 5e-3, 0.5, clip)
+        mxnet_w, mxnet_m = ref.sgd_momentum(mxnet_w, grad * num_update, mxnet_m, lr, 0.9, 5e-3)
     assert np.abs(mxnet_w - expected_w).max() > 1e-3
-
-
-def test_bank_update_clips_the_rescaled_gradient_like_mxnet():
-    """Test that with rescale_grad != 1 the clip applies to rescale*grad, as MXNet's
-    sgd_mom_update does and as the host head computes it (both kernels must agree)."""
-    schedule = WarmupMultiStepSchedule(0.1)
-    opt = MemoryBankSGDOptimizer(schedule, momentum=0.5, wd=1e-2, rescale_grad=0.25, clip_gradient=0.3)
-    weight, mom, grad = _bank_rows(2)
-    weight_nd, mom_nd = mx.nd.array(weight), mx.nd.array(mom)
-    opt.update(weight_nd, mom_nd, mx.nd.array(grad), 1)
-    expected_w, expected_m = ref.sgd_momentum(weight, grad, mom, 0.1, 0.5, 1e-2, rescale_grad=0.25, clip=0.3)
-    ref.assert_close(weight_nd.asnumpy(), expected_w, 1e-6)
-    ref.assert_close(mom_nd.asnumpy(), expected_m, 1e-6)
 
 
 def _arrays(seed, shape=(3, 4)):
@@ -142,11 +115,11 @@ def _sgd(schedule=None, lr=0.1, **kwargs):
 
 
 def test_distributed_update_equals_the_wrapped_sgd_at_world_size_1():
-    """Test that DistributedOptimizer(SGD).update, for one index and for a group of indices (as
+    """Test that BackboneOptimizer(SGD).update, for one index and for a group of indices (as
     Module's aggregated updater calls it), gives the weights and momenta of the bare SGD and of
     NumPy over three updates."""
     shapes = [(3, 4), (4,)]
-    wrapped, bare = DistributedOptimizer(_sgd()), _sgd()
+    wrapped, bare = BackboneOptimizer(_sgd()), _sgd()
     rng = np.random.default_rng(3)
     start = [rng.standard_normal(s) for s in shapes]
     w_wrapped = [mx.nd.array(w) for w in start]
@@ -173,11 +146,11 @@ def test_distributed_update_equals_the_wrapped_sgd_at_world_size_1():
 
 
 def test_pytorch_momentum_form_equals_torch_sgd_over_lr_changes():
-    """Test that DistributedOptimizer(SGD, momentum_form="pytorch"), with sum_gradients before
+    """Test that BackboneOptimizer(SGD, momentum_form="pytorch"), with sum_gradients before
     each update (world size 1), follows torch.optim.SGD's form in NumPy (buf = m buf + g + wd w;
     w -= lr buf) through a warm-up and an lr drop, while the "mxnet" form does not after the drop."""
     schedule = lambda: WarmupMultiStepSchedule(0.4, warmup_steps=3, steps=[5], factor=0.1)
-    forms = {form: DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.4, momentum=0.9, wd=1e-2,
+    forms = {form: BackboneOptimizer(mx.optimizer.SGD(learning_rate=0.4, momentum=0.9, wd=1e-2,
                                                          lr_scheduler=schedule()), momentum_form=form)
              for form in ("pytorch", "mxnet")}
     rng = np.random.default_rng(5)
@@ -203,7 +176,7 @@ def test_set_param_names_gives_no_weight_decay_to_biases_and_betas():
     (MXNet's Module default) by lr*wd but leaves *_bias and *_beta untouched, as an SGD created
     with param_idx2name (what Module does) would."""
     names = {0: "fc_weight", 1: "fc_bias", 2: "bn_gamma", 3: "bn_beta"}
-    opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.0, wd=0.1))
+    opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.0, wd=0.1))
     opt.set_param_names(names)
     module_made = mx.optimizer.SGD(learning_rate=0.5, momentum=0.0, wd=0.1, param_idx2name=names)
     after = {}
@@ -224,7 +197,7 @@ def test_set_num_update_continues_the_schedule_from_that_update():
     def schedule():
         return WarmupMultiStepSchedule(1.0, warmup_steps=0, steps=[3, 6], factor=0.1)
 
-    opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=0.0,
+    opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=0.0,
                                                 lr_scheduler=schedule()))
     weight, grad = mx.nd.zeros((2,)), mx.nd.ones((2,))
     state = opt.create_state(0, weight)

@@ -15,7 +15,7 @@ from PIL import Image
 import symbols
 from sample_fc.tools import embed, make_bin, model_io
 from sample_fc.data.bin_format import load_bin
-from sample_fc.launch import single_thread_env
+from sample_fc.harness import single_thread_env
 from sample_fc.verification import Embedder, evaluate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,9 +3,9 @@
 Each worker runs in a process of its own (alone for world size 1, under horovodrun for 2),
 so its peak RSS belongs to one case. The head is the real SampleDistributeModule with an
 identity "backbone" (the data are the embeddings): `ms_per_step` times `module.step`, the
-code a training step runs. The per-stage times come from `staged_step`, the same library
-calls in the same order with mx.nd.waitall() between stages (test_bench pins that it
-computes exactly what module.step computes). CPU only: the bound reads the bank's host
+code a training step runs. The per-stage times come from `staged_step`: module.step with a
+timer as its stage hook, mx.nd.waitall() between stages (test_bench pins that it computes
+exactly what module.step computes). CPU only: the bound reads the bank's host
 memory in place (memory_bank.host_view). Started by `python -m sample_fc.bench`.
 """
 import contextlib
@@ -16,14 +16,15 @@ import mxnet as mx
 import numpy as np
 
 from .. import dist
+from ..head import no_stage
 from ..margin import CombinedMargin
 from ..memory_bank import MemoryBank, host_view
 from ..module import SampleDistributeModule
-from ..optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from ..optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
 from ..sampler import ClassCenterSampler, class_center_sample, num_sample_for, shard_range
 
-STAGES = ("allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "reducescatter",
-          "backbone_backward", "finite_check", "bank_update")
+STAGES = ("forward", "allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "reducescatter",
+          "backbone_backward", "finite_check", "bank_update", "backbone_update")   # module.step's, in order
 BOUND_BLOCK_ROWS = 512      # rows per take + put block of the rows-traffic bound
 EMBEDDING_POOL = 4          # distinct embedding batches cycled through (labels differ every step)
 
@@ -46,7 +47,7 @@ def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, s
     schedule = WarmupMultiStepSchedule(lr)
     bank = MemoryBank.for_rank(classes, rank, world, embedding_size, mx.cpu(), seed=seed)
     backbone = mx.sym.identity(mx.sym.Variable("data"), name="embeddings")
-    backbone_optimizer = DistributedOptimizer(
+    backbone_optimizer = BackboneOptimizer(
         mx.optimizer.SGD(learning_rate=lr, lr_scheduler=schedule))
     module = SampleDistributeModule(
         backbone, bank=bank, sampler=ClassCenterSampler.for_bank(bank, ratio, seed=seed),
@@ -83,18 +84,15 @@ class StageTimer:
 
 
 def staged_step(module, batch, timer):
-    """SampleDistributeModule.step with each block of the module's own code timed: the
-    module's loss_and_gradients with `timer` as its stage, then all_ranks_finite and
-    apply_updates, in the order module.step makes them (the identity backbone has nothing to
-    run). Returns the loss."""
-    module.forward_backbone(batch)
-    loss = module.loss_and_gradients(stage=timer)
-    with timer("finite_check"):      # loss and gradients finite on every rank (one allreduce)
-        finite = module.all_ranks_finite(loss)
-    if not finite:
+    """SampleDistributeModule.step with `timer` as the module's stage hook: each block of the
+    step timed, every MXNet operation finished at both ends. Returns the loss."""
+    module.stage_hook = timer
+    try:
+        loss, skipped = module.step(batch)
+    finally:
+        module.stage_hook = no_stage
+    if skipped:
         raise FloatingPointError(f"non-finite loss or gradients at update {module.num_update + 1}")
-    with timer("bank_update"):       # 10. SGD-momentum on the sampled rows, written back
-        module.apply_updates()
     return loss
 
 

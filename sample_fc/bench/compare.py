@@ -14,11 +14,14 @@ with --seeds, each side trains once per seed (init, data order, sampling) and th
 has the loss averaged over the seeds and each seed's accuracy with their mean and spread.
 """
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+
+from easydict import EasyDict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEP_LINE = re.compile(r"\bstep (\d+)/\d+\s+[\d.]+ samples/s\s+loss ([\d.naif]+)")
@@ -60,12 +63,14 @@ def seed_list(text):
 
 
 def config(args):
-    sys.path.insert(0, ROOT)
-    import default
-    try:
-        return default.config_for_run(args.dataset, None, args.loss, args.overrides)
-    except ValueError as err:
-        sys.exit(f"compare: error: {err}")
+    """The run's config as train.py resolves it (`train.py --print-config`: presets, --set, the
+    dataset's property file), so both trainers train the same recipe."""
+    command = [sys.executable, os.path.join(ROOT, "train.py"), "--dataset", args.dataset, "--print-config"] + \
+        (["--loss", args.loss] if args.loss else []) + [a for kv in args.overrides for a in ("--set", kv)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"compare: error: {result.stderr.strip()}")
+    return EasyDict(json.loads(result.stdout))
 
 
 def run_sample_fc(args, models_root):
@@ -150,10 +155,7 @@ def report(curves, accuracies, seeds):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = config(args)
-    from sample_fc.tools.demo_data import ensure_demo
-    if args.dataset == "demo":
-        ensure_demo(os.path.join(ROOT, os.path.dirname(cfg.rec)))
+    cfg = config(args)                   # builds the demo data on first use, as train.py does
     if args.only != "sample_fc":
         try:
             import torch  # noqa: F401

@@ -1,7 +1,7 @@
 """Benchmark jobs: bounded worker processes, the data loader worker, the end-to-end train.py run.
 
 Every measurement runs in a process of its own, killed after its time bound: alone for
-world size 1, under horovodrun (sample_fc.launch.run_job) for more. Workers write one JSON
+world size 1, under horovodrun (sample_fc.harness.run_job) for more. Workers write one JSON
 record per rank. The loader worker runs on every rank, each reading its own shard with
 FaceRecordIter as train.py builds it, so images/s is per rank while the other rank loads
 too. The end-to-end run is train.py itself on synthetic data; its samples/s come from
@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..launch import run_job, single_thread_env
+from ..harness import run_job, single_thread_env
 
 REPO = str(Path(__file__).resolve().parents[2])   # the repository: train.py lives here
 PROGRESS_LINE = re.compile(r"step (\d+)/(\d+)\s+([0-9.]+) samples/s")
@@ -106,7 +106,7 @@ def make_demo_set(folder, image_size, demo_options, timeout_s=900):
 def e2e_argv(network, image_size, batch_size, num_classes, steps, frequent, models_root):
     """train.py's command line for a short synthetic run (no checkpoint before the last step)."""
     settings = {"image_size": image_size, "batch_size": batch_size, "num_classes": num_classes,
-                "max_update": steps, "frequent": frequent, "verbose": 0,
+                "max_update": steps, "frequent": frequent, "verify_period": 0,
                 "ckpt_period": steps + 1, "ckpt_keep": 1}
     argv = [sys.executable, os.path.join(REPO, "train.py"), "--dataset", "synthetic_1m",
             "--network", network, "--models-root", models_root]

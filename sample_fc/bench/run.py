@@ -3,7 +3,7 @@
     python -m sample_fc.bench [--quick] [--json OUT] [--markdown OUT] [--parts head,sampler,data,e2e]
 
 Every measurement runs in a process of its own, bounded in time (world size 2 through
-sample_fc.launch.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
+sample_fc.harness.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
 not fit in memory is reported with an `error` or `skipped` field and the report goes on.
 `--quick` runs tiny shapes in well under a minute; BENCHMARKS.md describes the full run.
 The workers are this module too: `python -m sample_fc.bench --worker {head,sampler,data}`.

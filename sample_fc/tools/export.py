@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-from ..launch import omp_threads
+from ..host_head import omp_threads
 from .cli import make_parser, run_or_exit
 from .model_io import add_model_arguments, load_model
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from conftest import REPO, TINY_TRAIN, WORKERS, per_rank_tail
-from sample_fc.launch import run_bounded, single_thread_env
+from sample_fc.harness import run_bounded, single_thread_env
 from sample_fc.restart import current_hosts, replace_option
 from test_train import checkpoint_arrays
 

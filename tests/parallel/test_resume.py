@@ -7,7 +7,7 @@ import sys
 
 from conftest import REPO, per_rank_tail, run_train
 from sample_fc.checkpoint import list_checkpoints
-from sample_fc.launch import run_job, single_thread_env
+from sample_fc.harness import run_job, single_thread_env
 from test_train import assert_same, checkpoint_arrays
 
 CUSTOM = ["--loss", "cosface", "--set", "loss_s=24", "--set", "loss_m3=0.3", "--set", "sample_ratio=0.5",

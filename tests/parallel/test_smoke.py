@@ -27,7 +27,7 @@ def test_mpi_collectives(horovod_job):
 
 @pytest.mark.parametrize("clip", [0.0, 2.0, 1000.0])
 def test_gradients_are_summed_over_ranks_then_clipped_to_the_global_norm(horovod_job, clip):
-    """Test that DistributedOptimizer.sum_gradients on 2 ranks with different gradients makes
+    """Test that BackboneOptimizer.sum_gradients on 2 ranks with different gradients makes
     the next update apply the sum over ranks, scaled to a global norm of at most `clip` over
     all parameters together (NumPy reference in the worker); 0 = no clipping. The sum's norm
     is about 5.8, so clip 2 scales and clip 1000 does not."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from conftest import REPO, per_rank_tail, run_train
 from sample_fc.checkpoint import list_checkpoints, model_prefix
-from sample_fc.launch import single_thread_env
+from sample_fc.harness import single_thread_env
 from sample_fc.memory_bank import read_shard
 
 def train(models_root, rec, *extra, num_proc=2, timeout_s=300):
@@ -42,7 +42,7 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     events, and the backbone loads with mx.model.load_checkpoint."""
     root = tmp_path / "run"
     result = train(root, tiny_data, "--set", "max_update=32", "--set", "ckpt_period=8",
-                   "--set", "ckpt_keep=2", "--set", "verbose=16", "--set", "tensorboard=true")
+                   "--set", "ckpt_keep=2", "--set", "verify_period=16", "--set", "tensorboard=true")
     losses = [float(x) for x in re.findall(r"step \d+/32 .* loss ([\d.]+)", result.stdout)]
     assert len(losses) == 8, per_rank_tail(result.stdout)
     assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 1.0, losses
@@ -99,7 +99,7 @@ def test_dataset_property_sets_classes_and_image_size(tmp_path):
     """Test that a dataset's property file decides num_classes and image_size when the command
     line does not (a 48 px, 6-identity set is not trained as the demo's 32 px, 200 classes),
     said once, and that an explicit --set image_size wins, said once too."""
-    from sample_fc.launch import run_job
+    from sample_fc.harness import run_job
     from sample_fc.tools.demo_data import make_demo
     make_demo(str(tmp_path / "set"), num_identities=6, images_per_identity=8, num_val_identities=4,
               num_pairs=10, image_size=48, progress=False)

@@ -1,4 +1,4 @@
-"""Worker: DistributedOptimizer.sum_gradients on 2+ ranks with different gradients.
+"""Worker: BackboneOptimizer.sum_gradients on 2+ ranks with different gradients.
 
 argv: clip_grad_norm. Each rank's gradients differ; after sum_gradients and one update of a
 plain SGD (lr 1, no momentum, no decay) every rank must hold weight - clip(sum over ranks),
@@ -10,7 +10,7 @@ import horovod.mxnet as hvd
 import mxnet as mx
 import numpy as np
 
-from sample_fc.optimizers import DistributedOptimizer
+from sample_fc.optimizers import BackboneOptimizer
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
@@ -22,7 +22,7 @@ summed = [sum(per_rank[r][i] for r in range(size)) for i in range(len(shapes))]
 norm = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in summed))
 scale = min(1.0, clip / norm) if clip else 1.0
 
-opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=0.0, rescale_grad=1.0),
+opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=1.0, momentum=0.0, wd=0.0, rescale_grad=1.0),
                            clip_grad_norm=clip)
 weights = [mx.nd.ones(s) for s in shapes]
 grads = [[mx.nd.array(g)] for g in per_rank[rank]]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import train  # noqa: E402
-from sample_fc import checkpoint, dist  # noqa: E402
+from sample_fc import dist  # noqa: E402
+from sample_fc.checkpoint import save_restore  # noqa: E402
 from sample_fc.memory_bank import MemoryBank  # noqa: E402
 from sample_fc.module import SampleDistributeModule  # noqa: E402
 
@@ -54,5 +55,5 @@ def faulty_save(self, path):
 SampleDistributeModule.forward_backbone = faulty_forward
 MemoryBank.save = faulty_save
 if kind == "small_disk":
-    checkpoint.free_bytes = lambda path: step
+    save_restore.free_bytes = lambda path: step
 sys.exit(train.main(train_args))

@@ -13,7 +13,7 @@ from sample_fc import dist
 from sample_fc.margin import CombinedMargin
 from sample_fc.memory_bank import MemoryBank
 from sample_fc.module import SampleDistributeModule
-from sample_fc.optimizers import DistributedOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from sample_fc.optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
 from sample_fc.sampler import ClassCenterSampler
 
 parser = argparse.ArgumentParser()
@@ -44,7 +44,7 @@ labels = spec.integers(0, args.classes, size=(args.steps, args.global_batch))
 embeddings = mx.sym.FullyConnected(mx.sym.Flatten(mx.sym.var("data")), num_hidden=args.embedding,
                                    name="fc_embed")
 schedule = WarmupMultiStepSchedule(args.lr, warmup_steps=0, steps=[2], factor=0.5)
-backbone_opt = DistributedOptimizer(mx.optimizer.SGD(learning_rate=args.lr, momentum=0.9, wd=5e-4,
+backbone_opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=args.lr, momentum=0.9, wd=5e-4,
                                                      rescale_grad=1.0, lr_scheduler=schedule))
 bank = MemoryBank.for_rank(args.classes, rank, world, args.embedding, mx.cpu(), seed=7)
 sampler = ClassCenterSampler.for_bank(bank, args.ratio, seed=7)

@@ -1,33 +1,21 @@
-"""Training checkpoints: complete-or-absent directories, the last K kept.
+"""Saving and restoring training checkpoints (the layout is layout.py's): complete-or-absent
+directories, the last K kept.
 
-Layout of one checkpoint, `<models_root>/step-00000300/`:
-    model-symbol.json, model-0300.params   backbone, loadable by mx.model.load_checkpoint
-    optimizer.params                        backbone optimizer state (momentum), MXNet's
-                                            NDArray format: restoring never unpickles
-    bank-rank<r>.params                     every rank's bank shard (weight, momentum, metadata)
-    rank<r>.json                            every rank's sampler RNG and data position
-    aux-rank<r>.params                      every rank's own BatchNorm statistics (the model
-                                            holds their average over ranks)
-    state.json                              step, world size, class count, config
-    COMPLETE                                written last
-Every rank writes into `step-XXXXXXXX.partial`; after a barrier rank 0 writes COMPLETE and
-renames the directory, so a kill at any point leaves either the finished checkpoint or a
-`.partial` directory that resume ignores. For multi-node jobs `models_root` must be on a
-filesystem every node sees. Finding and reading checkpoints needs no Horovod (the tools
-use this module without it); saving and restoring import sample_fc.dist when called.
+Every rank writes into `step-XXXXXXXX.partial`; after the ranks agree, rank 0 writes COMPLETE
+and renames the directory, so a kill at any point leaves either the finished checkpoint or a
+`.partial` directory that nothing reads. For multi-node jobs `models_root` must be on a
+filesystem every node sees. Saving and restoring are collectives (they import sample_fc.dist
+when called).
 """
-import json
 import os
-import re
 import shutil
 
 import mxnet as mx
 
-from .config import write_json
-
-PATTERN = re.compile(r"^step-(\d{8})$")
-MODEL_PREFIX = "model"
-OPTIMIZER_FILE = "optimizer.params"
+from ..config import write_json
+from .layout import (PARTIAL_SUFFIX, aux_path, bank_shard_path, checkpoint_path, complete_path,
+                     list_checkpoints, model_prefix, optimizer_path, rank_state_path, read_rank_state,
+                     read_state, state_path)
 
 
 def _updater(module):
@@ -64,28 +52,6 @@ def load_optimizer_states(module, path):
     updater.states = {index: arrays[0] if len(arrays) == 1 else tuple(arrays)
                       for index, arrays in parts.items()}
     updater.states_synced = dict.fromkeys(updater.states, False)   # moved to the weights' devices on use
-
-
-def checkpoint_path(models_root, step):
-    return os.path.join(models_root, f"step-{step:08d}")
-
-
-def model_prefix(checkpoint):
-    """The prefix for mx.model.load_checkpoint(prefix, step) inside a checkpoint."""
-    return os.path.join(checkpoint, MODEL_PREFIX)
-
-
-def list_checkpoints(models_root):
-    """[(step, path)] of complete checkpoints (with a COMPLETE file), oldest first."""
-    if not os.path.isdir(models_root):
-        return []
-    found = []
-    for name in os.listdir(models_root):
-        match = PATTERN.match(name)
-        path = os.path.join(models_root, name)
-        if match and os.path.isfile(os.path.join(path, "COMPLETE")):
-            found.append((int(match.group(1)), path))
-    return sorted(found)
 
 
 def _fsync_dir(path):
@@ -137,10 +103,10 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
     A write that fails on any rank (OSError: a full disk, a lost mount) raises CheckpointError
     on every rank, with the partial directory removed and the previous checkpoint intact.
     """
-    from . import dist
+    from .. import dist
     rank = dist.rank()
     final = checkpoint_path(models_root, step)
-    partial = final + ".partial"
+    partial = final + PARTIAL_SUFFIX
     arg_params, aux_params = module.get_export_params()        # collective
 
     def agree(stage, work):
@@ -169,19 +135,19 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
             os.makedirs(partial)
 
     def write_files():
-        module.bank.save(os.path.join(partial, f"bank-rank{rank}.params"))
+        module.bank.save(bank_shard_path(partial, rank))
         mx.nd.save(aux_path(partial, rank), module.backbone.get_params()[1])
-        write_json(os.path.join(partial, f"rank{rank}.json"),
+        write_json(rank_state_path(partial, rank),
                    {"sampler": module.sampler.state_dict(), "data": data_iter.state_dict()})
         if rank == 0:
             mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
                                      remove_amp_cast=False)
-            save_optimizer_states(module, os.path.join(partial, OPTIMIZER_FILE))
-            write_json(os.path.join(partial, "state.json"), dict(train_state, step=step))
+            save_optimizer_states(module, optimizer_path(partial))
+            write_json(state_path(partial), dict(train_state, step=step))
 
     def finish():
         if rank == 0:
-            write_json(os.path.join(partial, "COMPLETE"), {"step": step})
+            write_json(complete_path(partial), {"step": step})
             _fsync_dir(partial)
             if os.path.exists(final):            # re-saving a step, e.g. after resume
                 shutil.rmtree(final)
@@ -196,58 +162,10 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
     return final
 
 
-def read_state(checkpoint):
-    with open(os.path.join(checkpoint, "state.json")) as handle:
-        return json.load(handle)
-
-
-def read_rank_state(checkpoint, rank):
-    with open(os.path.join(checkpoint, f"rank{rank}.json")) as handle:
-        return json.load(handle)
-
-
-def aux_path(checkpoint, rank):
-    return os.path.join(checkpoint, f"aux-rank{rank}.params")
-
-
-def bank_shard_paths(checkpoint, world_size):
-    return [os.path.join(checkpoint, f"bank-rank{r}.params") for r in range(world_size)]
-
-
-def find_checkpoint(path, step=None, option="--resume"):
-    """A complete checkpoint directory: `path` itself when it is one (and step is None), else
-    the newest complete checkpoint under the models root `path`, or the one of `step`.
-    Incomplete (.partial) checkpoints are never used. FileNotFoundError names `option`."""
-    if step is None and os.path.isfile(os.path.join(path, "COMPLETE")):
-        return path
-    found = dict(list_checkpoints(path))
-    if not found:
-        raise FileNotFoundError(f"{option} {path}: no complete checkpoint (step-XXXXXXXX/ with a "
-                                f"COMPLETE file) there")
-    if step is None:
-        return found[max(found)]
-    if step not in found:
-        raise FileNotFoundError(f"{option} {path},{step}: no complete checkpoint step-{step:08d}/ "
-                                f"there (complete: {', '.join(map(str, sorted(found)))})")
-    return found[step]
-
-
-def saved_state(checkpoint, needs=("step", "world_size")):
-    """state.json of a checkpoint, holding the keys `needs` (ValueError naming the file when
-    it cannot be read or lacks one)."""
-    try:
-        state = read_state(checkpoint)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"checkpoint {checkpoint}: state.json cannot be read ({err})") from None
-    if not isinstance(state, dict) or not set(needs) <= set(state):
-        raise ValueError(f"checkpoint {checkpoint}: state.json lacks {' or '.join(needs)}")
-    return state
-
-
 def compatible_state(checkpoint, num_classes, embedding_size):
     """The checkpoint's state.json, checked against this run's num_classes and
     embedding_size (ValueError naming the key and both values)."""
-    state = saved_state(checkpoint)
+    state = read_state(checkpoint)
     for key, want in (("num_classes", num_classes), ("embedding_size", embedding_size)):
         if state.get(key) != want:
             raise ValueError(f"checkpoint {checkpoint} was trained with {key}={state.get(key)}, "
@@ -263,22 +181,22 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     Different world size: the bank is re-split from all old shards and the data position
     is carried over approximately (the same epoch, the same fraction of it).
     """
-    from . import dist
+    from .. import dist
     state = compatible_state(checkpoint, num_classes, embedding_size)
     step, old_world, rank = state["step"], state["world_size"], dist.rank()
     _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(checkpoint), step)
     if old_world == dist.size():          # this rank's own statistics, not the ranks' average
         aux_params = mx.nd.load(aux_path(checkpoint, rank))
     module.backbone.set_params(arg_params, aux_params, allow_missing=False)
-    load_optimizer_states(module, os.path.join(checkpoint, OPTIMIZER_FILE))
+    load_optimizer_states(module, optimizer_path(checkpoint))
     module.set_num_update(step)
     if old_world == dist.size():
-        module.bank.load(bank_shard_paths(checkpoint, old_world)[rank])
+        module.bank.load(bank_shard_path(checkpoint, rank))
         rank_state = read_rank_state(checkpoint, rank)
         module.sampler.load_state_dict(rank_state["sampler"])
         data_state = rank_state["data"]
     else:
-        module.bank.load_resharded(bank_shard_paths(checkpoint, old_world))
+        module.bank.load_resharded([bank_shard_path(checkpoint, r) for r in range(old_world)])
         data_state = dict(read_rank_state(checkpoint, 0)["data"])
         data_state["batch_in_epoch"] = data_state["batch_in_epoch"] * old_world // dist.size()
     data_iter.load_state_dict(data_state)

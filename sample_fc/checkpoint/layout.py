@@ -1,0 +1,179 @@
+"""The on-disk layout of a training checkpoint: every file name, the COMPLETE test, and
+reading and checking a checkpoint, with no Horovod (the tools and resume use this as is).
+
+One checkpoint, `<models_root>/step-00000300/`:
+    model-symbol.json, model-0300.params   backbone, loadable by mx.model.load_checkpoint
+    optimizer.params                        backbone optimizer state (momentum), MXNet's
+                                            NDArray format: restoring never unpickles
+    bank-rank<r>.params                     every rank's bank shard (weight, momentum, metadata)
+    rank<r>.json                            every rank's sampler RNG and data position
+    aux-rank<r>.params                      every rank's own BatchNorm statistics (the model
+                                            holds their average over ranks)
+    state.json                              step, world size, class count, embedding size, config
+    COMPLETE                                written last
+It is written as `step-00000300.partial/` and renamed once COMPLETE is in it (save_restore.py),
+so a directory named step-XXXXXXXX with a COMPLETE file is a finished checkpoint; nothing
+else is ever read as one.
+"""
+import json
+import os
+import re
+
+import mxnet as mx
+
+from .. import saved_model
+from ..sampler import shard_range
+
+PATTERN = re.compile(r"^step-(\d{8})$")
+MODEL_PREFIX = "model"
+OPTIMIZER_FILE = "optimizer.params"
+STATE_FILE = "state.json"
+COMPLETE_FILE = "COMPLETE"
+PARTIAL_SUFFIX = ".partial"
+
+
+class OtherNetworkError(ValueError):
+    """The checkpoint is sound but holds another network than the run builds."""
+
+
+# ---- names ---------------------------------------------------------------------------------
+def checkpoint_path(models_root, step):
+    return os.path.join(models_root, f"step-{step:08d}")
+
+
+def model_prefix(checkpoint):
+    """The prefix for mx.model.load_checkpoint(prefix, step) inside a checkpoint."""
+    return os.path.join(checkpoint, MODEL_PREFIX)
+
+
+def params_path(checkpoint, step):
+    return f"{model_prefix(checkpoint)}-{step:04d}.params"
+
+
+def symbol_path(checkpoint):
+    return model_prefix(checkpoint) + "-symbol.json"
+
+
+def optimizer_path(checkpoint):
+    return os.path.join(checkpoint, OPTIMIZER_FILE)
+
+
+def state_path(checkpoint):
+    return os.path.join(checkpoint, STATE_FILE)
+
+
+def complete_path(checkpoint):
+    return os.path.join(checkpoint, COMPLETE_FILE)
+
+
+def bank_shard_path(checkpoint, rank):
+    return os.path.join(checkpoint, f"bank-rank{rank}.params")
+
+
+def rank_state_path(checkpoint, rank):
+    return os.path.join(checkpoint, f"rank{rank}.json")
+
+
+def aux_path(checkpoint, rank):
+    return os.path.join(checkpoint, f"aux-rank{rank}.params")
+
+
+# ---- finding -------------------------------------------------------------------------------
+def is_complete(path):
+    """Whether `path` is a finished checkpoint directory (it holds COMPLETE)."""
+    return os.path.isfile(complete_path(path))
+
+
+def list_checkpoints(models_root):
+    """[(step, path)] of complete checkpoints, oldest first."""
+    if not os.path.isdir(models_root):
+        return []
+    found = []
+    for name in os.listdir(models_root):
+        match = PATTERN.match(name)
+        path = os.path.join(models_root, name)
+        if match and is_complete(path):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def find_checkpoint(path, step=None, option="--resume"):
+    """A complete checkpoint directory: `path` itself when it is one (and step is None), else
+    the newest complete checkpoint under the models root `path`, or the one of `step`.
+    FileNotFoundError names `option`."""
+    if step is None and is_complete(path):
+        return path
+    found = dict(list_checkpoints(path))
+    if not found:
+        raise FileNotFoundError(f"{option} {path}: no complete checkpoint (step-XXXXXXXX/ with a "
+                                f"{COMPLETE_FILE} file) there")
+    if step is None:
+        return found[max(found)]
+    if step not in found:
+        raise FileNotFoundError(f"{option} {path},{step}: no complete checkpoint step-{step:08d}/ "
+                                f"there (complete: {', '.join(map(str, sorted(found)))})")
+    return found[step]
+
+
+def models_root_of(path):
+    """The models root a checkpoint or models-root `path` belongs to."""
+    return os.path.dirname(os.path.abspath(path)) if is_complete(path) else path
+
+
+# ---- reading -------------------------------------------------------------------------------
+def _read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def read_state(checkpoint, needs=("step", "world_size")):
+    """state.json of a checkpoint, holding the keys `needs` (ValueError naming the file when
+    it cannot be read or lacks one)."""
+    try:
+        state = _read_json(state_path(checkpoint))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"checkpoint {checkpoint}: {STATE_FILE} cannot be read ({err})") from None
+    if not isinstance(state, dict) or not set(needs) <= set(state):
+        raise ValueError(f"checkpoint {checkpoint}: {STATE_FILE} lacks {' or '.join(needs)}")
+    return state
+
+
+def read_rank_state(checkpoint, rank):
+    """rank<r>.json: {"sampler": ..., "data": ...} of that rank."""
+    return _read_json(rank_state_path(checkpoint, rank))
+
+
+def check_sound(checkpoint, symbol, image_size, network):
+    """The checkpoint's state (with its config) when everything a restore reads is there and
+    sound: ValueError naming the missing, empty, truncated or unreadable file, or how the
+    checkpoint's backbone differs from this run's (`symbol` of `network`). Restoring then never
+    meets a missing file (MXNet can crash on one) or a shape it cannot load."""
+    state = read_state(checkpoint, needs=("step", "world_size", "config"))
+    step, world, saved = state["step"], state["world_size"], state["config"]
+    params = params_path(checkpoint, step)
+    ranks = [rank_state_path(checkpoint, r) for r in range(world)]
+    shards = [bank_shard_path(checkpoint, r) for r in range(world)]
+    for path in [symbol_path(checkpoint), params, optimizer_path(checkpoint)] + shards + ranks + \
+            [aux_path(checkpoint, r) for r in range(world)]:
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            raise ValueError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is missing or empty")
+    for path in ranks:
+        try:
+            _read_json(path)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} ({err})") from None
+    for rank, path in enumerate(shards):        # weight + momentum rows of float32, and a header
+        _, num_local = shard_range(saved["num_classes"], rank, world)
+        if os.path.getsize(path) < 2 * 4 * num_local * saved["embedding_size"]:
+            raise ValueError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is truncated "
+                             f"({os.path.getsize(path)} bytes for {num_local} classes)")
+    try:
+        loaded = mx.nd.load(params)
+    except mx.base.MXNetError as err:
+        raise ValueError(f"checkpoint {checkpoint} is damaged: {os.path.basename(params)} cannot be read "
+                         f"({str(err).strip().splitlines()[-1]})") from None
+    differences = saved_model.param_differences(loaded, symbol, image_size)
+    if differences:
+        raise OtherNetworkError(f"checkpoint {checkpoint} holds network {saved.get('network')!r} and this run builds "
+                         f"{network!r}: {differences[0]} ({len(differences)} differences)")
+    return state
