@@ -24,6 +24,7 @@ import math
 from easydict import EasyDict as edict
 
 from sample_fc.config import apply_overrides
+from sample_fc.errors import UsageError
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
                                LR_SCHEDULES, MOMENTUM_FORMS, is_probability)
 
@@ -244,12 +245,12 @@ def _apply_preset(cfg, kind, name, presets):
     """Copy preset `name` of `presets` into cfg; the preset may only change existing keys
     to values of the same type."""
     if name not in presets:
-        raise ValueError(f"unknown {kind} preset {name!r}; choose one of: {', '.join(presets)}")
+        raise UsageError(f"unknown {kind} preset {name!r}; choose one of: {', '.join(presets)}")
     for key, value in presets[name].items():
         if key not in cfg:
-            raise ValueError(f"{kind} preset {name!r} sets {key!r}, which the base config lacks")
+            raise UsageError(f"{kind} preset {name!r} sets {key!r}, which the base config lacks")
         if type(value) is not type(cfg[key]):
-            raise ValueError(f"{kind} preset {name!r} sets {key!r} to {value!r} "
+            raise UsageError(f"{kind} preset {name!r} sets {key!r} to {value!r} "
                              f"({type(value).__name__}); the base has {type(cfg[key]).__name__}")
         cfg[key] = copy.deepcopy(value)  # presets are shared; configs must not alias them
 
@@ -334,7 +335,7 @@ def resume_changes(saved, cfg):
     config `saved` and `cfg` (the same run with this command line's settings)."""
     for key in cfg:
         if key not in RESUME_MUTABLE and cfg[key] != saved[key]:
-            raise ValueError(f"{key}={cfg[key]!r} would change the run being resumed, which has "
+            raise UsageError(f"{key}={cfg[key]!r} would change the run being resumed, which has "
                              f"{key}={saved[key]!r}; a resumed run keeps its model and data (keys that "
                              f"may change: {', '.join(RESUME_MUTABLE)}); start a new run instead")
 
@@ -348,7 +349,7 @@ def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=
     overrides = renamed_overrides(overrides, note)
     for text in overrides:
         if text.split('=', 1)[0].strip() in ('dataset', 'network', 'loss'):
-            raise ValueError(f"--set {text}: choose presets with --dataset/--network/--loss instead")
+            raise UsageError(f"--set {text}: choose presets with --dataset/--network/--loss instead")
     if resumed is None:
         dataset = dataset or 'demo'
         cfg = get_config(dataset, network or get_config(dataset).network, loss)
@@ -365,7 +366,7 @@ def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=
 
 
 def _fail(key, value, expected):
-    raise ValueError(f"config key {key!r} is {value!r}; expected {expected}")
+    raise UsageError(f"config key {key!r} is {value!r}; expected {expected}")
 
 
 def check_config(cfg):

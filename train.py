@@ -4,9 +4,10 @@
         --models-root models/r100 [--set key=value ...] [--resume models/r100]
 
 With no arguments it trains the demo (built on first use in data/demo/). Every rank runs
-this; rank 0 logs and writes config.json and the backbone of each checkpoint. A mistake in
-the config, the data or a checkpoint ends the job with one line and exit code 2, before
-anything is written to the models root.
+this; rank 0 owns the models root while the job runs (its lock), logs, and writes config.json,
+status.json and the backbone of each checkpoint. A mistake in the command, the config, the
+data, a checkpoint or the models root ends the job with one line and exit code 2, before
+anything is written to the models root; any other failure keeps its traceback (exit 1).
 """
 import argparse
 import json
@@ -18,17 +19,15 @@ import mxnet as mx
 import numpy as np
 
 import default
-from sample_fc import builder, checkpoint, dist, resume
+from sample_fc import builder, checkpoint, dist, resume, run_root
 from sample_fc.checkpoint import CheckpointError
-from sample_fc.config import format_config, save_config
-from sample_fc.data import DataError
+from sample_fc.config import format_config, save_config, write_json
 from sample_fc.data.demo import ensure_demo
+from sample_fc.errors import ERROR_PREFIX, FAILURE_EXIT, USAGE_EXIT, UsageError
 from sample_fc.launch import launcher_rank
-from sample_fc.restart import AUTO_RESUME_ENV
 from sample_fc.module import NonFiniteError
 from sample_fc.watchdog import StepWatchdog
 
-USAGE_ERROR, RUNTIME_ERROR = 2, 1       # exit codes: a mistake to fix / a failure during the run
 SHUTDOWN_GRACE_S = 3    # a rank stopped by another's failure exits this much later, so the
                         # launcher reports the failing rank's exit code, not the waiting one's
 
@@ -36,7 +35,7 @@ SHUTDOWN_GRACE_S = 3    # a rank stopped by another's failure exits this much la
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         """Usage and config mistakes: one line from the first rank only, exit 2."""
-        fail(f"{message} (see train.py --help)", USAGE_ERROR, print_it=launcher_rank() == 0)
+        fail(f"{message} (see train.py --help)", USAGE_EXIT, print_it=launcher_rank() == 0)
 
 
 def fail(message, code, print_it=True):
@@ -45,9 +44,11 @@ def fail(message, code, print_it=True):
     before the printing rank's line has reached the terminal, and reports the printer's code.
     Once Horovod runs, the exit skips interpreter teardown (os._exit): MXNet's engine, the
     decode threads and Horovod's thread may still be busy, and tearing down under them can
-    crash ("corrupted size vs. prev_size") and replace the exit code."""
+    crash ("corrupted size vs. prev_size") and replace the exit code. Rank 0 of a started run
+    records the failure in the run's status."""
+    record_failure(message)
     if print_it:
-        print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+        print(f"{ERROR_PREFIX}{message}", file=sys.stderr, flush=True)
     code = code if print_it else 0
     if dist.is_started():
         sys.stdout.flush()
@@ -75,6 +76,9 @@ def make_parser():
                         help="start from a trained backbone's weights (a prefix as for "
                              "mx.model.load_checkpoint, a checkpoint dir or a models root); the "
                              "class centers and optimizer start fresh")
+    parser.add_argument("--start-over", action="store_true",
+                        help="start a new run in a models root that holds one: the old run is moved "
+                             "aside to <root>.<its run id> (never deleted)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the run's resolved config as JSON and exit (nothing is trained or written)")
     return parser
@@ -87,6 +91,15 @@ def say(line):
         print(f"train.py: {line}", file=sys.stderr, flush=True)
 
 
+RUN_STATUS = {}         # {"root": models root} once rank 0 keeps the run's status (record_failure)
+
+
+def record_failure(message):
+    """Mark the run failed in its status.json with `message` (rank 0 of a started run)."""
+    if RUN_STATUS.get("root"):
+        run_root.write_status(RUN_STATUS.pop("root"), state="failed", error=message)
+
+
 def models_root_for(args, cfg):
     """--models-root; else, resuming, that run's own root; else models/<dataset>_<network>."""
     if args.models_root:
@@ -96,13 +109,23 @@ def models_root_for(args, cfg):
     return os.path.join("models", f"{cfg.dataset}_{cfg.network}")
 
 
+def continued_run(path):
+    """The run a --resume PATH continues: the restart supervisor's (run_root.RUN_ID_ENV), else
+    the models root's own; None for a checkpoint named directly (it is the one taken)."""
+    if path is None or checkpoint.is_complete(path):
+        return None
+    return os.environ.get(run_root.RUN_ID_ENV) or run_root.run_id_of(path)
+
+
 def build_config(args):
     """The run's config (default.config_for_run); the demo data built on first use; the
     dataset's own class count and image size (its property file) unless --set names them."""
-    if not args.resume and os.environ.get(AUTO_RESUME_ENV) == "1":     # a restarted job (restart.py)
+    if args.start_over and args.resume:
+        raise UsageError("--start-over begins a new run; --resume continues one: give one of them")
+    if not args.resume and os.environ.get(run_root.AUTO_RESUME_ENV) == "1":     # restarted (restart.py)
         root = models_root_for(args, default.config_for_run(args.dataset, args.network, args.loss, args.overrides))
-        args.resume = root if checkpoint.list_checkpoints(root) else None
-    resumed = resume.saved_config(args.resume) if args.resume else None
+        args.resume = root if run_root.checkpoints_of_run(root, continued_run(root)) else None
+    resumed = resume.saved_config(args.resume, continued_run(args.resume)) if args.resume else None
     cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed, note=say)
     if cfg.dataset == "demo" and cfg.rec == default.get_config("demo").rec:
         ensure_demo(os.path.dirname(cfg.rec), log=say)       # ranks and jobs wait on its lock
@@ -119,7 +142,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         cfg = build_config(args)
-    except (ValueError, OSError) as error:
+    except UsageError as error:
         parser.error(str(error))
     if args.print_config:
         print(json.dumps(cfg, indent=2, sort_keys=True))
@@ -128,16 +151,58 @@ def main(argv=None):
     try:
         return train(cfg, args)
     except (NonFiniteError, CheckpointError) as error:     # every rank raises it at the same step
-        fail(str(error), RUNTIME_ERROR, print_it=dist.rank() == 0)
-    except DataError as error:           # found by this rank's reader; horovodrun stops the others
-        fail(f"{error} (rank {dist.rank()})", USAGE_ERROR)
+        fail(str(error), FAILURE_EXIT, print_it=dist.rank() == 0)
+    except UsageError as error:          # found by this rank (its data reader); horovodrun stops the others
+        fail(f"{error} (rank {dist.rank()})", USAGE_EXIT)
     except mx.base.MXNetError as error:
         if dist.is_shutdown_error(error):
             time.sleep(SHUTDOWN_GRACE_S)   # the launcher should see the causing rank's exit first
             fail(f"Horovod shut the job down while rank {dist.rank()} waited in a collective: another "
                  f"rank failed or stalled for more than collective_timeout_s={cfg.collective_timeout_s} s "
-                 f"(rank 0's 'Missing ranks' report names it)", RUNTIME_ERROR)
+                 f"(rank 0's 'Missing ranks' report names it)", FAILURE_EXIT)
+        record_failure(f"MXNetError: {str(error).strip().splitlines()[-1]}")
         raise
+    except Exception as error:           # a bug or an unforeseen failure: its traceback follows
+        record_failure(f"{type(error).__name__}: {error}")
+        raise
+
+
+def on_every_rank(work, name):
+    """work() on every rank, then every rank learns whether any raised UsageError; if one did,
+    all stop with the first such rank's line (exit 2). Returns work()'s result."""
+    try:
+        result, problem = work(), None
+    except UsageError as error:
+        result, problem = None, str(error)
+    problems, rank = dist.allgather_object(problem, name), dist.rank()
+    if any(problems):
+        first = next(r for r, p in enumerate(problems) if p)
+        dist.shutdown()                   # in step: MPI counts an exit without it as a failure
+        fail(problems[first], USAGE_EXIT, print_it=rank == first)
+    return result
+
+
+def take_root(models_root, start_over, token):
+    """Rank 0: the models root's lock; with --start-over, the run it holds moved aside.
+    Returns (lock, where the old run went or None)."""
+    lock = run_root.RootLock.acquire(models_root, token)
+    moved = run_root.move_aside(models_root) if start_over and checkpoint.list_checkpoints(models_root) else None
+    return lock, moved
+
+
+def start_run(cfg, models_root, run, run_id, world, logger):
+    """Rank 0, the root taken: its log, config.json, the status (running) and, for a restart
+    supervisor, where the run lives. From here a failure is recorded in the status."""
+    builder.log_to_file(logger, os.path.join(models_root, "train.log"))
+    save_config(dict(cfg, run_id=run_id), os.path.join(models_root, "config.json"))
+    resumed_at = checkpoint.read_state(run.resume_from)["step"] if run.resume_from else None
+    run_root.write_status(models_root, run_id=run_id, state="running", step=resumed_at or 0,
+                          checkpoint=run.resume_from, checkpoint_step=resumed_at, error=None,
+                          world_size=world, pid=os.getpid())
+    RUN_STATUS["root"] = models_root
+    if os.environ.get(run_root.RUN_FILE_ENV):
+        write_json(os.environ[run_root.RUN_FILE_ENV], {"models_root": os.path.abspath(models_root), "run_id": run_id})
+    logger.info("world size %d; run %s in %s; config:\n%s", world, run_id, models_root, format_config(cfg))
 
 
 def train(cfg, args):
@@ -146,34 +211,34 @@ def train(cfg, args):
     logger = builder.setup_logger(rank)
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    models_root = models_root_for(args, cfg)
-    try:            # every rank checks config, data and checkpoint before anything is written
-        run = builder.open_run(cfg, models_root, args.resume, args.pretrained, rank, world,
-                               dist.local_rank(), logger)
-        problem = None
-    except (ValueError, OSError) as error:
-        problem = str(error)
-    problems = dist.allgather_object(problem, "setup.problems")    # all ranks agree to go on or stop
-    if any(problems):
-        first = next(r for r, p in enumerate(problems) if p)
-        dist.shutdown()                   # in step: MPI counts an exit without it as a failure
-        fail(problems[first], USAGE_ERROR, print_it=rank == first)
+    models_root, token = models_root_for(args, cfg), os.environ.get(run_root.LOCK_TOKEN_ENV, "")
+    # every rank checks the models root, config, data and checkpoint before anything is written
+    run = on_every_rank(lambda: builder.open_run(
+        cfg, models_root, args.resume, args.pretrained, rank, world, dist.local_rank(), logger,
+        continued_run(args.resume), args.start_over, token), "setup.problems")
+    lock, moved = on_every_rank(lambda: take_root(models_root, args.start_over, token) if rank == 0 else
+                                (None, None), "setup.root")      # rank 0 owns the root from here
+    run_id = dist.allgather_object(run.run_id, "setup.run_id")[0]
 
     os.makedirs(models_root, exist_ok=True)
     if rank == 0:
-        builder.log_to_file(logger, os.path.join(models_root, "train.log"))
-        save_config(cfg, os.path.join(models_root, "config.json"))
-        logger.info("world size %d; models root %s; config:\n%s", world, models_root, format_config(cfg))
+        start_run(cfg, models_root, run, run_id, world, logger)
+        if moved:
+            logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
     module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, logger, run.pretrained)
     if run.resume_from:
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,
                                              cfg.embedding_size)
         logger.info("resumed from %s at step %d", run.resume_from, step)
-    watchdog = StepWatchdog(cfg.step_timeout_s, rank).start()
-    events = builder.RunEvents(cfg, run, module, rank, world, logger, watchdog)
+    watchdog = StepWatchdog(cfg.step_timeout_s, rank, on_timeout=lambda line: fail(line, FAILURE_EXIT)).start()
+    events = builder.RunEvents(cfg, run, module, rank, world, logger, watchdog, run_id)
     module.fit(run.train_iter, cfg.max_update, events.callbacks)
     events.end_of_run(module.num_update)
     watchdog.stop()
+    if rank == 0:
+        run_root.write_status(models_root, state="done", step=module.num_update)
+        RUN_STATUS.clear()
+        lock.release()
     logger.info("done: %d steps, checkpoints in %s", module.num_update, models_root)
     mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod
     if hasattr(run.train_iter, "close"):

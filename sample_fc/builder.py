@@ -13,12 +13,13 @@ import numpy as np
 
 import symbols
 
-from . import checkpoint, resume
+from . import checkpoint, resume, run_root
 from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
 from .data.bin_format import load_bin
 from .data.recordio import read_property
+from .errors import UsageError
 from .initializers import backbone_initializer
 from .margin import CombinedMargin
 from .memory_bank import MemoryBank
@@ -34,7 +35,7 @@ def resolve_contexts(cfg, local_rank):
     gpus = mx.context.num_gpus()
     kind = ("gpu" if gpus else "cpu") if cfg.context == "auto" else cfg.context
     if kind == "gpu" and local_rank >= gpus:
-        raise ValueError(f"context=gpu but local rank {local_rank} has no GPU (this node has {gpus}); "
+        raise UsageError(f"context=gpu but local rank {local_rank} has no GPU (this node has {gpus}); "
                          f"use context=auto or cpu, or fewer workers per node")
     ctx = mx.gpu(local_rank) if kind == "gpu" else mx.cpu()
     return ctx, (ctx if cfg.bank_context == "same" else mx.cpu())
@@ -129,7 +130,7 @@ def fill_from_property(cfg, explicit):
         return {}
     num_classes, height, width = prop
     if height != width and "image_size" not in explicit:
-        raise ValueError(f"the property beside {cfg.rec} says {height}x{width} images; training takes "
+        raise UsageError(f"the property beside {cfg.rec} says {height}x{width} images; training takes "
                          f"square inputs: set image_size (images are resized to it)")
     notes = []
     for key, value in (("num_classes", num_classes), ("image_size", height)):
@@ -145,7 +146,7 @@ def fill_from_property(cfg, explicit):
 def check_world(cfg, world):
     """Config checks that need the world size (ValueError naming the values and the fix)."""
     if cfg.num_classes < world:
-        raise ValueError(f"num_classes={cfg.num_classes} is less than the {world} workers: every "
+        raise UsageError(f"num_classes={cfg.num_classes} is less than the {world} workers: every "
                          f"worker needs at least one class center; use at most {cfg.num_classes} "
                          f"workers (-np) or a dataset with more classes")
 
@@ -158,26 +159,36 @@ def tensorboard_writer(cfg, rank, models_root):
     return SummaryWriter(os.path.join(models_root, "tensorboard"))
 
 
-def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank, logger):
+def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank, logger,
+             continued_run=None, start_over=False, lock_token=""):
     """Everything of a run that can be checked before anything is written (no collectives,
-    no writes): ValueError/OSError naming the problem. Returns a namespace of models_root,
-    resume_from (a checkpoint or None), pretrained ((arg, aux) params or None), train_iter,
+    no writes): UsageError naming the problem. The models root must not be in use by another
+    job (rank 0 checks its lock), and a fresh start must not overwrite a run's checkpoints
+    unless `start_over`; a resume takes only checkpoints of `continued_run` (a run id; None:
+    any). Returns a namespace of models_root, resume_from (a checkpoint or None), run_id (the
+    continued run's, else a new one), pretrained ((arg, aux) params or None), train_iter,
     symbol, targets, ctx, bank_ctx."""
     if os.path.exists(models_root) and not os.path.isdir(models_root):
-        raise ValueError(f"--models-root {models_root} is a file, not a directory")
+        raise UsageError(f"--models-root {models_root} is a file, not a directory")
+    if rank == 0:
+        run_root.check_not_in_use(models_root, lock_token)
+    if not resume_path and not start_over:
+        run_root.check_fresh_start(models_root)
     check_world(cfg, world)
     ctx, bank_ctx = resolve_contexts(cfg, local_rank)
     symbol = build_symbol(cfg)
     warn = logger.warning if rank == 0 else (lambda message: None)
-    resume_from = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn)[0] \
-        if resume_path else None
+    resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn, continued_run) \
+        if resume_path else (None, {})
+    run_id = state.get("run_id") or continued_run or os.environ.get(run_root.RUN_ID_ENV) or run_root.new_run_id()
     checkpoint.check_space(models_root, checkpoint.checkpoint_bytes(
         parameter_values(symbol, cfg.image_size), cfg.num_classes, cfg.embedding_size))
     if pretrained and resume_path:
-        raise ValueError("--pretrained starts a new run from trained weights; --resume continues "
+        raise UsageError("--pretrained starts a new run from trained weights; --resume continues "
                          "one: give one of them")
     weights = load_pretrained(pretrained, symbol, cfg.image_size, cfg.network) if pretrained else None
-    return SimpleNamespace(models_root=models_root, resume_from=resume_from, pretrained=weights, symbol=symbol,
+    return SimpleNamespace(models_root=models_root, resume_from=resume_from, run_id=run_id, pretrained=weights,
+                           symbol=symbol,
                            train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
                            targets=load_targets(cfg, logger))
 
@@ -195,12 +206,12 @@ class RunEvents:
     steps, progress lines on rank 0 (`callbacks`, for module.fit); and `end_of_run(step)`.
     Checkpoints and verification are collectives: every rank runs them."""
 
-    def __init__(self, cfg, run, module, rank, world, logger, watchdog):
+    def __init__(self, cfg, run, module, rank, world, logger, watchdog, run_id):
         self.cfg, self.run, self.module, self.rank, self.logger = cfg, run, module, rank, logger
         self.watchdog = watchdog
         module.stage_hook = watchdog.stage
         self.saved_steps = set()
-        self.train_state = {"world_size": world, "num_classes": cfg.num_classes,
+        self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
                             "embedding_size": cfg.embedding_size, "config": cfg}
         writer = tensorboard_writer(cfg, rank, run.models_root)
         self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
@@ -208,14 +219,22 @@ class RunEvents:
                           PeriodicCallback(cfg.ckpt_period, self.save),
                           PeriodicCallback(cfg.verify_period, self.verify)]
         if rank == 0:
-            self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm))
+            self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
+                                                    lambda record: run_root.append_progress(run.models_root, record)))
+            self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
+
+    def status(self, **fields):
+        """Rank 0: update the run's status.json (run_root.write_status)."""
+        if self.rank == 0:
+            run_root.write_status(self.run.models_root, **fields)
 
     def save(self, step):
         """Checkpoint `step` (checkpoint.save_checkpoint)."""
         self.saved_steps.add(step)
         with self.watchdog.stage("checkpoint"):
-            checkpoint.save_checkpoint(self.run.models_root, step, self.module, self.run.symbol,
-                                       self.run.train_iter, self.train_state, self.cfg.ckpt_keep)
+            path = checkpoint.save_checkpoint(self.run.models_root, step, self.module, self.run.symbol,
+                                              self.run.train_iter, self.train_state, self.cfg.ckpt_keep)
+        self.status(step=step, checkpoint=path, checkpoint_step=step)
         self.watchdog.progress()
         self.logger.info("step %d: checkpoint saved", step)
 
@@ -223,6 +242,8 @@ class RunEvents:
         """Verification on the run's targets at `step`."""
         with self.watchdog.stage("verification"):
             result = self.verifier(step)
+        if result:
+            self.status(verification={"step": step, "accuracy": {n: r.accuracy for n, r in result.items()}})
         self.watchdog.progress()
         return result
 

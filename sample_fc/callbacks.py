@@ -19,12 +19,13 @@ class ProgressLogger:
     gradient norm of the backbone (before clipping) and, when `clip_grad_norm` > 0, the share
     of steps it clipped, then the ETA. All means are over the applied steps since the last line.
 
-    The same scalars go to a tensorboardX SummaryWriter when one is given.
+    The same scalars go to a tensorboardX SummaryWriter when one is given, and as a dict to
+    `record` (run_root.append_progress: the file programs read) when one is given.
     """
 
-    def __init__(self, frequent, max_update, logger, writer=None, clip_grad_norm=0.0):
+    def __init__(self, frequent, max_update, logger, writer=None, clip_grad_norm=0.0, record=None):
         self.frequent, self.max_update, self.logger, self.writer = frequent, max_update, logger, writer
-        self.clip_grad_norm = clip_grad_norm
+        self.clip_grad_norm, self.record = clip_grad_norm, record
         self._reset(time.perf_counter())
 
     def _reset(self, now):
@@ -50,9 +51,12 @@ class ProgressLogger:
             clipped = f" (clipped {100 * share:.0f}%)"
         self.logger.info("step %d/%d  %.1f samples/s  loss %.4f  lr %.6f  grad norm %.2f%s  eta %s",
                          info.step, self.max_update, speed, loss, info.lr, norm, clipped, eta)
+        scalars = {"loss": loss, "lr": info.lr, "samples_per_s": speed, "grad_norm": norm}
         if self.writer is not None:
-            for name, value in (("loss", loss), ("lr", info.lr), ("samples_per_s", speed), ("grad_norm", norm)):
+            for name, value in scalars.items():
                 self.writer.add_scalar(name, value, info.step)
+        if self.record is not None:
+            self.record(dict(scalars, step=info.step))
         self._reset(now)
 
 

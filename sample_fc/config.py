@@ -12,6 +12,8 @@ import uuid
 
 from easydict import EasyDict
 
+from .errors import UsageError
+
 _TRUE = ('true', '1', 'yes')
 _FALSE = ('false', '0', 'no')
 
@@ -24,7 +26,7 @@ def parse_override(text):
     key, sep, raw = text.partition('=')
     key = key.strip()
     if not sep or not key:
-        raise ValueError(f"malformed override {text!r}: expected key=value")
+        raise UsageError(f"malformed override {text!r}: expected key=value")
     return key, raw
 
 
@@ -32,12 +34,12 @@ def _unknown_key(cfg, key):
     valid = list(cfg)
     close = difflib.get_close_matches(key, valid, n=1)
     if close:
-        return ValueError(f"unknown config key {key!r}; did you mean {close[0]!r}?")
-    return ValueError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
+        return UsageError(f"unknown config key {key!r}; did you mean {close[0]!r}?")
+    return UsageError(f"unknown config key {key!r}; valid keys: {', '.join(valid)}")
 
 
 def _bad(key, raw, expected):
-    return ValueError(f"bad value for config key {key!r}: {raw!r} is not {expected}")
+    return UsageError(f"bad value for config key {key!r}: {raw!r} is not {expected}")
 
 
 def _to_scalar(key, raw, kind):
@@ -61,7 +63,7 @@ def _to_scalar(key, raw, kind):
             raise _bad(key, raw, "a float") from None
     if kind is str:
         return raw
-    raise ValueError(f"config key {key!r} holds a {kind.__name__}; overrides support "
+    raise UsageError(f"config key {key!r} holds a {kind.__name__}; overrides support "
                      "bool, int, float, str, None and lists of those")
 
 
@@ -103,7 +105,7 @@ def _to_list(key, raw, current):
         items = [part.strip() for part in text.split(',')] if text else []
     kinds = {type(x) for x in current}
     if len(kinds) > 1:
-        raise ValueError(f"config key {key!r} holds a list of mixed types; cannot override")
+        raise UsageError(f"config key {key!r} holds a list of mixed types; cannot override")
     kind = kinds.pop() if kinds else None
     return type(current)(_to_element(key, raw, item, kind) for item in items)
 
@@ -172,7 +174,7 @@ def load_config(path):
     with open(path, encoding='utf-8') as f:
         data = json.load(f)
     if not isinstance(data, dict):
-        raise ValueError(f"config file {os.fspath(path)!r} holds a {type(data).__name__}, "
+        raise UsageError(f"config file {os.fspath(path)!r} holds a {type(data).__name__}, "
                          "expected a JSON object")
     return EasyDict(data)
 

@@ -8,6 +8,7 @@ import ctypes
 import mxnet as mx
 import numpy as np
 
+from .errors import UsageError
 from .sampler import shard_range
 
 INIT_BLOCK = 4096          # classes per independently seeded block of the initial weights
@@ -110,7 +111,7 @@ class MemoryBank:
         mine = self.metadata()
         for key in ("num_classes", "class_start", "num_local", "embedding_size"):
             if saved_meta[key] != mine[key]:
-                raise ValueError(f"bank checkpoint {path} has {key}={saved_meta[key]}, this bank "
+                raise UsageError(f"bank checkpoint {path} has {key}={saved_meta[key]}, this bank "
                                  f"expects {key}={mine[key]} (world size {self.world_size}, "
                                  f"rank {self.rank}); a different world size needs resharding")
         self.weight[:] = weight.as_in_context(self.ctx)
@@ -124,7 +125,7 @@ class MemoryBank:
         for path in paths:
             meta, weight, momentum = read_shard(path)
             if (meta["num_classes"], meta["embedding_size"]) != (self.num_classes, self.embedding_size):
-                raise ValueError(f"bank checkpoint {path} has num_classes={meta['num_classes']}, "
+                raise UsageError(f"bank checkpoint {path} has num_classes={meta['num_classes']}, "
                                  f"embedding_size={meta['embedding_size']}; this run expects "
                                  f"num_classes={self.num_classes}, embedding_size={self.embedding_size}")
             old_start, old_stop = meta["class_start"], meta["class_start"] + meta["num_local"]
@@ -136,7 +137,7 @@ class MemoryBank:
             self.momentum[rows] = momentum[lo - old_start:hi - old_start].as_in_context(self.ctx)
             covered += hi - lo
         if covered != self.num_local:
-            raise ValueError(f"the shards {paths} cover {covered} of this rank's {self.num_local} "
+            raise UsageError(f"the shards {paths} cover {covered} of this rank's {self.num_local} "
                              f"classes [{self.class_start}, {stop}); a shard is missing or overlaps")
 
 
@@ -145,10 +146,10 @@ def read_shard(path):
     try:
         saved = mx.nd.load(path)
     except mx.base.MXNetError as error:
-        raise ValueError(f"cannot read bank checkpoint {path}: {error}") from None
+        raise UsageError(f"cannot read bank checkpoint {path}: {error}") from None
     if not isinstance(saved, dict) or set(saved) != {"weight", "momentum", "meta"}:
-        raise ValueError(f"{path} is not a sample_fc bank shard (keys weight, momentum, meta)")
+        raise UsageError(f"{path} is not a sample_fc bank shard (keys weight, momentum, meta)")
     meta = dict(zip(META_FIELDS, (int(v) for v in saved["meta"].asnumpy())))
     if meta["version"] != FORMAT_VERSION:
-        raise ValueError(f"{path}: bank format version {meta['version']}, expected {FORMAT_VERSION}")
+        raise UsageError(f"{path}: bank format version {meta['version']}, expected {FORMAT_VERSION}")
     return meta, saved["weight"], saved["momentum"]

@@ -1,28 +1,35 @@
-"""Restart a failed training job from its newest complete checkpoint.
+"""Restart a failed training job from its run's newest complete checkpoint.
 
     python -m sample_fc.launch --max-restarts N [--min-workers M] -np ... -H ... python train.py ...
 
-Runs horovodrun; when the job exits non-zero it is started again, up to N times, with
-SAMPLE_FC_AUTO_RESUME=1 in the environment, so train.py resumes from the newest complete
-checkpoint of its models root (and starts fresh when there is none). Each restart is logged
-with its cause (exit code, the failing rank's error line) and the step it resumes from. It
-re-reads the hosts (-H or --hostfile) and keeps those still reachable (ssh); fewer workers
-resume with the bank resharded; fewer than --min-workers stops. Not retried: a mistake in the
-config or the data (exit code 2), or the same error line twice in a row from the same
-checkpoint (a rank that is killed or hangs says nothing deterministic and is retried).
+Runs horovodrun; when the job exits non-zero it is started again, up to N times. The job
+tells the supervisor where its run lives through a small file (run_root.RUN_FILE_ENV: rank 0
+writes the models root and the run id there at start); the run's status.json then says the
+step reached and the last complete checkpoint. Between attempts the supervisor holds the
+models root's lock, and each attempt gets its token (LOCK_TOKEN_ENV), so no other job can
+take the root; a restart continues that run only (RUN_ID_ENV, AUTO_RESUME_ENV: train.py
+resumes from the run's newest complete checkpoint, or starts it afresh when it has none).
+Each restart is logged with its cause (exit code, the failing rank's error line) and the step
+it resumes from. It re-reads the hosts (-H or --hostfile) and keeps those still reachable
+(ssh); fewer workers resume with the bank resharded; fewer than --min-workers stops. Not
+retried: a mistake (exit code errors.USAGE_EXIT), or the same error line twice in a row from
+the same checkpoint (a rank that is killed or hangs says nothing deterministic and is retried).
 """
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections import deque
 
-AUTO_RESUME_ENV = "SAMPLE_FC_AUTO_RESUME"
-MISTAKE_EXIT = 2
-MODELS_ROOT_LINE = re.compile(r"models root ([^;\s]+)")
-STEP_LINE = re.compile(r"step (\d+)/\d+ ")
+from . import run_root
+from .errors import ERROR_PREFIX, USAGE_EXIT, UsageError
+
+LOCK_WAIT_S = 30        # a failed job's processes may take this long to let go of the root's lock
 LOCAL_HOSTS = {"localhost", "127.0.0.1", socket.gethostname()}
 
 
@@ -110,69 +117,97 @@ def run_streaming(command, env):
     return proc.returncode, list(tail)
 
 
-def cause_of(code, lines):
-    """(what ended the job, whether it said so itself): a rank's `train.py: error:` line, else
-    the launcher's line naming the first process to exit (a killed rank says nothing)."""
-    said = [line.split("train.py: error: ", 1)[1].strip() for line in lines if "train.py: error: " in line]
+def cause_of(code, lines, status):
+    """(what ended the job, whether it said so itself): the first rank's error line, else the
+    run's status error, else the launcher's line naming the first process to exit (a killed
+    rank says nothing)."""
+    said = [line.split(ERROR_PREFIX, 1)[1].strip() for line in lines if ERROR_PREFIX in line]
+    if not said and status and status.get("state") == "failed" and status.get("error"):
+        said = [status["error"]]
     if said:
         return f"exit code {code}, {said[0]}", True
     launcher = [line.strip() for line in lines if "exited first" in line or "exit with status code" in line]
     return f"exit code {code}" + (f" ({launcher[-1]})" if launcher else ""), False
 
 
-def newest_step(lines):
-    """(models root, newest complete checkpoint step or None) from the job's output."""
-    roots = [m.group(1) for line in lines for m in [MODELS_ROOT_LINE.search(line)] if m]
-    if not roots:
-        return None, None
-    from .checkpoint import list_checkpoints
-    found = list_checkpoints(roots[-1])
-    return roots[-1], (found[-1][0] if found else None)
+def read_run(run_file):
+    """(models root, run id, status) the job reported, each None when it did not say."""
+    try:
+        with open(run_file) as handle:
+            run = json.load(handle)
+    except (OSError, ValueError):
+        return None, None, None
+    root = run.get("models_root")
+    return root, run.get("run_id"), run_root.read_status(root) if root else None
 
 
-def last_step(lines):
-    steps = [int(m.group(1)) for line in lines for m in [STEP_LINE.search(line)] if m]
-    return steps[-1] if steps else None
+def hold_root(root, token):
+    """The root's lock, taken for the next attempt (a failed job's processes may still be
+    exiting: retried for LOCK_WAIT_S); None when another job holds it."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            return run_root.RootLock.acquire(root, token)
+        except UsageError as error:
+            if time.monotonic() > deadline:
+                log(f"not restarted: {error}")
+                return None
+            time.sleep(1)
 
 
 def supervise(horovodrun_argv, max_restarts, min_workers=1):
     """Run `horovodrun_argv` (a full command line) until it succeeds, restarting it from its
-    newest checkpoint up to max_restarts times. Returns the exit code to end with."""
-    env = dict(os.environ, **{AUTO_RESUME_ENV: "1"})
-    args, previous, restarts, redone, lost_s = list(horovodrun_argv), None, 0, 0, 0.0
-    while True:
-        start = time.monotonic()
-        code, lines = run_streaming(args, env)
-        if code == 0:
-            if restarts:
-                log(f"done after {restarts} restart(s): {redone} steps redone, "
-                    f"{lost_s:.0f} s spent in failed attempts")
-            return 0
-        lost_s += time.monotonic() - start
-        root, step = newest_step(lines)
-        cause, said = cause_of(code, lines)
-        if code == MISTAKE_EXIT:
-            log(f"not restarted: {cause} is a mistake in the config or the data; fix it and run again")
-            return code
-        if said and previous == (cause, step):
-            log(f"not restarted: the same error twice at the same step ({cause})")
-            return code
-        if restarts >= max_restarts:
-            log(f"giving up after {restarts} restart(s): {cause}")
-            return code
-        hosts = current_hosts(args)
-        if hosts is not None:
-            alive, listed = hosts
-            workers = min(int(option_value(args, "-np", "--num-proc") or 0), sum(s for _, s in alive))
-            if workers < min_workers:
-                log(f"not restarted: {workers} worker slot(s) reachable on {len(alive)} of {len(listed)} "
-                    f"host(s), fewer than --min-workers {min_workers}")
-                return code
-            if option_value(args, "-H", "--hosts"):
-                args = replace_option(args, ("-H", "--hosts"), ",".join(f"{n}:{s}" for n, s in alive))
-            args = replace_option(args, ("-np", "--num-proc"), str(workers))
-        failed_at = last_step(lines)
-        redone += max(0, (failed_at or 0) - (step or 0))
-        previous, restarts = (cause, step), restarts + 1
-        log(f"restart {restarts}/{max_restarts} after {cause}; resuming from "
-            f"{f'step {step} in {root}' if step is not None else 'the start (no checkpoint yet)'}")
+    run's newest checkpoint up to max_restarts times. Returns the exit code to end with."""
+    token = uuid.uuid4().hex
+    with tempfile.TemporaryDirectory(prefix="sample_fc-restart-") as folder:
+        run_file = os.path.join(folder, "run.json")
+        env = dict(os.environ, **{run_root.LOCK_TOKEN_ENV: token, run_root.RUN_FILE_ENV: run_file})
+        env.pop(run_root.AUTO_RESUME_ENV, None)        # the first attempt is the command as typed
+        args, previous, restarts, redone, lost_s, lock = list(horovodrun_argv), None, 0, 0, 0.0, None
+        try:
+            while True:
+                start = time.monotonic()
+                code, lines = run_streaming(args, env)
+                if code == 0:
+                    if restarts:
+                        log(f"done after {restarts} restart(s): {redone} steps redone, "
+                            f"{lost_s:.0f} s spent in failed attempts")
+                    return 0
+                lost_s += time.monotonic() - start
+                root, run_id, status = read_run(run_file)
+                step = (status or {}).get("checkpoint_step")
+                cause, said = cause_of(code, lines, status)
+                if code == USAGE_EXIT:
+                    log(f"not restarted: {cause} is a mistake in the command, config or data; fix it and run again")
+                    return code
+                if said and previous == (cause, step):
+                    log(f"not restarted: the same error twice at the same step ({cause})")
+                    return code
+                if restarts >= max_restarts:
+                    log(f"giving up after {restarts} restart(s): {cause}")
+                    return code
+                hosts = current_hosts(args)
+                if hosts is not None:
+                    alive, listed = hosts
+                    workers = min(int(option_value(args, "-np", "--num-proc") or 0), sum(s for _, s in alive))
+                    if workers < min_workers:
+                        log(f"not restarted: {workers} worker slot(s) reachable on {len(alive)} of {len(listed)} "
+                            f"host(s), fewer than --min-workers {min_workers}")
+                        return code
+                    if option_value(args, "-H", "--hosts"):
+                        args = replace_option(args, ("-H", "--hosts"), ",".join(f"{n}:{s}" for n, s in alive))
+                    args = replace_option(args, ("-np", "--num-proc"), str(workers))
+                if root and lock is None:          # hold the root from now on, for this run only
+                    lock = hold_root(root, token)
+                    if lock is None:
+                        return code
+                if run_id:
+                    env[run_root.RUN_ID_ENV] = run_id
+                env[run_root.AUTO_RESUME_ENV] = "1"
+                redone += max(0, (status or {}).get("step", 0) - (step or 0))
+                previous, restarts = (cause, step), restarts + 1
+                log(f"restart {restarts}/{max_restarts} after {cause}; resuming from "
+                    f"{f'step {step} in {root}' if step is not None else 'the start (no checkpoint yet)'}")
+        finally:
+            if lock is not None:
+                lock.release()

@@ -18,6 +18,7 @@ from typing import Optional
 import mxnet as mx
 
 from . import checkpoint
+from .errors import MissingFileError, UsageError
 
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
 
@@ -47,9 +48,9 @@ def resolve_prefix(path, epoch=None):
     if os.path.isfile(path + "-symbol.json"):
         return path
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"--model {path}: neither {path}-symbol.json nor a directory exists")
+        raise MissingFileError(f"--model {path}: neither {path}-symbol.json nor a directory exists")
     if path.rstrip(os.sep).endswith(checkpoint.PARTIAL_SUFFIX):
-        raise ValueError(f"--model {path}: an incomplete checkpoint (.partial); use a complete one")
+        raise UsageError(f"--model {path}: an incomplete checkpoint (.partial); use a complete one")
     if os.path.isfile(checkpoint.symbol_path(path)):
         return checkpoint.model_prefix(path)
     return checkpoint.model_prefix(checkpoint.find_checkpoint(path, epoch, option="--model"))
@@ -76,7 +77,7 @@ def _embedding_output(symbol, symbol_file):
     internals = symbol.get_internals()
     if "embeddings_output" in internals.list_outputs():
         return internals["embeddings_output"]
-    raise ValueError(f"{symbol_file}: expected one output (the embeddings), found "
+    raise UsageError(f"{symbol_file}: expected one output (the embeddings), found "
                      f"{symbol.list_outputs()} and no 'embeddings_output'")
 
 
@@ -97,7 +98,7 @@ def infer_image_size(symbol, arg_params, aux_params):
     width fixes it for the project's backbones); ValueError if none or several do."""
     fits = [side for side in IMAGE_SIZES if params_fit(symbol, arg_params, aux_params, side)]
     if len(fits) != 1:
-        raise ValueError(f"cannot infer the input size from the params (sides that fit among "
+        raise UsageError(f"cannot infer the input size from the params (sides that fit among "
                          f"{IMAGE_SIZES[0]}..{IMAGE_SIZES[-1]}: {fits or 'none'}); pass --image-size")
     return fits[0]
 
@@ -109,28 +110,28 @@ def load_model(spec, image_size=None):
     if epoch is None:
         epochs = available_epochs(prefix)
         if not epochs:
-            raise FileNotFoundError(f"--model {spec}: no {prefix}-NNNN.params next to {prefix}-symbol.json")
+            raise MissingFileError(f"--model {spec}: no {prefix}-NNNN.params next to {prefix}-symbol.json")
         epoch = epochs[-1]
     params_file = "%s-%04d.params" % (prefix, epoch)
     if not os.path.isfile(params_file):
-        raise FileNotFoundError(f"--model {spec}: {params_file} does not exist "
+        raise MissingFileError(f"--model {spec}: {params_file} does not exist "
                                 f"(epochs there: {available_epochs(prefix) or 'none'})")
     try:
         symbol, arg_params, aux_params = mx.model.load_checkpoint(prefix, epoch)
     except mx.base.MXNetError as err:
-        raise ValueError(f"--model {spec}: cannot load {prefix}-symbol.json / {params_file}: "
+        raise UsageError(f"--model {spec}: cannot load {prefix}-symbol.json / {params_file}: "
                          f"{str(err).splitlines()[0]}") from err
     symbol = _embedding_output(symbol, prefix + "-symbol.json")
     missing = [n for n in symbol.list_arguments() if n != "data" and n not in arg_params]
     missing += [n for n in symbol.list_auxiliary_states() if n not in aux_params]
     if missing:
-        raise ValueError(f"{params_file} lacks parameters of the symbol: {', '.join(missing[:10])}")
+        raise UsageError(f"{params_file} lacks parameters of the symbol: {', '.join(missing[:10])}")
     arg_params = {n: arg_params[n] for n in symbol.list_arguments() if n != "data"}
     aux_params = {n: aux_params[n] for n in symbol.list_auxiliary_states()}
     if image_size is None:
         image_size = infer_image_size(symbol, arg_params, aux_params)
     elif image_size <= 0 or not params_fit(symbol, arg_params, aux_params, image_size):
-        raise ValueError(f"--image-size {image_size}: the params of {params_file} do not fit "
+        raise UsageError(f"--image-size {image_size}: the params of {params_file} do not fit "
                          f"{image_size}x{image_size} inputs; omit --image-size to infer it")
     return LoadedModel(symbol, arg_params, aux_params, prefix, epoch, image_size, _read_config(prefix))
 
@@ -145,15 +146,15 @@ def load_pretrained(spec, symbol, image_size, network):
     epoch = epoch if epoch is not None else (available_epochs(prefix) or [None])[-1]
     params = f"{prefix}-{epoch:04d}.params" if epoch is not None else f"{prefix}-NNNN.params"
     if not os.path.isfile(params):
-        raise FileNotFoundError(f"--pretrained {spec}: {params} does not exist")
+        raise MissingFileError(f"--pretrained {spec}: {params} does not exist")
     try:
         loaded = mx.nd.load(params)
     except mx.base.MXNetError as err:
-        raise ValueError(f"--pretrained {spec}: {params} cannot be read "
+        raise UsageError(f"--pretrained {spec}: {params} cannot be read "
                          f"({str(err).strip().splitlines()[-1]})") from None
     differences = param_differences(loaded, symbol, image_size)
     if differences:
-        raise ValueError(f"--pretrained {spec} does not fit this run's network {network!r} at "
+        raise UsageError(f"--pretrained {spec} does not fit this run's network {network!r} at "
                          f"{image_size} px: {differences[0]} ({len(differences)} differences)")
     return ({k[4:]: v for k, v in loaded.items() if k.startswith("arg:")},
             {k[4:]: v for k, v in loaded.items() if k.startswith("aux:")})

@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from .errors import ERROR_PREFIX
+
 AUTO_FACTOR, AUTO_STEPS, MIN_AUTO_S = 10, 10, 300.0
 
 
@@ -86,6 +88,6 @@ class StepWatchdog:
                 return
 
     def _end_process(self, message):
-        print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+        print(f"{ERROR_PREFIX}{message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(self.exit_code)

@@ -116,15 +116,20 @@ def test_memory_model_counts_bank_and_step_buffers():
     assert math.isclose(whole_shard_buffers, (2 * 256 * 2_000_000 + 3 * 512 * 512) * 4 / 1e6)
 
 
-def test_e2e_speed_skips_the_warmup_window():
+def test_e2e_speed_skips_the_warmup_window(tmp_path):
     """Test that the end-to-end speed is the mean of the progress windows after the first, read
-    through horovodrun's line prefixes, and that too few windows are an error."""
-    output = ("[1,0]<stdout>:04:00:01 [rank 0] step 2/6  10.0 samples/s  loss 40.1  lr 0.1  eta 0:00:02\n"
-              "[1,0]<stdout>:04:00:02 [rank 0] step 4/6  30.0 samples/s  loss 39.0  lr 0.1  eta 0:00:01\n"
-              "[1,0]<stdout>:04:00:03 [rank 0] step 6/6  50.0 samples/s  loss 38.2  lr 0.1  eta 0:00:00\n")
-    assert e2e_samples_per_s(output) == (40.0, [10.0, 30.0, 50.0])
-    with pytest.raises(ValueError, match="progress lines"):
-        e2e_samples_per_s(output.splitlines()[0])
+    from a models root's progress records (a line cut short by a killed writer is skipped), and
+    that too few windows are an error."""
+    from sample_fc.run_root import append_progress, read_progress
+    for step, speed in ((2, 10.0), (4, 30.0), (6, 50.0)):
+        append_progress(str(tmp_path), {"step": step, "samples_per_s": speed, "loss": 40.0 - step})
+    with open(tmp_path / "progress.jsonl", "a") as handle:
+        handle.write('{"step": 8, "samp')
+    records = read_progress(str(tmp_path))
+    assert [r["step"] for r in records] == [2, 4, 6]
+    assert e2e_samples_per_s(records) == (40.0, [10.0, 30.0, 50.0])
+    with pytest.raises(ValueError, match="progress records"):
+        e2e_samples_per_s(records[:1])
 
 
 def test_markdown_shows_skipped_and_failed_cases():

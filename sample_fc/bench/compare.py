@@ -16,16 +16,16 @@ has the loss averaged over the seeds and each seed's accuracy with their mean an
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 
 from easydict import EasyDict
 
+from ..run_root import read_progress, read_status
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEP_LINE = re.compile(r"\bstep (\d+)/\d+\s+[\d.]+ samples/s\s+loss ([\d.naif]+)")
-FINAL_LINE = re.compile(r"final (\S+): accuracy ([\d.]+)")
+SHOWN = ("samples/s", "accuracy", "error")     # which of the job's lines to echo (display only)
 
 
 def parse_args(argv):
@@ -74,7 +74,8 @@ def config(args):
 
 
 def run_sample_fc(args, models_root):
-    """Train with horovodrun as a user would; return ([(step, loss)], {target: accuracy}, output)."""
+    """Train with horovodrun as a user would; return ([(step, loss)], {target: accuracy}) from the
+    run's progress records and its status (the last verification: the final model's)."""
     venv_bin = os.path.dirname(sys.executable)
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.np)))
     env["MXNET_CPU_WORKER_NTHREADS"] = env["OMP_NUM_THREADS"]
@@ -87,14 +88,14 @@ def run_sample_fc(args, models_root):
                           text=True) as proc:
         for line in proc.stdout:
             lines.append(line)
-            if STEP_LINE.search(line) or FINAL_LINE.search(line) or "error" in line.lower():
+            if any(word in line for word in SHOWN):
                 print("  " + line.rstrip(), flush=True)
     if proc.returncode:
         sys.exit(f"compare: sample_fc's run failed (exit {proc.returncode}); its last lines:\n"
                  + "".join(lines[-15:]))
-    losses = [(int(m.group(1)), float(m.group(2))) for m in map(STEP_LINE.search, lines) if m]
-    finals = {m.group(1): float(m.group(2)) for m in map(FINAL_LINE.search, lines) if m}
-    return losses, finals
+    losses = [(record["step"], record["loss"]) for record in read_progress(models_root)]
+    verification = (read_status(models_root) or {}).get("verification", {})
+    return losses, verification.get("accuracy", {})
 
 
 def run_torch(args, cfg):

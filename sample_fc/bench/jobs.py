@@ -4,21 +4,20 @@ Every measurement runs in a process of its own, killed after its time bound: alo
 world size 1, under horovodrun (sample_fc.harness.run_job) for more. Workers write one JSON
 record per rank. The loader worker runs on every rank, each reading its own shard with
 FaceRecordIter as train.py builds it, so images/s is per rank while the other rank loads
-too. The end-to-end run is train.py itself on synthetic data; its samples/s come from
-ProgressLogger's lines. This module imports no mxnet until a worker runs.
+too. The end-to-end run is train.py itself on synthetic data; its samples/s come from its
+models root's progress records (run_root.read_progress). This module imports no mxnet until a worker runs.
 """
 import json
 import os
-import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from ..harness import run_job, single_thread_env
+from ..run_root import read_progress
 
 REPO = str(Path(__file__).resolve().parents[2])   # the repository: train.py lives here
-PROGRESS_LINE = re.compile(r"step (\d+)/(\d+)\s+([0-9.]+) samples/s")
 
 
 # ---- bounded processes ---------------------------------------------------------------------
@@ -115,12 +114,12 @@ def e2e_argv(network, image_size, batch_size, num_classes, steps, frequent, mode
     return argv
 
 
-def e2e_samples_per_s(output, warmup_windows=1):
+def e2e_samples_per_s(records, warmup_windows=1):
     """(mean global samples/s of the progress windows after the first `warmup_windows`,
-    all windows' samples/s)."""
-    speeds = [float(match.group(3)) for match in PROGRESS_LINE.finditer(output)]
+    all windows' samples/s), from a run's progress records."""
+    speeds = [float(record["samples_per_s"]) for record in records]
     if len(speeds) <= warmup_windows:
-        raise ValueError(f"found {len(speeds)} progress lines, need more than {warmup_windows} "
+        raise ValueError(f"found {len(speeds)} progress records, need more than {warmup_windows} "
                          "(the first is warm-up)")
     kept = speeds[warmup_windows:]
     return sum(kept) / len(kept), speeds
@@ -133,13 +132,14 @@ def e2e_case(network, image_size, batch_size, num_classes, steps, frequent, worl
     with tempfile.TemporaryDirectory(prefix="sample_fc_bench_e2e_") as models_root:
         argv = e2e_argv(network, image_size, batch_size, num_classes, steps, frequent, models_root)
         result = run_job(argv, world, timeout_s=timeout_s, env=worker_env(world), cwd=REPO)
+        progress = read_progress(models_root)
     record["seconds"] = round(result.seconds, 1)
     if result.timed_out or result.returncode != 0:
         reason = f"timed out after {timeout_s} s" if result.timed_out else f"exit code {result.returncode}"
         record["error"] = f"train.py {reason}: {result.output[-1500:]}"
         return record
     try:
-        record["samples_per_s"], record["windows_samples_per_s"] = e2e_samples_per_s(result.stdout)
+        record["samples_per_s"], record["windows_samples_per_s"] = e2e_samples_per_s(progress)
     except ValueError as error:
         record["error"] = f"{error}: {result.output[-1500:]}"
     return record

@@ -22,6 +22,7 @@ import re
 import mxnet as mx
 
 from .. import saved_model
+from ..errors import MissingFileError, UsageError
 from ..sampler import shard_range
 
 PATTERN = re.compile(r"^step-(\d{8})$")
@@ -32,7 +33,7 @@ COMPLETE_FILE = "COMPLETE"
 PARTIAL_SUFFIX = ".partial"
 
 
-class OtherNetworkError(ValueError):
+class OtherNetworkError(UsageError):
     """The checkpoint is sound but holds another network than the run builds."""
 
 
@@ -105,12 +106,12 @@ def find_checkpoint(path, step=None, option="--resume"):
         return path
     found = dict(list_checkpoints(path))
     if not found:
-        raise FileNotFoundError(f"{option} {path}: no complete checkpoint (step-XXXXXXXX/ with a "
+        raise MissingFileError(f"{option} {path}: no complete checkpoint (step-XXXXXXXX/ with a "
                                 f"{COMPLETE_FILE} file) there")
     if step is None:
         return found[max(found)]
     if step not in found:
-        raise FileNotFoundError(f"{option} {path},{step}: no complete checkpoint step-{step:08d}/ "
+        raise MissingFileError(f"{option} {path},{step}: no complete checkpoint step-{step:08d}/ "
                                 f"there (complete: {', '.join(map(str, sorted(found)))})")
     return found[step]
 
@@ -132,9 +133,9 @@ def read_state(checkpoint, needs=("step", "world_size")):
     try:
         state = _read_json(state_path(checkpoint))
     except (OSError, ValueError) as err:
-        raise ValueError(f"checkpoint {checkpoint}: {STATE_FILE} cannot be read ({err})") from None
+        raise UsageError(f"checkpoint {checkpoint}: {STATE_FILE} cannot be read ({err})") from None
     if not isinstance(state, dict) or not set(needs) <= set(state):
-        raise ValueError(f"checkpoint {checkpoint}: {STATE_FILE} lacks {' or '.join(needs)}")
+        raise UsageError(f"checkpoint {checkpoint}: {STATE_FILE} lacks {' or '.join(needs)}")
     return state
 
 
@@ -156,21 +157,21 @@ def check_sound(checkpoint, symbol, image_size, network):
     for path in [symbol_path(checkpoint), params, optimizer_path(checkpoint)] + shards + ranks + \
             [aux_path(checkpoint, r) for r in range(world)]:
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
-            raise ValueError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is missing or empty")
+            raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is missing or empty")
     for path in ranks:
         try:
             _read_json(path)
         except (OSError, ValueError) as err:
-            raise ValueError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} ({err})") from None
+            raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} ({err})") from None
     for rank, path in enumerate(shards):        # weight + momentum rows of float32, and a header
         _, num_local = shard_range(saved["num_classes"], rank, world)
         if os.path.getsize(path) < 2 * 4 * num_local * saved["embedding_size"]:
-            raise ValueError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is truncated "
+            raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is truncated "
                              f"({os.path.getsize(path)} bytes for {num_local} classes)")
     try:
         loaded = mx.nd.load(params)
     except mx.base.MXNetError as err:
-        raise ValueError(f"checkpoint {checkpoint} is damaged: {os.path.basename(params)} cannot be read "
+        raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(params)} cannot be read "
                          f"({str(err).strip().splitlines()[-1]})") from None
     differences = saved_model.param_differences(loaded, symbol, image_size)
     if differences:

@@ -13,6 +13,7 @@ import shutil
 import mxnet as mx
 
 from ..config import write_json
+from ..errors import UsageError
 from .layout import (PARTIAL_SUFFIX, aux_path, bank_shard_path, checkpoint_path, complete_path,
                      list_checkpoints, model_prefix, optimizer_path, rank_state_path, read_rank_state,
                      read_state, state_path)
@@ -43,7 +44,7 @@ def load_optimizer_states(module, path):
     try:
         saved = mx.nd.load(path)
     except mx.base.MXNetError as err:
-        raise ValueError(f"cannot read optimizer state {path}: {str(err).splitlines()[0]}") from None
+        raise UsageError(f"cannot read optimizer state {path}: {str(err).splitlines()[0]}") from None
     parts = {}
     for key, array in (saved.items() if isinstance(saved, dict) else ()):
         index, k, count = (int(x) for x in key.split("."))
@@ -87,10 +88,10 @@ def _space_note(models_root, needed):
 
 
 def check_space(models_root, needed):
-    """ValueError when the file system of models_root cannot hold one checkpoint of `needed`
+    """UsageError when the file system of models_root cannot hold one checkpoint of `needed`
     bytes: a run that could never save stops at start-up, not at its first checkpoint."""
     if free_bytes(models_root) < needed:
-        raise ValueError(f"not enough space for checkpoints: {_space_note(models_root, needed)}; "
+        raise UsageError(f"not enough space for checkpoints: {_space_note(models_root, needed)}; "
                          f"free some space or choose another --models-root")
 
 
@@ -164,11 +165,11 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
 
 def compatible_state(checkpoint, num_classes, embedding_size):
     """The checkpoint's state.json, checked against this run's num_classes and
-    embedding_size (ValueError naming the key and both values)."""
+    embedding_size (UsageError naming the key and both values)."""
     state = read_state(checkpoint)
     for key, want in (("num_classes", num_classes), ("embedding_size", embedding_size)):
         if state.get(key) != want:
-            raise ValueError(f"checkpoint {checkpoint} was trained with {key}={state.get(key)}, "
+            raise UsageError(f"checkpoint {checkpoint} was trained with {key}={state.get(key)}, "
                              f"this run has {key}={want}")
     return state
 

@@ -16,6 +16,7 @@ import pickle
 
 import numpy as np
 
+from ..errors import UsageError
 from .images import decode_rgb
 
 
@@ -74,28 +75,28 @@ def read_bin(path):
         try:
             content = _BinUnpickler(f, encoding="bytes").load()
         except _RefusedGlobal as err:
-            raise ValueError(f"{path}: not a verification .bin: refused to call {err}, which a "
+            raise UsageError(f"{path}: not a verification .bin: refused to call {err}, which a "
                              f"verification .bin never needs (nothing in the file was run)") from None
         except Exception as err:  # with only ADMITTED callables, any failure means a malformed file
             reason = " ".join(f"{type(err).__name__}: {err}".split())  # one line
-            raise ValueError(f"{path}: not a verification .bin (cannot unpickle: {reason})") from None
+            raise UsageError(f"{path}: not a verification .bin (cannot unpickle: {reason})") from None
     if not (isinstance(content, (tuple, list)) and len(content) == 2):
-        raise ValueError(f"{path}: not a verification .bin: its content is {_describe(content)}, "
+        raise UsageError(f"{path}: not a verification .bin: its content is {_describe(content)}, "
                          f"expected a pair (images, issame)")
     bins, issame = content
     if isinstance(issame, np.ndarray):
         if issame.dtype != np.bool_ or issame.ndim != 1:
-            raise ValueError(f"{path}: issame is {_describe(issame)}; expected 1-D bool")
+            raise UsageError(f"{path}: issame is {_describe(issame)}; expected 1-D bool")
     elif not isinstance(issame, (list, tuple)):
-        raise ValueError(f"{path}: issame is {_describe(issame)}; expected a list of bools")
+        raise UsageError(f"{path}: issame is {_describe(issame)}; expected a list of bools")
     else:
         for i, flag in enumerate(issame):
             if not isinstance(flag, (bool, np.bool_)):
-                raise ValueError(f"{path}: issame[{i}] is {_describe(flag)}; expected a bool")
+                raise UsageError(f"{path}: issame[{i}] is {_describe(flag)}; expected a bool")
     if not isinstance(bins, (list, tuple)):
-        raise ValueError(f"{path}: images are {_describe(bins)}; expected a list of encoded images")
+        raise UsageError(f"{path}: images are {_describe(bins)}; expected a list of encoded images")
     if len(bins) != 2 * len(issame):
-        raise ValueError(f"{path}: {len(bins)} images for {len(issame)} pairs; expected {2 * len(issame)}")
+        raise UsageError(f"{path}: {len(bins)} images for {len(issame)} pairs; expected {2 * len(issame)}")
     encoded = []
     for i, image in enumerate(bins):
         if isinstance(image, bytes):
@@ -105,7 +106,7 @@ def read_bin(path):
               and image.nbytes <= file_size):
             encoded.append(image.tobytes())
         else:
-            raise ValueError(f"{path}: image {i} is {_describe(image)}; expected encoded bytes "
+            raise UsageError(f"{path}: image {i} is {_describe(image)}; expected encoded bytes "
                              f"or a 1-D uint8 array")
     return encoded, np.array(issame, dtype=np.bool_)
 
@@ -114,7 +115,7 @@ def write_bin(path, encoded_images, issame):
     """Write a verification .bin (pickle protocol 4, plain bytes and bools: deterministic)."""
     encoded_images, issame = list(encoded_images), [bool(x) for x in issame]
     if len(encoded_images) != 2 * len(issame):
-        raise ValueError(f"{len(encoded_images)} images for {len(issame)} pairs; "
+        raise UsageError(f"{len(encoded_images)} images for {len(issame)} pairs; "
                          f"expected {2 * len(issame)}")
     for i, encoded in enumerate(encoded_images):
         if not isinstance(encoded, bytes):
@@ -136,8 +137,8 @@ def load_bin(path, image_size=None):
         try:
             images.append(decode_rgb(data, image_size))
         except OSError as err:
-            raise ValueError(f"{path}: image {i}: {err}") from err
+            raise UsageError(f"{path}: image {i}: {err}") from err
     shapes = {im.shape for im in images}
     if len(shapes) > 1:
-        raise ValueError(f"{path}: images have different sizes {sorted(shapes)}; pass image_size to resize")
+        raise UsageError(f"{path}: images have different sizes {sorted(shapes)}; pass image_size to resize")
     return np.stack(images), issame

@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from ..errors import UsageError
 from .bin_format import load_bin, write_bin
 from .images import encode_jpeg
 from .recordio import RecordWriter
@@ -299,7 +300,7 @@ def ensure_demo(out_dir, log=print):
         if complete():
             return False
         if os.path.exists(out_dir):
-            raise ValueError(f"{out_dir} exists but lacks {', '.join(DEMO_FILES)}: not a demo "
+            raise UsageError(f"{out_dir} exists but lacks {', '.join(DEMO_FILES)}: not a demo "
                              f"dataset; remove it (it is rebuilt on the next run) or pick another rec")
         log(f"building the demo dataset in {out_dir} (first run only, a few seconds)")
         building = tempfile.mkdtemp(prefix=f".{base}.building.", dir=parent)

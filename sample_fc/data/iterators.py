@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 
+from ..errors import UsageError
 from .augment import Augmentation, augment_image
 from .images import decode_rgb
 from .recordio import label_to_int, open_record, read_property
@@ -24,7 +25,7 @@ from .recordio import label_to_int, open_record, read_property
 DTYPES = ("float32", "float16")
 
 
-class DataError(ValueError):
+class DataError(UsageError):
     """A training record that cannot be used: unreadable, a bad label, an undecodable image.
     Raised by FaceRecordIter.next(); the message names the file and the record key."""
 
@@ -35,18 +36,18 @@ def _positive_int(x):
 
 def _check_common(batch_size, data_shape, dtype, seed):
     if not _positive_int(batch_size):
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise UsageError(f"batch_size must be a positive integer, got {batch_size!r}")
     shape = tuple(data_shape)
     if len(shape) != 3 or shape[0] != 3 or not all(_positive_int(x) for x in shape):
-        raise ValueError(f"data_shape must be (3, height, width) with positive sizes, got {data_shape!r}")
+        raise UsageError(f"data_shape must be (3, height, width) with positive sizes, got {data_shape!r}")
     try:
         name = str(np.dtype(dtype))
     except TypeError:
         name = None
     if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        raise UsageError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if not (isinstance(seed, (int, np.integer)) and seed >= 0):
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise UsageError(f"seed must be a non-negative integer, got {seed!r}")
     return tuple(int(x) for x in shape), name
 
 
@@ -82,14 +83,14 @@ class _EpochIter(mx.io.DataIter):
     def load_state_dict(self, state):
         """Resume so that the next batch is batch `state['batch_in_epoch']` of `state['epoch']`."""
         if set(state) != {"epoch", "batch_in_epoch", "seed"}:
-            raise ValueError(f"state must have keys epoch, batch_in_epoch, seed; got {sorted(state)}")
+            raise UsageError(f"state must have keys epoch, batch_in_epoch, seed; got {sorted(state)}")
         if state["seed"] != self.seed:
-            raise ValueError(f"state was saved with seed {state['seed']}, "
+            raise UsageError(f"state was saved with seed {state['seed']}, "
                              f"this iterator has seed {self.seed}")
         epoch, batch = int(state["epoch"]), int(state["batch_in_epoch"])
         last = getattr(self, "num_batches", None)
         if epoch < 0 or batch < 0 or (last is not None and batch > last):
-            raise ValueError(f"cannot resume at epoch {epoch}, batch {batch} (batches per epoch: {last})")
+            raise UsageError(f"cannot resume at epoch {epoch}, batch {batch} (batches per epoch: {last})")
         self._start_epoch(epoch, batch)
 
 
@@ -119,14 +120,14 @@ class FaceRecordIter(_EpochIter):
         super().__init__(batch_size, data_shape, dtype, seed)
         if not (_positive_int(num_workers) and isinstance(rank, (int, np.integer))
                 and 0 <= rank < num_workers):
-            raise ValueError(f"need 0 <= rank < num_workers, got rank={rank!r}, "
+            raise UsageError(f"need 0 <= rank < num_workers, got rank={rank!r}, "
                              f"num_workers={num_workers!r}")
         if not (_positive_int(num_threads) and _positive_int(prefetch)):
-            raise ValueError(f"num_threads and prefetch must be >= 1, got {num_threads!r} and {prefetch!r}")
+            raise UsageError(f"num_threads and prefetch must be >= 1, got {num_threads!r} and {prefetch!r}")
         if num_classes is not None and not _positive_int(num_classes):
-            raise ValueError(f"num_classes must be None or a positive integer, got {num_classes!r}")
+            raise UsageError(f"num_classes must be None or a positive integer, got {num_classes!r}")
         if augment is not None and not isinstance(augment, Augmentation):
-            raise ValueError(f"augment must be None or an Augmentation, got {augment!r}")
+            raise UsageError(f"augment must be None or an Augmentation, got {augment!r}")
         self.augment = augment if augment is not None else Augmentation()
         self.rank, self.num_workers = int(rank), int(num_workers)
         self.shuffle, self.rand_mirror, self.prefetch = bool(shuffle), bool(rand_mirror), int(prefetch)
@@ -135,12 +136,12 @@ class FaceRecordIter(_EpochIter):
         folder = os.path.dirname(os.path.abspath(path_imgrec))
         prop = read_property(folder)
         if num_classes is not None and prop is not None and num_classes != prop[0]:
-            raise ValueError(f"num_classes={num_classes} but {folder}/property says {prop[0]}")
+            raise UsageError(f"num_classes={num_classes} but {folder}/property says {prop[0]}")
         self.num_classes = num_classes if num_classes is not None else (prop[0] if prop else None)
         self.num_images = len(self._keys)
         self.num_batches = self.num_images // self.num_workers // batch_size
         if self.num_batches == 0:
-            raise ValueError(f"{path_imgrec}: {self.num_images} images over {self.num_workers} workers "
+            raise UsageError(f"{path_imgrec}: {self.num_images} images over {self.num_workers} workers "
                              f"give {self.num_images // self.num_workers} per rank, "
                              f"fewer than batch_size={batch_size}")
         self._lock = threading.Lock()  # one reader handle, shared by the decode threads
@@ -233,11 +234,11 @@ class SyntheticIter(_EpochIter):
                  dtype="float32", num_batches=None):
         super().__init__(batch_size, data_shape, dtype, seed)
         if not _positive_int(num_classes):
-            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
+            raise UsageError(f"num_classes must be a positive integer, got {num_classes!r}")
         if num_batches is not None and not _positive_int(num_batches):
-            raise ValueError(f"num_batches must be None or a positive integer, got {num_batches!r}")
+            raise UsageError(f"num_batches must be None or a positive integer, got {num_batches!r}")
         if not (isinstance(rank, (int, np.integer)) and rank >= 0):
-            raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+            raise UsageError(f"rank must be a non-negative integer, got {rank!r}")
         self.num_classes, self.rank, self.num_batches = int(num_classes), int(rank), num_batches
         rng = np.random.default_rng((self.seed, self.rank))
         self._data = mx.nd.array(rng.uniform(0, 255, (batch_size,) + self.data_shape), dtype=self.dtype)

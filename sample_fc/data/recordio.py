@@ -17,6 +17,8 @@ import os
 import mxnet as mx
 import numpy as np
 
+from ..errors import MissingFileError, UsageError
+
 FLOAT32_EXACT_LIMIT = 2 ** 24  # float32 represents every integer below this exactly
 
 
@@ -29,7 +31,7 @@ def read_property(folder):
         text = f.read().strip()
     fields = text.split(",")
     if len(fields) != 3 or not all(x.strip().isdigit() for x in fields):
-        raise ValueError(f"{path}: expected 'num_classes,height,width' (three integers), got {text!r}")
+        raise UsageError(f"{path}: expected 'num_classes,height,width' (three integers), got {text!r}")
     return tuple(int(x) for x in fields)
 
 
@@ -44,7 +46,7 @@ def label_to_int(header, key):
     label = header.label
     value = float(label) if np.isscalar(label) else float(np.asarray(label).reshape(-1)[0])
     if not (np.isfinite(value) and value == int(value) and 0 <= value < FLOAT32_EXACT_LIMIT):
-        raise ValueError(f"record key {key}: label {header.label!r} is not an integer identity "
+        raise UsageError(f"record key {key}: label {header.label!r} is not an integer identity "
                          f"in [0, 2**24) (float32 RecordIO labels are exact only below 2**24)")
     return int(value)
 
@@ -55,22 +57,22 @@ def open_record(path_imgrec, path_imgidx=None):
     identity_range is (start, end) from header record 0, or None for a plain file.
     """
     if path_imgrec.endswith(".idx"):
-        raise ValueError(f"{path_imgrec} is the index; give the record file (.rec) next to it")
+        raise UsageError(f"{path_imgrec} is the index; give the record file (.rec) next to it")
     if path_imgidx is None:
         path_imgidx = os.path.splitext(path_imgrec)[0] + ".idx"
     for path, what in ((path_imgrec, "record file (.rec)"), (path_imgidx, "index file (.idx)")):
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{what} not found: {path}")
+            raise MissingFileError(f"{what} not found: {path}")
     try:
         reader = mx.recordio.MXIndexedRecordIO(path_imgidx, path_imgrec, "r")
     except ValueError as err:        # a line of the .idx is not "key<TAB>offset"
-        raise ValueError(f"index file {path_imgidx} is not a RecordIO index ({err})") from None
+        raise UsageError(f"index file {path_imgidx} is not a RecordIO index ({err})") from None
     keys = np.array(sorted(reader.keys), dtype=np.int64)
     if len(keys) == 0:
-        raise ValueError(f"index file {path_imgidx} lists no records")
+        raise UsageError(f"index file {path_imgidx} lists no records")
     last_offset, size = max(reader.idx.values()), os.path.getsize(path_imgrec)
     if last_offset >= size:
-        raise ValueError(f"{path_imgidx} points to offset {last_offset} but {path_imgrec} has only "
+        raise UsageError(f"{path_imgidx} points to offset {last_offset} but {path_imgrec} has only "
                          f"{size} bytes: the .rec is truncated or the .idx belongs to another file")
     if keys[0] != 0:
         return reader, keys, None
@@ -80,12 +82,12 @@ def open_record(path_imgrec, path_imgidx=None):
     label = np.asarray(header.label).reshape(-1)
     start, end = (int(label[0]), int(label[1])) if label.size >= 2 else (-1, -1)
     if label.size < 2 or not 1 <= start <= end or start != label[0] or end != label[1]:
-        raise ValueError(f"{path_imgrec}: header record 0 has label {header.label!r}; "
+        raise UsageError(f"{path_imgrec}: header record 0 has label {header.label!r}; "
                          f"expected (start, end) with 1 <= start <= end")
     image_keys = np.arange(1, start, dtype=np.int64)
     missing = np.setdiff1d(np.arange(1, end, dtype=np.int64), keys, assume_unique=True)
     if missing.size:
-        raise ValueError(f"{path_imgidx}: header record 0 says images are keys [1, {start}) and "
+        raise UsageError(f"{path_imgidx}: header record 0 says images are keys [1, {start}) and "
                          f"identities [{start}, {end}), but {missing.size} of those keys are "
                          f"missing from the index (first: {missing[0]})")
     return reader, image_keys, (start, end)
@@ -121,7 +123,7 @@ class RecordWriter:
         start = self._next_key
         end = start + len(self.ranges)
         if end >= FLOAT32_EXACT_LIMIT:
-            raise ValueError(f"{end} records exceed what float32 RecordIO labels address exactly (2**24)")
+            raise UsageError(f"{end} records exceed what float32 RecordIO labels address exactly (2**24)")
         for key, image_range in enumerate(self.ranges, start=start):
             self._writer.write_idx(key, mx.recordio.pack(mx.recordio.IRHeader(0, image_range, key, 0), b""))
         self._writer.write_idx(0, mx.recordio.pack(mx.recordio.IRHeader(0, (start, end), 0, 0), b""))

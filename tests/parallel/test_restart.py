@@ -1,6 +1,7 @@
 """Test that a job survives lost and hung workers: the step watchdog ends a hung job, and
 `--max-restarts` restarts a failed one from its newest checkpoint until it finishes with
 the same final state as an uninterrupted run."""
+import json
 import os
 import re
 import sys
@@ -10,6 +11,7 @@ import numpy as np
 from conftest import REPO, TINY_TRAIN, WORKERS, per_rank_tail
 from sample_fc.harness import run_bounded, single_thread_env
 from sample_fc.restart import current_hosts, replace_option
+from sample_fc.run_root import read_progress
 from test_train import checkpoint_arrays
 
 STEPS, PERIOD = 60, 10
@@ -28,13 +30,10 @@ def launch(argv, tmp_path, restarts=None, env_extra=None, timeout_s=420):
     return result
 
 
-def losses_by_step(train_log):
-    """{step: loss} from a train.log with frequent=1; a step logged again after a restart keeps
-    its last value (the run that went on from it)."""
-    found = {}
-    for match in re.finditer(r"step (\d+)/\d+ .* loss ([\d.]+)", train_log.read_text()):
-        found[int(match.group(1))] = float(match.group(2))
-    return found
+def losses_by_step(models_root):
+    """{step: loss} from a run's progress records with frequent=1; a step recorded again after a
+    restart keeps its last value (the run that went on from it)."""
+    return {record["step"]: record["loss"] for record in read_progress(str(models_root))}
 
 
 def planned_faults(seed=3):
@@ -81,7 +80,7 @@ def test_soak_restarts_reach_the_uninterrupted_final_state(tiny_data, tmp_path):
     soak_state, straight_state = (checkpoint_arrays(str(tmp_path / run / final), 2) for run in ("soak", "straight"))
     assert sorted(soak_state) == sorted(straight_state)
     assert [k for k in soak_state if not np.array_equal(soak_state[k], straight_state[k])] == []
-    soak_losses, straight_losses = (losses_by_step(tmp_path / run / "train.log") for run in ("soak", "straight"))
+    soak_losses, straight_losses = (losses_by_step(tmp_path / run) for run in ("soak", "straight"))
     assert sorted(soak_losses) == list(range(1, STEPS + 1)) and soak_losses == straight_losses
 
 
@@ -103,10 +102,34 @@ def test_all_ranks_hung_ends_within_the_step_timeout(tiny_data, tmp_path):
 
 
 def test_a_mistake_is_not_restarted(tmp_path):
-    """Test that --max-restarts does not retry a config mistake (exit 2)."""
+    """Test that --max-restarts does not retry a config mistake (exit 2, one line)."""
     result = launch([REPO / "train.py", "--set", "bogus=1"], tmp_path, restarts=3, timeout_s=120)
     assert result.returncode == 2
     assert "not restarted" in result.output and "restart 1/3" not in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_bug_keeps_its_traceback_and_is_retried(tiny_data, tmp_path):
+    """Test that a ValueError that is not a usage mistake (injected in the step) keeps its
+    traceback and exits 1 without restarts, and that --max-restarts retries it from the run's
+    newest checkpoint (found in the run's status.json) to a finished run."""
+    common = [WORKERS / "soak_train.py", "--models-root", tmp_path / "m", *TINY_TRAIN, "--set", f"rec={tiny_data}",
+              "--set", "max_update=12", "--set", "ckpt_period=4"]
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {"SAMPLE_FC_FAULTS": "value_error:6:1", "SAMPLE_FC_FAULT_DIR": str(markers)}
+    once = launch(common, tmp_path, env_extra=env, timeout_s=240)
+    assert once.returncode == 1, per_rank_tail(once.output)
+    assert "Traceback" in once.output and "ValueError: injected bug on rank 1 at update 6" in once.output
+    status = json.loads((tmp_path / "m" / "status.json").read_text())
+    assert status["state"] != "done" and status["checkpoint_step"] == 4, status     # killed or failed
+    (markers / "value_error-6").unlink()
+    retried = launch([*common[:2], tmp_path / "r", *common[3:]], tmp_path, restarts=2, env_extra=env)
+    assert retried.returncode == 0, per_rank_tail(retried.output)
+    assert "Traceback" in retried.output
+    assert re.search(r"\[restart\] restart 1/2 after exit code 1.*; resuming from step 4 in ", retried.output)
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert (status["state"], status["step"], status["checkpoint_step"]) == ("done", 12, 12), status
 
 
 def test_restart_keeps_the_reachable_hosts():

@@ -10,6 +10,7 @@ import numpy as np
 
 from conftest import REPO, per_rank_tail, run_train
 from sample_fc.checkpoint import list_checkpoints, model_prefix
+from sample_fc.run_root import read_progress, read_status
 from sample_fc.harness import single_thread_env
 from sample_fc.memory_bank import read_shard
 
@@ -43,8 +44,9 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     root = tmp_path / "run"
     result = train(root, tiny_data, "--set", "max_update=32", "--set", "ckpt_period=8",
                    "--set", "ckpt_keep=2", "--set", "verify_period=16", "--set", "tensorboard=true")
-    losses = [float(x) for x in re.findall(r"step \d+/32 .* loss ([\d.]+)", result.stdout)]
-    assert len(losses) == 8, per_rank_tail(result.stdout)
+    progress = read_progress(str(root))
+    assert [r["step"] for r in progress] == list(range(4, 33, 4)), per_rank_tail(result.stdout)
+    losses = [r["loss"] for r in progress]
     assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 1.0, losses
     assert [s for s, _ in list_checkpoints(root)] == [24, 32]
     symbol, arg_params, _ = mx.model.load_checkpoint(str(root / "step-00000032" / "model"), 32)
@@ -56,6 +58,9 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     # reproduces the number of the final model exactly
     trained = re.findall(r"step (16|32)  (demo_val: accuracy .*)", result.stdout)
     assert [step for step, _ in trained] == ["16", "32"], per_rank_tail(result.stdout)
+    status = read_status(str(root))
+    assert (status["state"], status["step"], status["verification"]["step"]) == ("done", 32, 32), status
+    assert f"accuracy {status['verification']['accuracy']['demo_val']:.4f}" in trained[-1][1]
     bin_path = os.path.join(os.path.dirname(tiny_data), "demo_val.bin")
     verify = subprocess.run([sys.executable, "-m", "sample_fc.tools.verify", "--model", str(root),
                              "--bin", bin_path], capture_output=True, text=True, timeout=120,

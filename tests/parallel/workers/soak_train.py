@@ -5,6 +5,7 @@
 sigkill:STEP:RANK   SIGKILL rank RANK at update STEP
 kill_in_save:STEP:RANK   SIGKILL rank RANK right after it writes its bank shard of checkpoint STEP
 hang_all:STEP   every rank sleeps at update STEP, outside any collective (the step watchdog ends it)
+value_error:STEP:RANK   rank RANK raises a ValueError at update STEP (a bug, not a usage mistake)
 A fault fires once: a marker file in DIR (per rank for hang_all) remembers it across restarts.
 """
 import os
@@ -41,6 +42,9 @@ def faulty_forward(self, data_batch):
         if kind == "sigkill" and rank == int(on_rank[0]) and fire_once(f"sigkill-{at}"):
             print(f"INJECTING sigkill on rank {rank} at update {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "value_error" and rank == int(on_rank[0]) and fire_once(f"value_error-{at}"):
+            print(f"INJECTING value_error on rank {rank} at update {step}", flush=True)
+            raise ValueError(f"injected bug on rank {rank} at update {step}")
         if kind == "hang_all" and fire_once(f"hang_all-{at}-rank{rank}"):
             print(f"INJECTING hang on rank {rank} at update {step}", flush=True)
             time.sleep(3600)

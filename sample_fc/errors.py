@@ -1,0 +1,18 @@
+"""The one error type for a mistake the user can fix, and how it is reported.
+
+A check that knows the input is wrong (the config, the data, a checkpoint, the world size, the
+models root) raises UsageError with a message naming the bad value and the way out; train.py
+prints ERROR_PREFIX + the message once and exits with USAGE_EXIT, and the restart supervisor
+does not retry it. Any other exception is a failure of the run or a bug: it keeps its
+traceback and exits with FAILURE_EXIT, which the supervisor may retry.
+"""
+ERROR_PREFIX = "train.py: error: "
+USAGE_EXIT, FAILURE_EXIT = 2, 1
+
+
+class UsageError(ValueError):
+    """A mistake in what the user gave: config, data, checkpoint, world size or models root."""
+
+
+class MissingFileError(UsageError, FileNotFoundError):
+    """A file or directory the user named does not exist (a UsageError and a FileNotFoundError)."""
