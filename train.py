@@ -128,7 +128,8 @@ def build_config(args):
     resumed = resume.saved_config(args.resume, continued_run(args.resume)) if args.resume else None
     cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed, note=say)
     if cfg.dataset == "demo" and cfg.rec == default.get_config("demo").rec:
-        ensure_demo(os.path.dirname(cfg.rec), log=say)       # ranks and jobs wait on its lock
+        ensure_demo(os.path.dirname(cfg.rec),                # ranks and jobs wait on its lock; the
+                    log=lambda line: print(f"train.py: {line}", file=sys.stderr, flush=True))  # builder says so
     if not args.resume:
         explicit = {text.split("=", 1)[0].strip() for text in default.renamed_overrides(args.overrides)}
         for note in builder.fill_from_property(cfg, explicit):
@@ -215,7 +216,7 @@ def train(cfg, args):
     # every rank checks the models root, config, data and checkpoint before anything is written
     run = on_every_rank(lambda: builder.open_run(
         cfg, models_root, args.resume, args.pretrained, rank, world, dist.local_rank(), logger,
-        continued_run(args.resume), args.start_over, token), "setup.problems")
+        continued_run(args.resume), args.start_over, token, dist.local_size()), "setup.problems")
     lock, moved = on_every_rank(lambda: take_root(models_root, args.start_over, token) if rank == 0 else
                                 (None, None), "setup.root")      # rank 0 owns the root from here
     run_id = dist.allgather_object(run.run_id, "setup.run_id")[0]
@@ -225,6 +226,7 @@ def train(cfg, args):
         start_run(cfg, models_root, run, run_id, world, logger)
         if moved:
             logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
+        logger.info("memory plan: %s", run.plan.summary())
     module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, logger, run.pretrained)
     if run.resume_from:
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,

@@ -3,6 +3,7 @@
 Every function takes the config (default.py's keys) and explicit rank/context arguments;
 nothing here reads default.py or the command line.
 """
+import dataclasses
 import logging
 import os
 import sys
@@ -13,7 +14,7 @@ import numpy as np
 
 import symbols
 
-from . import checkpoint, resume, run_root
+from . import checkpoint, memory_plan, resume, run_root
 from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
@@ -159,13 +160,42 @@ def tensorboard_writer(cfg, rank, models_root):
     return SummaryWriter(os.path.join(models_root, "tensorboard"))
 
 
+def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
+    """(host memory plan, GPU memory plan or None) of one worker (memory_plan.plan): on a CPU
+    run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
+    sampler's and the head's memory where the bank is."""
+    params, activations = memory_plan.backbone_sizes(symbol, cfg.image_size)
+    host_kernel = cfg.head_kernel == "host" or (cfg.head_kernel == "auto" and not (on_gpu and bank_on_gpu))
+    whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, cfg.sample_ratio,
+                             4, params, activations, host_kernel, threads)
+    if not on_gpu:
+        return whole, None
+    if bank_on_gpu:
+        return (dataclasses.replace(whole, bank=0, sampler=0, head=0, backbone=0),
+                dataclasses.replace(whole, runtime=0))
+    return dataclasses.replace(whole, backbone=0), dataclasses.replace(whole, bank=0, sampler=0, head=0, runtime=0)
+
+
+def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size):
+    """UsageError when this worker's plan does not fit what its node has: host memory
+    (MemAvailable, shared by the node's workers), and on GPUs its device's free memory."""
+    host, device = run_plan(cfg, world, symbol, ctx.device_type == "gpu", bank_ctx.device_type == "gpu",
+                            memory_plan.local_cpu_threads(local_size))
+    memory_plan.check_fits(host, memory_plan.meminfo_available(), local_size, "host memory")
+    if device is not None:
+        memory_plan.check_fits(device, mx.context.gpu_memory_info(ctx.device_id)[0], 1,
+                               f"GPU {ctx.device_id} memory")
+    return host, device
+
+
 def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank, logger,
-             continued_run=None, start_over=False, lock_token=""):
+             continued_run=None, start_over=False, lock_token="", local_size=1):
     """Everything of a run that can be checked before anything is written (no collectives,
     no writes): UsageError naming the problem. The models root must not be in use by another
     job (rank 0 checks its lock), and a fresh start must not overwrite a run's checkpoints
     unless `start_over`; a resume takes only checkpoints of `continued_run` (a run id; None:
-    any). Returns a namespace of models_root, resume_from (a checkpoint or None), run_id (the
+    any); the run's memory plan must fit this node (check_memory, before anything is
+    allocated). Returns a namespace of models_root, resume_from (a checkpoint or None), run_id (the
     continued run's, else a new one), pretrained ((arg, aux) params or None), train_iter,
     symbol, targets, ctx, bank_ctx."""
     if os.path.exists(models_root) and not os.path.isdir(models_root):
@@ -177,6 +207,7 @@ def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank,
     check_world(cfg, world)
     ctx, bank_ctx = resolve_contexts(cfg, local_rank)
     symbol = build_symbol(cfg)
+    plan, _ = check_memory(cfg, world, symbol, ctx, bank_ctx, local_size)
     warn = logger.warning if rank == 0 else (lambda message: None)
     resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn, continued_run) \
         if resume_path else (None, {})
@@ -188,7 +219,7 @@ def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank,
                          "one: give one of them")
     weights = load_pretrained(pretrained, symbol, cfg.image_size, cfg.network) if pretrained else None
     return SimpleNamespace(models_root=models_root, resume_from=resume_from, run_id=run_id, pretrained=weights,
-                           symbol=symbol,
+                           symbol=symbol, plan=plan,
                            train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
                            targets=load_targets(cfg, logger))
 

@@ -113,7 +113,6 @@ class DeviceHead(Head):
 
     def forward_backward(self, embeddings, target, index, total_rows, margin):
         with self.stage("gather_rows"):    # 4. read the sampled rows of the bank
-            index = self.bank.index_array(index)
             weight_rows, momentum_rows = self.bank.get(index)
         target = mx.nd.array(target, ctx=self.bank.ctx, dtype="int64")
         loss, grad_embeddings, grad_weight_rows = head_forward_backward(

@@ -70,7 +70,7 @@ class HostHead(Head):
         if bank.ctx.device_type != "cpu" or np.dtype(bank.dtype) != np.float32:
             raise ValueError(f"HostHead needs a float32 bank on the CPU, got {bank.dtype} on {bank.ctx}")
         super().__init__(bank, optimizer, allreduce_max=allreduce_max, allreduce_sum=allreduce_sum, stage=stage)
-        self.weight, self.momentum = host_view(bank.weight), host_view(bank.momentum)
+        self.weights, self.momenta = [host_view(w) for w in bank.weights], [host_view(m) for m in bank.momenta]
         self.workspace = Workspace()
         self.threads, self.pool = threads, None
         self.numpy_blas = numpy_blas() if threads > 1 else None
@@ -78,13 +78,14 @@ class HostHead(Head):
     def forward_backward(self, embeddings, target, index, total_rows, margin):
         stage = self.stage
         x = embeddings.asnumpy()
-        self.bank.weight.wait_to_read()      # MXNet writes to the bank (a load) must have landed
-        self.bank.momentum.wait_to_read()
+        for block in self.bank.weights + self.bank.momenta:
+            block.wait_to_read()             # MXNet writes to the bank (a load) must have landed
         self._check_index(index)
-        whole_shard = len(index) == len(self.weight)         # sorted and distinct: every row, in order
+        # sorted and distinct, every row of a one-block shard: the bank itself, in order
+        whole_shard = len(index) == self.bank.num_local and len(self.weights) == 1
         with stage("gather_rows"):   # 4. the sampled rows (momentum rows are read in `update`)
-            rows = self.weight if whole_shard else np.take(
-                self.weight, index, axis=0, mode="clip", out=self.workspace.get("rows", (len(index), x.shape[1])))
+            rows = self.weights[0] if whole_shard else self._take(
+                self.weights, index, self.workspace.get("rows", (len(index), x.shape[1])))
         with stage("logits"):        # 5. cosine = x_hat . w_hat^T, scaled by 1/|w| on B x K
             x_norms = np.sqrt(np.einsum("ij,ij->i", x, x)) + NORM_EPS
             x_hat = x / x_norms[:, None]
@@ -151,12 +152,12 @@ class HostHead(Head):
                 weight, n = rows[lo:hi], hi - lo
                 step = np.dot(grad[:, lo:hi].T, x_factor, out=step_buffer[:n])
                 step += np.multiply(weight, row_factor[lo:hi, None], out=scaled_buffer[:n])
-                mom = self.momentum[lo:hi] if whole_shard else np.take(
-                    self.momentum, index[lo:hi], axis=0, mode="clip", out=momentum_buffer[:n])
+                mom = self.momenta[0][lo:hi] if whole_shard else self._take(
+                    self.momenta, index[lo:hi], momentum_buffer[:n])
                 opt.apply(weight, mom, step, weight_scale, scratch=scaled_buffer[:n])
                 if not whole_shard:
-                    self.weight[index[lo:hi]] = weight
-                    self.momentum[index[lo:hi]] = mom
+                    self._put(self.weights, index[lo:hi], weight)
+                    self._put(self.momenta, index[lo:hi], mom)
 
         if threads == 1:
             update_blocks(0)
@@ -170,11 +171,22 @@ class HostHead(Head):
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="host_head")
         return self.pool
 
+    def _take(self, blocks, index, out):
+        """out = rows `index` (sorted) of the shard whose row blocks are `blocks`."""
+        for block, positions, rows in self.bank.block_slices(index):
+            np.take(blocks[block], rows, axis=0, mode="clip", out=out[positions])
+        return out
+
+    def _put(self, blocks, index, values):
+        """Rows `index` (sorted) of the shard whose row blocks are `blocks` = values."""
+        for block, positions, rows in self.bank.block_slices(index):
+            blocks[block][rows] = values[positions]
+
     def _check_index(self, index):
         """np.take(mode='clip') would clamp a bad index silently: check it once here."""
-        if len(index) and (index[0] < 0 or index[-1] >= len(self.weight)
+        if len(index) and (index[0] < 0 or index[-1] >= self.bank.num_local
                            or np.any(np.diff(index) <= 0)):
-            raise ValueError(f"sampled index must be sorted distinct rows in [0, {len(self.weight)}), "
+            raise ValueError(f"sampled index must be sorted distinct rows in [0, {self.bank.num_local}), "
                              f"got {len(index)} values from {index[0]} to {index[-1]}")
 
 

@@ -1,21 +1,21 @@
 """MemoryBank: one rank's shard of class centers and their momentum, on any context.
 
 Rows are read and written by index (only the sampled rows of a step); the arrays live on
-`ctx`, mx.cpu() or mx.gpu(i), with the same code for both.
+`ctx`, mx.cpu() or mx.gpu(i), with the same code for both. A shard is stored as row blocks,
+each at most MAX_BLOCK_ELEMENTS numbers (the PyPI MXNet build holds fewer than 2^31 elements
+in one NDArray), so a shard of any size works; a shard that fits one block is one NDArray
+of weights and one of momentum, as it always was. Saving and loading: bank_shard.py.
 """
 import ctypes
 
 import mxnet as mx
 import numpy as np
 
-from .errors import UsageError
 from .sampler import shard_range
 
+MAX_BLOCK_ELEMENTS = 2 ** 31 - 1   # MXNet's tensor limit without USE_INT64_TENSOR_SIZE (tests lower it)
 INIT_BLOCK = 4096          # classes per independently seeded block of the initial weights
 INIT_STD = 0.01
-FORMAT_VERSION = 1
-META_FIELDS = ("version", "num_classes", "world_size", "rank", "class_start", "num_local",
-               "embedding_size")
 
 
 def host_view(array):
@@ -31,13 +31,18 @@ def host_view(array):
     return np.frombuffer(buffer, dtype=dtype).reshape(array.shape)
 
 
+def rows_per_block(embedding_size):
+    """The most rows of `embedding_size` numbers one block holds."""
+    return max(1, MAX_BLOCK_ELEMENTS // embedding_size)
+
+
 def fill_initial_centers(dest, class_start, seed):
     """Fill dest (num_local x D, NDArray or NumPy) with N(0, INIT_STD) centers.
 
     Generated in fixed blocks of classes, each seeded by (seed, block), so a class's
-    initial center does not depend on how the classes are split across ranks; written
-    block by block so no second full-size copy is ever held. A NumPy destination (a CPU
-    bank's host view) gets whole blocks generated in place.
+    initial center does not depend on how the classes are split across ranks or row blocks;
+    written block by block so no second full-size copy is ever held. A NumPy destination (a
+    CPU bank's host view) gets whole blocks generated in place.
     """
     num_local, embedding_size = dest.shape
     stop = class_start + num_local
@@ -58,7 +63,8 @@ def fill_initial_centers(dest, class_start, seed):
 
 
 class MemoryBank:
-    """Class centers [class_start, class_start + num_local) and their momentum on `ctx`."""
+    """Class centers [class_start, class_start + num_local) and their momentum on `ctx`, in
+    row blocks: block b holds local rows [starts[b], starts[b] + len(weights[b]))."""
 
     def __init__(self, num_local, embedding_size, ctx, *, class_start=0, num_classes=None, rank=0,
                  world_size=1, seed=0, dtype="float32"):
@@ -68,88 +74,77 @@ class MemoryBank:
         self.class_start, self.ctx, self.dtype = class_start, ctx, dtype
         self.num_classes = num_classes if num_classes is not None else num_local
         self.rank, self.world_size = rank, world_size
-        self.weight = mx.nd.empty((num_local, embedding_size), ctx=ctx, dtype=dtype)
-        fill_initial_centers(host_view(self.weight) if ctx.device_type == "cpu" else self.weight,
-                             class_start, seed)
-        self.momentum = mx.nd.zeros((num_local, embedding_size), ctx=ctx, dtype=dtype)
+        step = rows_per_block(embedding_size)
+        self.starts = list(range(0, num_local, step))
+        self.weights, self.momenta = [], []
+        for start in self.starts:
+            rows = min(step, num_local - start)
+            weight = mx.nd.empty((rows, embedding_size), ctx=ctx, dtype=dtype)
+            fill_initial_centers(host_view(weight) if ctx.device_type == "cpu" else weight,
+                                 class_start + start, seed)
+            self.weights.append(weight)
+            self.momenta.append(mx.nd.zeros((rows, embedding_size), ctx=ctx, dtype=dtype))
 
     @classmethod
-    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0):
+    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0, dtype="float32"):
         """The bank of `rank` in a balanced split of `num_classes` over `world_size` ranks."""
         class_start, num_local = shard_range(num_classes, rank, world_size)
         return cls(num_local, embedding_size, ctx, class_start=class_start, num_classes=num_classes,
-                   rank=rank, world_size=world_size, seed=seed)
+                   rank=rank, world_size=world_size, seed=seed, dtype=dtype)
+
+    # ---- the whole shard (one block), and copies of any shard -----------------------------
+    @property
+    def weight(self):
+        """The shard's weights as one NDArray (a shard of one block)."""
+        return self._only(self.weights)
+
+    @property
+    def momentum(self):
+        """The shard's momentum as one NDArray (a shard of one block)."""
+        return self._only(self.momenta)
+
+    def _only(self, blocks):
+        if len(blocks) != 1:
+            raise ValueError(f"this shard has {len(blocks)} row blocks; use the blocks or to_numpy()")
+        return blocks[0]
+
+    def to_numpy(self):
+        """(weight, momentum) of the whole shard as NumPy copies (tests and tools)."""
+        return (np.concatenate([w.asnumpy() for w in self.weights]),
+                np.concatenate([m.asnumpy() for m in self.momenta]))
+
+    # ---- rows by index ---------------------------------------------------------------------
+    def block_slices(self, index):
+        """[(block, positions lo:hi in index, rows local to the block)] for a sorted index."""
+        bounds = np.searchsorted(index, self.starts[1:] + [self.num_local])
+        found, lo = [], 0
+        for block, hi in enumerate(bounds):
+            if hi > lo:
+                found.append((block, slice(lo, hi), np.asarray(index[lo:hi]) - self.starts[block]))
+            lo = hi
+        return found
 
     def index_array(self, index):
         return mx.nd.array(index, ctx=self.ctx, dtype="int64")
 
     def get(self, index):
-        """(weight rows, momentum rows) for an int64 index (NumPy or NDArray), as copies."""
-        index = index if isinstance(index, mx.nd.NDArray) else self.index_array(index)
-        return mx.nd.take(self.weight, index), mx.nd.take(self.momentum, index)
+        """(weight rows, momentum rows) for a sorted int64 index (NumPy), as copies."""
+        index = np.asarray(index)
+        if len(self.weights) == 1:
+            where = self.index_array(index)
+            return mx.nd.take(self.weights[0], where), mx.nd.take(self.momenta[0], where)
+        parts = [(mx.nd.take(self.weights[b], self.index_array(rows)), mx.nd.take(self.momenta[b], self.index_array(rows)))
+                 for b, _, rows in self.block_slices(index)]
+        return (mx.nd.concat(*[w for w, _ in parts], dim=0), mx.nd.concat(*[m for _, m in parts], dim=0))
 
     def set(self, index, weight, momentum):
-        """Write rows `index` of weight and momentum; other rows are untouched."""
-        index = index if isinstance(index, mx.nd.NDArray) else self.index_array(index)
-        self.weight[index] = weight
-        self.momentum[index] = momentum
+        """Write rows `index` (sorted, NumPy) of weight and momentum; other rows are untouched."""
+        for b, positions, rows in self.block_slices(np.asarray(index)):
+            where = self.index_array(rows)
+            self.weights[b][where] = weight[positions.start:positions.stop]
+            self.momenta[b][where] = momentum[positions.start:positions.stop]
 
-    # ---- persistence -----------------------------------------------------------------
     def metadata(self):
-        return {"version": FORMAT_VERSION, "num_classes": self.num_classes,
-                "world_size": self.world_size, "rank": self.rank, "class_start": self.class_start,
-                "num_local": self.num_local, "embedding_size": self.embedding_size}
-
-    def save(self, path):
-        """Write weight, momentum and metadata to one file (MXNet NDArray format)."""
-        meta = mx.nd.array([self.metadata()[k] for k in META_FIELDS], dtype="int64")
-        mx.nd.save(path, {"weight": self.weight, "momentum": self.momentum, "meta": meta})
-
-    def load(self, path):
-        """Restore weight and momentum from `path`; its shard must be exactly this bank's."""
-        saved_meta, weight, momentum = read_shard(path)
-        mine = self.metadata()
-        for key in ("num_classes", "class_start", "num_local", "embedding_size"):
-            if saved_meta[key] != mine[key]:
-                raise UsageError(f"bank checkpoint {path} has {key}={saved_meta[key]}, this bank "
-                                 f"expects {key}={mine[key]} (world size {self.world_size}, "
-                                 f"rank {self.rank}); a different world size needs resharding")
-        self.weight[:] = weight.as_in_context(self.ctx)
-        self.momentum[:] = momentum.as_in_context(self.ctx)
-
-    def load_resharded(self, paths):
-        """Fill this bank from the shards of a run with any world size (`paths`, one per
-        old rank): every class's center and momentum row lands in its new place."""
-        stop = self.class_start + self.num_local
-        covered = 0
-        for path in paths:
-            meta, weight, momentum = read_shard(path)
-            if (meta["num_classes"], meta["embedding_size"]) != (self.num_classes, self.embedding_size):
-                raise UsageError(f"bank checkpoint {path} has num_classes={meta['num_classes']}, "
-                                 f"embedding_size={meta['embedding_size']}; this run expects "
-                                 f"num_classes={self.num_classes}, embedding_size={self.embedding_size}")
-            old_start, old_stop = meta["class_start"], meta["class_start"] + meta["num_local"]
-            lo, hi = max(old_start, self.class_start), min(old_stop, stop)
-            if lo >= hi:
-                continue
-            rows = slice(lo - self.class_start, hi - self.class_start)
-            self.weight[rows] = weight[lo - old_start:hi - old_start].as_in_context(self.ctx)
-            self.momentum[rows] = momentum[lo - old_start:hi - old_start].as_in_context(self.ctx)
-            covered += hi - lo
-        if covered != self.num_local:
-            raise UsageError(f"the shards {paths} cover {covered} of this rank's {self.num_local} "
-                             f"classes [{self.class_start}, {stop}); a shard is missing or overlaps")
-
-
-def read_shard(path):
-    """(metadata dict, weight, momentum) of a saved bank shard, on the CPU."""
-    try:
-        saved = mx.nd.load(path)
-    except mx.base.MXNetError as error:
-        raise UsageError(f"cannot read bank checkpoint {path}: {error}") from None
-    if not isinstance(saved, dict) or set(saved) != {"weight", "momentum", "meta"}:
-        raise UsageError(f"{path} is not a sample_fc bank shard (keys weight, momentum, meta)")
-    meta = dict(zip(META_FIELDS, (int(v) for v in saved["meta"].asnumpy())))
-    if meta["version"] != FORMAT_VERSION:
-        raise UsageError(f"{path}: bank format version {meta['version']}, expected {FORMAT_VERSION}")
-    return meta, saved["weight"], saved["momentum"]
+        return {"num_classes": self.num_classes, "world_size": self.world_size, "rank": self.rank,
+                "class_start": self.class_start, "num_local": self.num_local,
+                "embedding_size": self.embedding_size, "dtype": np.dtype(self.dtype).name}

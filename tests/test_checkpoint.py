@@ -144,7 +144,7 @@ def test_save_writes_the_documented_layout(saved):
     assert checkpoint == os.path.join(models_root, "step-00000002")
     assert os.listdir(models_root) == ["step-00000002"]
     assert sorted(os.listdir(checkpoint)) == sorted([
-        "model-symbol.json", "model-0002.params", "optimizer.params", "bank-rank0.params", "aux-rank0.params",
+        "model-symbol.json", "model-0002.params", "optimizer.params", "bank-rank0.json", "bank-rank0.weight.npy", "bank-rank0.momentum.npy", "aux-rank0.params",
         "rank0.json", "state.json", "COMPLETE"])
     assert read_state(checkpoint) == dict(train_state(), step=2)
     with open(os.path.join(checkpoint, "COMPLETE")) as handle:

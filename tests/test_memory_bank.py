@@ -1,9 +1,28 @@
-"""Tests for sample_fc.memory_bank: rows by index, persistence with metadata, split-free init."""
+"""Tests for sample_fc.memory_bank and bank_shard: rows by index, row blocks (several blocks
+behave bit for bit as one), persistence with metadata, split-free init, re-splitting."""
 import mxnet as mx
 import numpy as np
 import pytest
 
-from sample_fc.memory_bank import MemoryBank, fill_initial_centers, read_shard
+from sample_fc import memory_bank
+from sample_fc.bank_shard import read_shard, restore_resharded, restore_shard, write_shard
+from sample_fc.checkpoint import bank_shard_files
+from sample_fc.errors import UsageError
+from sample_fc.head import DeviceHead
+from sample_fc.host_head import HostHead
+from sample_fc.margin import CombinedMargin
+from sample_fc.memory_bank import MemoryBank, fill_initial_centers
+from sample_fc.optimizers import MemoryBankSGDOptimizer
+
+
+def _identity(array, name):
+    return array
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 7 rows of 8 numbers (the real limit is 2^31 - 1 numbers)."""
+    monkeypatch.setattr(memory_bank, "MAX_BLOCK_ELEMENTS", 7 * 8 + 3)
 
 
 def test_get_set_touch_only_the_given_rows():
@@ -34,19 +53,102 @@ def test_initial_centers_do_not_depend_on_the_split():
     assert not np.array_equal(whole, fill_initial_centers(np.empty((classes, 8), np.float32), 0, 4))
 
 
+def test_several_blocks_hold_and_move_rows_as_one(small_blocks):
+    """Test that a shard of 50 rows in blocks of 7 (the last one short) starts with the one-block
+    shard's centers, and that get/set on an index crossing every block read and write the same
+    rows, bit for bit; the whole-shard accessors refuse a shard of several blocks."""
+    blocked = MemoryBank.for_rank(101, 1, 2, 8, mx.cpu(), seed=5)
+    assert [len(w) for w in blocked.weights] == [7] * 7 + [1] and blocked.starts[-1] == 49
+    memory_bank.MAX_BLOCK_ELEMENTS = 2 ** 31 - 1
+    one = MemoryBank.for_rank(101, 1, 2, 8, mx.cpu(), seed=5)
+    np.testing.assert_array_equal(blocked.to_numpy()[0], one.weight.asnumpy())
+    index = np.array([0, 6, 7, 13, 14, 30, 48, 49])
+    for bank in (blocked, one):
+        weight, momentum = bank.get(index)
+        bank.set(index, weight * 3.0 + 1.0, momentum - weight)
+    for mine, theirs in zip(blocked.to_numpy(), (one.weight.asnumpy(), one.momentum.asnumpy())):
+        np.testing.assert_array_equal(mine, theirs)
+    with pytest.raises(ValueError, match="8 row blocks"):
+        blocked.weight
+
+
+@pytest.mark.parametrize("kernel", ["host", "device"])
+def test_a_head_step_on_several_blocks_equals_one_block(small_blocks, kernel):
+    """Test that a head step and bank update (either kernel) on a shard of several blocks give
+    the same loss, gradient, weights and momentum as on one block, bit for bit, at a sample
+    crossing the blocks."""
+    results = []
+    for limit in (7 * 8 + 3, 2 ** 31 - 1):
+        memory_bank.MAX_BLOCK_ELEMENTS = limit
+        bank = MemoryBank(40, 8, mx.cpu(), seed=2)
+        optimizer = MemoryBankSGDOptimizer(lambda step: 0.5, momentum=0.9, wd=0.01, momentum_form="pytorch")
+        head = (HostHead if kernel == "host" else DeviceHead)(bank, optimizer, allreduce_max=_identity,
+                                                              allreduce_sum=_identity)
+        embeddings = mx.nd.array(np.random.default_rng(1).standard_normal((5, 8)))
+        index = np.array([1, 6, 7, 8, 20, 27, 33, 39])
+        for step in (1, 2):
+            loss, grad = head.forward_backward(embeddings, np.array([0, 3, -1, 7, 4]), index, 5,
+                                               CombinedMargin(1.0, 0.5, 0.0, 8.0))
+            head.update(step)
+        results.append((loss.asnumpy(), grad.asnumpy()) + bank.to_numpy())
+    for blocked, one in zip(*results):
+        np.testing.assert_array_equal(blocked, one)
+
+
 def test_save_load_round_trip_and_metadata(tmp_path):
-    """Test that save/load restores weight and momentum and records the shard's metadata."""
+    """Test that a shard written and restored keeps weight and momentum and records its metadata."""
     bank = MemoryBank.for_rank(101, 1, 2, 6, mx.cpu(), seed=0)
     bank.set(np.array([0, 7]), mx.nd.ones((2, 6)), mx.nd.full((2, 6), 3.0))
-    path = str(tmp_path / "bank.params")
-    bank.save(path)
-    meta, _, _ = read_shard(path)
-    assert meta == {"version": 1, "num_classes": 101, "world_size": 2, "rank": 1,
-                    "class_start": 51, "num_local": 50, "embedding_size": 6}
+    files = bank_shard_files(str(tmp_path), 1)
+    write_shard(bank, files)
+    meta, weight, _ = read_shard(files)
+    assert meta == {"version": 2, "num_classes": 101, "world_size": 2, "rank": 1, "class_start": 51,
+                    "num_local": 50, "embedding_size": 6, "dtype": "float32"}
+    assert not isinstance(weight, np.ndarray)             # read when asked for, not loaded whole
+    np.testing.assert_array_equal(np.asarray(weight[7:9]), bank.weight.asnumpy()[7:9])
     other = MemoryBank.for_rank(101, 1, 2, 6, mx.cpu(), seed=9)
-    other.load(path)
+    restore_shard(other, files)
     np.testing.assert_array_equal(other.weight.asnumpy(), bank.weight.asnumpy())
     np.testing.assert_array_equal(other.momentum.asnumpy(), bank.momentum.asnumpy())
+
+
+def test_blocks_save_restore_and_resplit_bit_equal(small_blocks, tmp_path, monkeypatch):
+    """Test that shards written from several blocks restore into one block and back, and that
+    3 saved shards re-split onto 2 ranks (CHUNK_ROWS small: copies cross blocks and chunks) give
+    every class its row, bit for bit."""
+    import sample_fc.bank_shard as bank_shard
+    monkeypatch.setattr(bank_shard, "CHUNK_ROWS", 5)
+    saved = []
+    for rank in range(3):
+        bank = MemoryBank.for_rank(100, rank, 3, 8, mx.cpu(), seed=4)
+        bank.set(np.arange(0, bank.num_local, 3), *(a * 2.0 for a in bank.get(np.arange(0, bank.num_local, 3))))
+        files = bank_shard_files(str(tmp_path), rank)
+        write_shard(bank, files)
+        saved.append((files, bank.to_numpy()))
+    whole = [np.concatenate([s[1][k] for s in saved]) for k in (0, 1)]
+    for limit in (7 * 8 + 3, 2 ** 31 - 1):
+        memory_bank.MAX_BLOCK_ELEMENTS = limit
+        same = MemoryBank.for_rank(100, 1, 3, 8, mx.cpu(), seed=0)
+        restore_shard(same, saved[1][0])
+        for mine, want in zip(same.to_numpy(), saved[1][1]):
+            np.testing.assert_array_equal(mine, want)
+        halves = [MemoryBank.for_rank(100, r, 2, 8, mx.cpu(), seed=0) for r in range(2)]
+        for half in halves:
+            restore_resharded(half, [files for files, _ in saved])
+        for k in (0, 1):
+            np.testing.assert_array_equal(np.concatenate([h.to_numpy()[k] for h in halves]), whole[k])
+
+
+def test_a_shard_saved_in_format_1_still_restores(tmp_path):
+    """Test that a bank shard of a run saved before format 2 (one MXNet file) restores."""
+    bank = MemoryBank.for_rank(30, 0, 1, 4, mx.cpu(), seed=1)
+    files = bank_shard_files(str(tmp_path), 0)
+    meta = mx.nd.array([1, 30, 1, 0, 0, 30, 4], dtype="int64")
+    mx.nd.save(files["legacy"], {"weight": bank.weight * 2, "momentum": bank.weight - 1, "meta": meta})
+    other = MemoryBank.for_rank(30, 0, 1, 4, mx.cpu(), seed=7)
+    restore_shard(other, files)
+    np.testing.assert_array_equal(other.weight.asnumpy(), (bank.weight * 2).asnumpy())
+    np.testing.assert_array_equal(other.momentum.asnumpy(), (bank.weight - 1).asnumpy())
 
 
 @pytest.mark.parametrize("change, message", [
@@ -55,17 +157,27 @@ def test_save_load_round_trip_and_metadata(tmp_path):
     (dict(world_size=3), "class_start=51"),
 ])
 def test_load_mismatch_is_a_clear_error(tmp_path, change, message):
-    """Test that loading a shard saved for another setup names the mismatching field."""
+    """Test that restoring a shard saved for another setup names the mismatching field."""
     spec = dict(num_classes=101, rank=1, world_size=2, embedding_size=6)
-    MemoryBank.for_rank(ctx=mx.cpu(), **spec).save(str(tmp_path / "bank.params"))
+    files = bank_shard_files(str(tmp_path), 1)
+    write_shard(MemoryBank.for_rank(ctx=mx.cpu(), **spec), files)
     spec.update(change)
-    with pytest.raises(ValueError, match=message):
-        MemoryBank.for_rank(ctx=mx.cpu(), **spec).load(str(tmp_path / "bank.params"))
+    with pytest.raises(UsageError, match=message):
+        restore_shard(MemoryBank.for_rank(ctx=mx.cpu(), **spec), files)
 
 
 def test_unreadable_file_is_a_clear_error(tmp_path):
-    """Test that a file that is not a bank shard is refused with its path in the message."""
-    path = tmp_path / "junk.params"
-    path.write_bytes(b"not an ndarray file")
-    with pytest.raises(ValueError, match="junk.params"):
-        read_shard(str(path))
+    """Test that files that are not a bank shard are refused with the path in the message."""
+    files = bank_shard_files(str(tmp_path), 0)
+    open(files["meta"], "w").write("{}")
+    for key in ("weight", "momentum"):
+        open(files[key], "wb").write(b"not an array file")
+    with pytest.raises(UsageError, match="bank-rank0"):
+        read_shard(files)
+    with pytest.raises(UsageError, match="bank shard .*bank-rank1.json not found"):
+        read_shard(bank_shard_files(str(tmp_path), 1))
+    write_shard(MemoryBank(20, 4, mx.cpu()), files)
+    data = open(files["momentum"], "rb").read()
+    open(files["momentum"], "wb").write(data[:-16])                     # a truncated copy
+    with pytest.raises(UsageError, match=r"bank-rank0.json.*shorter than its \(20, 4\) rows"):
+        read_shard(files)

@@ -5,7 +5,10 @@ One checkpoint, `<models_root>/step-00000300/`:
     model-symbol.json, model-0300.params   backbone, loadable by mx.model.load_checkpoint
     optimizer.params                        backbone optimizer state (momentum), MXNet's
                                             NDArray format: restoring never unpickles
-    bank-rank<r>.params                     every rank's bank shard (weight, momentum, metadata)
+    bank-rank<r>.json, bank-rank<r>.weight.npy, bank-rank<r>.momentum.npy
+                                            every rank's bank shard (bank_shard.py: its metadata,
+                                            weight and momentum rows; runs saved before wrote one
+                                            MXNet file bank-rank<r>.params, still read)
     rank<r>.json                            every rank's sampler RNG and data position
     aux-rank<r>.params                      every rank's own BatchNorm statistics (the model
                                             holds their average over ranks)
@@ -22,6 +25,7 @@ import re
 import mxnet as mx
 
 from .. import saved_model
+from ..bank_shard import SavedRows
 from ..errors import MissingFileError, UsageError
 from ..sampler import shard_range
 
@@ -67,8 +71,12 @@ def complete_path(checkpoint):
     return os.path.join(checkpoint, COMPLETE_FILE)
 
 
-def bank_shard_path(checkpoint, rank):
-    return os.path.join(checkpoint, f"bank-rank{rank}.params")
+def bank_shard_files(checkpoint, rank):
+    """The files of rank `rank`'s bank shard (bank_shard.py): {"meta", "weight", "momentum"},
+    and "legacy", the one file of runs saved before."""
+    base = os.path.join(checkpoint, f"bank-rank{rank}")
+    return {"meta": base + ".json", "weight": base + ".weight.npy", "momentum": base + ".momentum.npy",
+            "legacy": base + ".params"}
 
 
 def rank_state_path(checkpoint, rank):
@@ -144,6 +152,23 @@ def read_rank_state(checkpoint, rank):
     return _read_json(rank_state_path(checkpoint, rank))
 
 
+def _check_shard_size(checkpoint, files, num_local, embedding_size):
+    """UsageError when a saved bank shard is shorter than its rows need (a truncated file)."""
+    if os.path.isfile(files["legacy"]):                # weight + momentum of float32, and a header
+        sound = {files["legacy"]: os.path.getsize(files["legacy"]) >= 2 * 4 * num_local * embedding_size}
+    else:
+        sound = {}
+        for path in (files["weight"], files["momentum"]):
+            try:
+                sound[path] = SavedRows(path).shape == (num_local, embedding_size)
+            except (OSError, ValueError):          # shorter than its header says, or no header
+                sound[path] = False
+    for path, ok in sound.items():
+        if not ok:
+            raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is truncated "
+                             f"({os.path.getsize(path)} bytes for {num_local} classes)")
+
+
 def check_sound(checkpoint, symbol, image_size, network):
     """The checkpoint's state (with its config) when everything a restore reads is there and
     sound: ValueError naming the missing, empty, truncated or unreadable file, or how the
@@ -153,8 +178,10 @@ def check_sound(checkpoint, symbol, image_size, network):
     step, world, saved = state["step"], state["world_size"], state["config"]
     params = params_path(checkpoint, step)
     ranks = [rank_state_path(checkpoint, r) for r in range(world)]
-    shards = [bank_shard_path(checkpoint, r) for r in range(world)]
-    for path in [symbol_path(checkpoint), params, optimizer_path(checkpoint)] + shards + ranks + \
+    shards = [bank_shard_files(checkpoint, r) for r in range(world)]
+    shard_files = [path for files in shards for path in
+                   ([files["legacy"]] if os.path.isfile(files["legacy"]) else [files["meta"], files["weight"], files["momentum"]])]
+    for path in [symbol_path(checkpoint), params, optimizer_path(checkpoint)] + shard_files + ranks + \
             [aux_path(checkpoint, r) for r in range(world)]:
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is missing or empty")
@@ -163,11 +190,8 @@ def check_sound(checkpoint, symbol, image_size, network):
             _read_json(path)
         except (OSError, ValueError) as err:
             raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} ({err})") from None
-    for rank, path in enumerate(shards):        # weight + momentum rows of float32, and a header
-        _, num_local = shard_range(saved["num_classes"], rank, world)
-        if os.path.getsize(path) < 2 * 4 * num_local * saved["embedding_size"]:
-            raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is truncated "
-                             f"({os.path.getsize(path)} bytes for {num_local} classes)")
+    for rank, files in enumerate(shards):
+        _check_shard_size(checkpoint, files, shard_range(saved["num_classes"], rank, world)[1], saved["embedding_size"])
     try:
         loaded = mx.nd.load(params)
     except mx.base.MXNetError as err:

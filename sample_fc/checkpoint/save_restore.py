@@ -14,7 +14,9 @@ import mxnet as mx
 
 from ..config import write_json
 from ..errors import UsageError
-from .layout import (PARTIAL_SUFFIX, aux_path, bank_shard_path, checkpoint_path, complete_path,
+from ..memory_plan import checkpoint_bytes
+from ..bank_shard import restore_resharded, restore_shard, write_shard
+from .layout import (PARTIAL_SUFFIX, aux_path, bank_shard_files, checkpoint_path, complete_path,
                      list_checkpoints, model_prefix, optimizer_path, rank_state_path, read_rank_state,
                      read_state, state_path)
 
@@ -66,12 +68,6 @@ def _fsync_dir(path):
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written (e.g. the disk is full). Its partial directory has
     been removed and the previous complete checkpoint is intact."""
-
-
-def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4):
-    """Estimated size of one checkpoint: the backbone's parameters and their momentum, and
-    every class center with its momentum (all ranks' shards), plus 1 MB of small files."""
-    return 2 * itemsize * (backbone_values + num_classes * embedding_size) + 2 ** 20
 
 
 def free_bytes(path):
@@ -136,7 +132,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
             os.makedirs(partial)
 
     def write_files():
-        module.bank.save(bank_shard_path(partial, rank))
+        write_shard(module.bank, bank_shard_files(partial, rank))
         mx.nd.save(aux_path(partial, rank), module.backbone.get_params()[1])
         write_json(rank_state_path(partial, rank),
                    {"sampler": module.sampler.state_dict(), "data": data_iter.state_dict()})
@@ -192,12 +188,12 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     load_optimizer_states(module, optimizer_path(checkpoint))
     module.set_num_update(step)
     if old_world == dist.size():
-        module.bank.load(bank_shard_path(checkpoint, rank))
+        restore_shard(module.bank, bank_shard_files(checkpoint, rank))
         rank_state = read_rank_state(checkpoint, rank)
         module.sampler.load_state_dict(rank_state["sampler"])
         data_state = rank_state["data"]
     else:
-        module.bank.load_resharded([bank_shard_path(checkpoint, r) for r in range(old_world)])
+        restore_resharded(module.bank, [bank_shard_files(checkpoint, r) for r in range(old_world)])
         data_state = dict(read_rank_state(checkpoint, 0)["data"])
         data_state["batch_in_epoch"] = data_state["batch_in_epoch"] * old_world // dist.size()
     data_iter.load_state_dict(data_state)

@@ -6,5 +6,6 @@
     pack       a folder of identity subfolders -> insightface RecordIO
     make_bin   a pairs list -> a verification .bin
     demo_data  the built-in synthetic demo dataset
-model_io loads a trained backbone for verify/embed/export; cli holds what the tools share.
+    plan       what a run needs per worker (bank, step, backbone, checkpoint) and whether it fits
+model_io holds the --model options of verify/embed/export; cli holds what the tools share.
 """

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, mpi_available, per_rank_tail
+from sample_fc.checkpoint import bank_shard_files
 from sample_fc.harness import run_bounded, single_thread_env
 
 SECOND_HOST = "127.0.0.2"     # loopback, but not a local address to horovodrun: it uses ssh
@@ -92,4 +93,4 @@ def test_two_hosts_over_ssh_train_and_checkpoint(second_host, tmp_path, controll
     assert log.read_text().count("Accepted publickey") > logins_before, log.read_text()
     step = tmp_path / "out" / "step-00000003"
     assert (step / "COMPLETE").is_file()
-    assert (step / "bank-rank0.params").is_file() and (step / "bank-rank1.params").is_file()
+    assert all(os.path.isfile(bank_shard_files(str(step), r)["weight"]) for r in (0, 1))

@@ -24,6 +24,8 @@ RUN = {
     ".venv/bin/python -m sample_fc.tools.embed --model models/demo_mbf --images faces/ --out emb.npy": [],
     ".venv/bin/python -m sample_fc.tools.export --model models/demo_mbf --onnx demo.onnx": [],
     ".venv/bin/python -m sample_fc.tools.pack --images faces/ --out data/mine/train": [],
+    ".venv/bin/python -m sample_fc.tools.plan --dataset glint360k --network r100 -np 8 --gpu-memory 80": [],
+    ".venv/bin/python -m sample_fc.tools.plan --dataset synthetic_1m --set num_classes=20000000 -np 2": [],
 }
 NOT_RUN = {
     "scripts/test.sh": "the test suite itself",

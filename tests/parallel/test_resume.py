@@ -5,8 +5,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 from conftest import REPO, per_rank_tail, run_train
-from sample_fc.checkpoint import list_checkpoints
+from sample_fc.checkpoint import bank_shard_files, list_checkpoints
 from sample_fc.harness import run_job, single_thread_env
 from test_train import assert_same, checkpoint_arrays
 
@@ -66,10 +68,10 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tiny_data, tmp_pat
     previous complete checkpoint, and finishes the run."""
     root = tmp_path / "run"
     assert run_train(root, tiny_data, "--set", "max_update=8", *CUSTOM).returncode == 0
-    os.remove(root / "step-00000008" / "bank-rank1.params")
+    os.remove(bank_shard_files(str(root / "step-00000008"), 1)["weight"])
     result = resume_only("--resume", root, "--set", "max_update=10")
     assert result.returncode == 0, per_rank_tail(result.output)
-    assert "bank-rank1.params is missing" in result.output and "at step 4" in result.output
+    assert "bank-rank1.weight.npy is missing" in result.output and "at step 4" in result.output
     assert [s for s, _ in list_checkpoints(root)][-1] == 10
 
 
@@ -105,7 +107,7 @@ def test_pretrained_loads_backbone_weights_only(tiny_data, tmp_path):
     negligible lr its weights still equal the source's), with a fresh bank, and that a
     backbone that does not fit (another embedding size) is one line naming the layer."""
     import mxnet as mx
-    from sample_fc.memory_bank import read_shard
+    from sample_fc.bank_shard import read_shard
     source = tmp_path / "source"
     assert run_train(source, tiny_data, "--set", "max_update=4").returncode == 0
     tuned = tmp_path / "tuned"
@@ -119,8 +121,8 @@ def test_pretrained_loads_backbone_weights_only(tiny_data, tmp_path):
         if name.endswith("_gamma") and (started[name] == 1).asnumpy().all():
             continue     # BatchNorm(fix_gamma=True) overwrites its gamma with 1 in every forward
         assert abs(started[name] - trained[name]).max().asscalar() <= 1e-6, name
-    bank_source = read_shard(str(source / "step-00000004" / "bank-rank0.params"))[1].asnumpy()
-    bank_tuned = read_shard(str(tuned / "step-00000001" / "bank-rank0.params"))[1].asnumpy()
+    bank_source = np.asarray(read_shard(bank_shard_files(str(source / "step-00000004"), 0))[1])
+    bank_tuned = np.asarray(read_shard(bank_shard_files(str(tuned / "step-00000001"), 0))[1])
     assert abs(bank_source - bank_tuned).max() > 1e-3           # the class centers start fresh
     line = one_error_line(run_train(tmp_path / "bad", tiny_data, "--set", "embedding_size=64",
                                     "--pretrained", f"{source},4"))

@@ -9,10 +9,10 @@ import mxnet as mx
 import numpy as np
 
 from conftest import REPO, per_rank_tail, run_train
-from sample_fc.checkpoint import list_checkpoints, model_prefix
+from sample_fc.checkpoint import bank_shard_files, list_checkpoints, model_prefix
 from sample_fc.run_root import read_progress, read_status
 from sample_fc.harness import single_thread_env
-from sample_fc.memory_bank import read_shard
+from sample_fc.bank_shard import read_shard
 
 def train(models_root, rec, *extra, num_proc=2, timeout_s=300):
     result = run_train(models_root, rec, *extra, num_proc=num_proc, timeout_s=timeout_s)
@@ -25,10 +25,10 @@ def checkpoint_arrays(path, world):
     step = int(os.path.basename(path).split("-")[1])
     _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(path), step)
     arrays = {k: v.asnumpy() for k, v in {**arg_params, **aux_params}.items()}
-    shards = sorted((read_shard(os.path.join(path, f"bank-rank{r}.params")) for r in range(world)),
+    shards = sorted((read_shard(bank_shard_files(path, r)) for r in range(world)),
                     key=lambda shard: shard[0]["class_start"])
-    arrays["bank_weight"] = np.concatenate([s[1].asnumpy() for s in shards])
-    arrays["bank_momentum"] = np.concatenate([s[2].asnumpy() for s in shards])
+    arrays["bank_weight"] = np.concatenate([np.asarray(s[1]) for s in shards])
+    arrays["bank_momentum"] = np.concatenate([np.asarray(s[2]) for s in shards])
     return arrays
 
 

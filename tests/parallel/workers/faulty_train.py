@@ -18,12 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import train  # noqa: E402
 from sample_fc import dist  # noqa: E402
 from sample_fc.checkpoint import save_restore  # noqa: E402
-from sample_fc.memory_bank import MemoryBank  # noqa: E402
 from sample_fc.module import SampleDistributeModule  # noqa: E402
 
 kind, step, on_rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 train_args = sys.argv[sys.argv.index("--") + 1:]
-original_forward, original_save = SampleDistributeModule.forward_backbone, MemoryBank.save
+original_forward, original_save = SampleDistributeModule.forward_backbone, save_restore.write_shard
 injected = []
 
 
@@ -42,18 +41,19 @@ def faulty_forward(self, data_batch):
     return original_forward(self, data_batch)
 
 
-def faulty_save(self, path):
+def faulty_save(bank, files):
+    path = files["meta"]
     if kind == "enospc_in_save" and dist.rank() == on_rank and f"step-{step:08d}.partial" in path:
         print(f"INJECTING ENOSPC in checkpoint save on rank {on_rank}", flush=True)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-    original_save(self, path)
+    original_save(bank, files)
     if kind == "kill_in_save" and dist.rank() == on_rank and f"step-{step:08d}.partial" in path:
         print(f"INJECTING SIGKILL in checkpoint save on rank {on_rank}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 SampleDistributeModule.forward_backbone = faulty_forward
-MemoryBank.save = faulty_save
+save_restore.write_shard = faulty_save
 if kind == "small_disk":
     save_restore.free_bytes = lambda path: step
 sys.exit(train.main(train_args))

@@ -17,12 +17,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import train  # noqa: E402
 from sample_fc import dist  # noqa: E402
-from sample_fc.memory_bank import MemoryBank  # noqa: E402
+from sample_fc.checkpoint import save_restore  # noqa: E402
 from sample_fc.module import SampleDistributeModule  # noqa: E402
 
 PLAN = [fault.split(":") for fault in os.environ["SAMPLE_FC_FAULTS"].split(",")]
 MARKERS = Path(os.environ["SAMPLE_FC_FAULT_DIR"])
-original_forward, original_save = SampleDistributeModule.forward_backbone, MemoryBank.save
+original_forward, original_save = SampleDistributeModule.forward_backbone, save_restore.write_shard
 
 
 def fire_once(name):
@@ -51,8 +51,9 @@ def faulty_forward(self, data_batch):
     return original_forward(self, data_batch)
 
 
-def faulty_save(self, path):
-    original_save(self, path)
+def faulty_save(bank, files):
+    path = files["meta"]
+    original_save(bank, files)
     for kind, at, *on_rank in PLAN:
         if (kind == "kill_in_save" and dist.rank() == int(on_rank[0]) and f"step-{int(at):08d}.partial" in path
                 and fire_once(f"kill_in_save-{at}")):
@@ -61,5 +62,5 @@ def faulty_save(self, path):
 
 
 SampleDistributeModule.forward_backbone = faulty_forward
-MemoryBank.save = faulty_save
+save_restore.write_shard = faulty_save
 sys.exit(train.main(sys.argv[1:]))

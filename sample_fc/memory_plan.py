@@ -1,0 +1,137 @@
+"""The memory plan of a run: what one worker needs, computed before anything is allocated.
+
+Everything that grows with the class count is here, per worker, for the largest shard
+(C_r = ceil(C / W)), D the embedding size, B the global batch, K the rows scored per step
+(K = min(C_r, max(ceil(ratio * C_r), B)): the sample, which grows to every positive):
+    bank        2 * C_r * D * bank itemsize                 weights + momentum
+    sampler     9 * C_r                                     a bool mask and an int64 index
+    head        host kernel: 4 (K D + 2 B K + 3 B D + 3 threads 512 D)   rows, cosine, gradient
+                device kernel: 4 (6 K D + 8 B K)            rows, momentum, gradients; B x K terms
+    backbone    4 (3 P + 2 b A)                             P parameters (weight, gradient,
+                                                            momentum), A activations per image
+    runtime     RUNTIME_BYTES                               MXNet, Horovod, Python
+and, for the user, the checkpoint's size and what a step moves between workers. `plan` is pure
+arithmetic (tests check it by hand); `available_bytes` reads what this machine has;
+train.py refuses a run whose plan does not fit (`check_fits`) before allocating anything,
+and `python -m sample_fc.tools.plan` prints it for any world.
+"""
+import math
+import os
+from dataclasses import dataclass
+
+from .errors import UsageError
+
+GB = 1e9
+RUNTIME_BYTES = int(0.6 * GB)       # one worker's MXNet + Horovod + Python, measured here ~0.4 GB
+UPDATE_BLOCK_ROWS = 512             # = host_head.BLOCK_ROWS (not imported: no mxnet here)
+
+
+@dataclass
+class Plan:
+    """Bytes one worker needs (the largest shard's), and what a step moves."""
+    world: int
+    num_local: int              # classes of the largest shard
+    sampled: int                # rows scored per step (K)
+    global_batch: int
+    bank: int
+    sampler: int
+    head: int
+    backbone: int
+    runtime: int
+    checkpoint: int             # one checkpoint, all workers
+    allgather_per_step: int     # bytes each worker receives per step (embeddings + labels)
+
+    @property
+    def total(self):
+        return self.bank + self.sampler + self.head + self.backbone + self.runtime
+
+    def summary(self):
+        """The plan in one line (train.py's log)."""
+        return (f"{self.total / GB:.2f} GB per worker (bank {self.bank / GB:.2f}, sampler {self.sampler / GB:.2f}, "
+                f"head {self.head / GB:.2f}, backbone {self.backbone / GB:.2f}, runtime {self.runtime / GB:.2f} GB); "
+                f"{self.num_local:,} classes and {self.sampled:,} rows sampled per step per worker; "
+                f"one checkpoint {self.checkpoint / GB:.2f} GB")
+
+    def lines(self):
+        """The plan as lines for a person."""
+        rows = [("bank (weights + momentum)", self.bank), ("sampler", self.sampler),
+                ("head step temporaries", self.head), ("backbone (estimate)", self.backbone),
+                ("runtime", self.runtime), ("total per worker", self.total)]
+        out = [f"{name:<28}{value / GB:10.2f} GB" for name, value in rows]
+        out += [f"{'classes per worker':<28}{self.num_local:>13,}",
+                f"{'rows sampled per step':<28}{self.sampled:>13,}",
+                f"{'allgather per step':<28}{self.allgather_per_step / 1e6:10.2f} MB",
+                f"{'one checkpoint':<28}{self.checkpoint / GB:10.2f} GB"]
+        return out
+
+
+def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_itemsize=4,
+         backbone_params=0, activations_per_image=0, host_kernel=True, threads=1):
+    """The Plan of one worker of a run of `world` workers with `batch_size` images each."""
+    if world < 1 or num_classes < world:
+        raise ValueError(f"need 1 <= world <= num_classes, got world={world}, num_classes={num_classes}")
+    num_local = -(-num_classes // world)
+    global_batch = batch_size * world
+    sampled = min(num_local, max(math.ceil(sample_ratio * num_local), global_batch))
+    d, k, b = embedding_size, sampled, global_batch
+    if host_kernel:
+        head = 4 * (k * d + 2 * b * k + 3 * b * d + 3 * threads * UPDATE_BLOCK_ROWS * d)
+    else:
+        head = 4 * (6 * k * d + 8 * b * k)
+    return Plan(world=world, num_local=num_local, sampled=sampled, global_batch=global_batch,
+                bank=2 * num_local * d * bank_itemsize, sampler=9 * num_local, head=head,
+                backbone=4 * (3 * backbone_params + 2 * batch_size * activations_per_image),
+                runtime=RUNTIME_BYTES,
+                checkpoint=checkpoint_bytes(backbone_params, num_classes, d, bank_itemsize),
+                allgather_per_step=b * (4 * d + 8))
+
+
+def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4):
+    """Estimated size of one checkpoint: the backbone's parameters and their momentum (float32),
+    and every class center with its momentum (all ranks' shards), plus 1 MB of small files."""
+    return 8 * backbone_values + 2 * itemsize * num_classes * embedding_size + 2 ** 20
+
+
+def backbone_sizes(symbol, image_size):
+    """(parameters, activations per image) of a backbone symbol: the numbers its arguments
+    and auxiliary states hold, and the outputs of all its layers (not its inputs) for one image."""
+    shape = (1, 3, image_size, image_size)
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=shape)
+    params = sum(math.prod(s) for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data")
+    params += sum(math.prod(s) for s in aux_shapes)
+    internals = symbol.get_internals()
+    _, out_shapes, _ = internals.infer_shape(data=shape)
+    layers = [s for name, s in zip(internals.list_outputs(), out_shapes) if name.endswith("_output")]
+    return params, sum(math.prod(s) for s in layers)
+
+
+def meminfo_available():
+    """MemAvailable of this machine in bytes (Linux), or None."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_fits(the_plan, available, local_workers, where="host memory"):
+    """UsageError naming the bytes needed and available, and the ways out, when a worker's
+    plan exceeds its share of `available` bytes (shared by `local_workers` workers)."""
+    if available is None:
+        return
+    share = available / local_workers
+    if the_plan.total <= share:
+        return
+    raise UsageError(
+        f"this run needs {the_plan.total / GB:.1f} GB of {where} per worker (bank {the_plan.bank / GB:.1f} GB "
+        f"for {the_plan.num_local:,} classes, step {the_plan.head / GB:.1f} GB, backbone {the_plan.backbone / GB:.1f} GB) "
+        f"and {share / GB:.1f} GB are available ({available / GB:.1f} GB shared by {local_workers} "
+        f"worker(s) on this node); use more workers (-np), fewer workers per node, a smaller "
+        f"embedding_size or sample_ratio, or see `python -m sample_fc.tools.plan`")
+
+
+def local_cpu_threads(local_workers):
+    return max(1, (os.cpu_count() or 1) // max(1, local_workers))

@@ -1,0 +1,24 @@
+"""Test that a run whose memory plan cannot fit this machine is refused at start-up, before
+anything is allocated or written."""
+import re
+import sys
+
+from conftest import REPO, per_rank_tail
+from sample_fc.harness import run_job
+
+
+def test_a_bank_too_big_for_the_machine_is_one_line_and_writes_nothing(tmp_path):
+    """Test that 20,000,000 classes x 512 on 2 workers (41 GB of bank each) exits 2 within 60 s
+    with one line giving the GB needed and available and the ways out, no traceback, and
+    nothing written (no models root, no lock beside it)."""
+    root = tmp_path / "m"
+    argv = [sys.executable, str(REPO / "train.py"), "--dataset", "synthetic_1m", "--models-root", str(root),
+            "--set", "num_classes=20000000"]
+    result = run_job(argv, num_proc=2, timeout_s=180, cwd=str(REPO))
+    assert result.returncode == 2 and result.seconds < 60, (result.seconds, per_rank_tail(result.output))
+    lines = [line for line in result.output.splitlines() if "train.py: error:" in line]
+    assert len(lines) == 1 and "Traceback" not in result.output, per_rank_tail(result.output)
+    assert "GB of host memory per worker (bank 41.0 GB for 10,000,000 classes" in lines[0]
+    assert re.search(r"and \d+\.\d GB are available \(\d+\.\d GB shared by 2 worker\(s\) on this node\); "
+                     r"use more workers \(-np\)", lines[0]), lines[0]
+    assert list(tmp_path.iterdir()) == []

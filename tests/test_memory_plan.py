@@ -1,0 +1,59 @@
+"""Tests for sample_fc.memory_plan: the per-worker arithmetic against hand-computed cases, the
+refusal line, and the backbone sizes against a network counted by hand."""
+import mxnet as mx
+import pytest
+
+from sample_fc import memory_plan
+from sample_fc.errors import UsageError
+
+
+def test_plan_of_20m_classes_on_two_workers_by_hand():
+    """Test the plan of 20,000,000 classes x 512 on 2 workers of batch 128 at ratio 0.1, host
+    kernel, one thread: every term written out by hand."""
+    p = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=4, backbone_params=1_000_000,
+                         activations_per_image=2_000_000, host_kernel=True, threads=1)
+    assert (p.num_local, p.sampled, p.global_batch) == (10_000_000, 1_000_000, 256)
+    assert p.bank == 2 * 10_000_000 * 512 * 4 == 40_960_000_000
+    assert p.sampler == 90_000_000
+    assert p.head == 4 * (1_000_000 * 512 + 2 * 256 * 1_000_000 + 3 * 256 * 512 + 3 * 512 * 512)
+    assert p.backbone == 4 * (3 * 1_000_000 + 2 * 128 * 2_000_000)
+    assert p.total == p.bank + p.sampler + p.head + p.backbone + memory_plan.RUNTIME_BYTES
+    assert p.checkpoint == 8 * 20_000_000 * 512 + 8 * 1_000_000 + 2 ** 20
+    assert p.allgather_per_step == 256 * (4 * 512 + 8)
+
+
+def test_the_sample_grows_to_the_batch_and_stops_at_the_shard():
+    """Test that the rows scored per step are the sample, at least the global batch (every
+    positive stays), at most the shard; and the largest shard of an uneven split counts."""
+    assert memory_plan.plan(1000, 3, 8, 64, 0.1).sampled == 192           # 34 sampled < 192 positives
+    assert memory_plan.plan(1000, 3, 8, 64, 0.1).num_local == 334
+    assert memory_plan.plan(100, 1, 8, 256, 0.1).sampled == 100           # at most the shard
+    device = memory_plan.plan(1000, 1, 8, 4, 0.5, host_kernel=False)
+    assert device.head == 4 * (6 * 500 * 8 + 8 * 4 * 500)
+    with pytest.raises(ValueError, match="world"):
+        memory_plan.plan(3, 4, 8, 4, 0.5)
+
+
+def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
+    """Test that check_fits passes a plan within the share of memory and refuses one over it
+    with the GB needed and available, the workers sharing it, and the ways out."""
+    p = memory_plan.plan(20_000_000, 2, 512, 128, 0.1)
+    memory_plan.check_fits(p, 2 * p.total, local_workers=2)
+    with pytest.raises(UsageError) as error:
+        memory_plan.check_fits(p, 24e9, local_workers=2)
+    message = str(error.value)
+    assert f"needs {p.total / 1e9:.1f} GB of host memory per worker (bank 41.0 GB for 10,000,000 classes" in message
+    assert "and 12.0 GB are available (24.0 GB shared by 2 worker(s) on this node)" in message
+    assert "use more workers (-np)" in message and "\n" not in message
+    memory_plan.check_fits(p, None, local_workers=2)                      # unknown: no check
+
+
+def test_backbone_sizes_count_parameters_and_activations():
+    """Test that backbone_sizes counts an FC + BatchNorm network's parameters (weight, bias,
+    gamma, beta, moving mean and var) and its internal outputs per image, by hand."""
+    data = mx.sym.var("data")
+    fc = mx.sym.FullyConnected(mx.sym.Flatten(data), num_hidden=10, name="fc")
+    symbol = mx.sym.BatchNorm(fc, name="bn")
+    params, activations = memory_plan.backbone_sizes(symbol, 4)
+    assert params == 48 * 10 + 10 + 4 * 10
+    assert activations == 48 + 10 + 10          # the outputs of flatten, fc and bn; not the inputs
