@@ -26,7 +26,7 @@ from easydict import EasyDict as edict
 from sample_fc.config import apply_overrides
 from sample_fc.errors import UsageError
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               LR_SCHEDULES, MOMENTUM_FORMS, is_probability)
+                               BANK_DTYPES, LR_SCHEDULES, MOMENTUM_FORMS, is_probability)
 
 
 def _base_config():
@@ -66,6 +66,7 @@ def _base_config():
     cfg.sample_ratio = 1.0               # fraction of each rank's centers scored per step, in (0, 1]
     cfg.context = 'auto'                 # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
     cfg.bank_context = 'same'            # memory bank device: same (as context) | cpu
+    cfg.bank_dtype = 'float32'           # bank storage: float32 | float16 (half the bytes per class; math in float32, stochastic rounding on write)
     cfg.head_kernel = 'auto'             # head step: auto (host for a CPU bank, else device) | host (NumPy BLAS) | device (MXNet ops)
     cfg.allgather = 'native'             # embedding gather: native (hvd.allgather) | allreduce (zero-padded sum)
 
@@ -379,7 +380,7 @@ def check_config(cfg):
                          ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
                          ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS),
                          ('lr_schedule', LR_SCHEDULES), ('backbone_init', BACKBONE_INITS),
-                         ('momentum_form', MOMENTUM_FORMS)):
+                         ('momentum_form', MOMENTUM_FORMS), ('bank_dtype', BANK_DTYPES)):
         if cfg[key] not in choices:
             _fail(key, cfg[key], f"one of: {', '.join(choices)}")
     for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',

@@ -71,7 +71,8 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
     backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(
         learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
         multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form)
-    bank = MemoryBank.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx, seed=cfg.seed)
+    bank = MemoryBank.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx, seed=cfg.seed,
+                               dtype=cfg.bank_dtype)
     module = SampleDistributeModule(
         symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, cfg.sample_ratio, seed=cfg.seed),
         margin=CombinedMargin(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3, cfg.loss_s),
@@ -167,7 +168,7 @@ def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
     params, activations = memory_plan.backbone_sizes(symbol, cfg.image_size)
     host_kernel = cfg.head_kernel == "host" or (cfg.head_kernel == "auto" and not (on_gpu and bank_on_gpu))
     whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, cfg.sample_ratio,
-                             4, params, activations, host_kernel, threads)
+                             np.dtype(cfg.bank_dtype).itemsize, params, activations, host_kernel, threads)
     if not on_gpu:
         return whole, None
     if bank_on_gpu:
@@ -212,8 +213,7 @@ def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank,
     resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn, continued_run) \
         if resume_path else (None, {})
     run_id = state.get("run_id") or continued_run or os.environ.get(run_root.RUN_ID_ENV) or run_root.new_run_id()
-    checkpoint.check_space(models_root, checkpoint.checkpoint_bytes(
-        parameter_values(symbol, cfg.image_size), cfg.num_classes, cfg.embedding_size))
+    checkpoint.check_space(models_root, plan.checkpoint)
     if pretrained and resume_path:
         raise UsageError("--pretrained starts a new run from trained weights; --resume continues "
                          "one: give one of them")
@@ -222,13 +222,6 @@ def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank,
                            symbol=symbol, plan=plan,
                            train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
                            targets=load_targets(cfg, logger))
-
-
-def parameter_values(symbol, image_size):
-    """How many numbers the backbone's parameters and auxiliary states hold."""
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, image_size, image_size))
-    shapes = [s for name, s in zip(symbol.list_arguments(), arg_shapes) if name != "data"] + aux_shapes
-    return sum(int(np.prod(shape)) for shape in shapes)
 
 
 class RunEvents:

@@ -10,7 +10,9 @@ arrays' own context, so the same code serves CPU and GPU.
 import contextlib
 
 import mxnet as mx
+import numpy as np
 
+from .rounding import noise, stochastic_round_to_float16
 from .softmax import margin_softmax_backward, margin_softmax_forward
 
 NORM_EPS = 1e-12
@@ -112,8 +114,8 @@ class DeviceHead(Head):
     out, `head_forward_backward` runs with MXNet operators, and the update is written back."""
 
     def forward_backward(self, embeddings, target, index, total_rows, margin):
-        with self.stage("gather_rows"):    # 4. read the sampled rows of the bank
-            weight_rows, momentum_rows = self.bank.get(index)
+        with self.stage("gather_rows"):    # 4. read the sampled rows of the bank (math in float32)
+            weight_rows, momentum_rows = (rows.astype("float32", copy=False) for rows in self.bank.get(index))
         target = mx.nd.array(target, ctx=self.bank.ctx, dtype="int64")
         loss, grad_embeddings, grad_weight_rows = head_forward_backward(
             embeddings, weight_rows, target, margin, total_rows, self.allreduce_max, self.allreduce_sum,
@@ -124,5 +126,10 @@ class DeviceHead(Head):
     def update(self, num_update):
         index, weight_rows, momentum_rows, grad_weight_rows = self.pending
         self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update)
+        if np.dtype(self.bank.dtype) == np.float16:      # unbiased rounding of the written rows
+            first = self.bank.class_start + int(index[0])
+            weight_rows, momentum_rows = (
+                stochastic_round_to_float16(rows, noise(self.bank.seed, num_update, first, stream, rows.shape))
+                for stream, rows in enumerate((weight_rows, momentum_rows)))
         self.bank.set(index, weight_rows, momentum_rows)
         self.pending = None

@@ -22,6 +22,7 @@ from threadpoolctl import ThreadpoolController
 
 from .head import NORM_EPS, Head, no_stage
 from .memory_bank import host_view
+from .rounding import noise, stochastic_round_to_float16
 
 BLOCK_ROWS = 512         # rows per update block (measured at 1M classes, ratio 0.1: 512 best of 256-16384)
 
@@ -62,18 +63,20 @@ class Workspace:
 
 
 class HostHead(Head):
-    """The Head of one rank whose MemoryBank is a float32 CPU bank; `threads` share the update."""
+    """The Head of one rank whose MemoryBank is a CPU bank of float32 or float16 (its rows are
+    read into float32 and written back with stochastic rounding); `threads` share the update."""
 
     def __init__(self, bank, optimizer, *, allreduce_max, allreduce_sum, stage=no_stage, threads=1):
         if not (isinstance(threads, int) and threads >= 1):
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-        if bank.ctx.device_type != "cpu" or np.dtype(bank.dtype) != np.float32:
-            raise ValueError(f"HostHead needs a float32 bank on the CPU, got {bank.dtype} on {bank.ctx}")
+        if bank.ctx.device_type != "cpu" or np.dtype(bank.dtype) not in (np.float32, np.float16):
+            raise ValueError(f"HostHead needs a float32 or float16 bank on the CPU, got {bank.dtype} on {bank.ctx}")
         super().__init__(bank, optimizer, allreduce_max=allreduce_max, allreduce_sum=allreduce_sum, stage=stage)
         self.weights, self.momenta = [host_view(w) for w in bank.weights], [host_view(m) for m in bank.momenta]
         self.workspace = Workspace()
         self.threads, self.pool = threads, None
         self.numpy_blas = numpy_blas() if threads > 1 else None
+        self.half = np.dtype(bank.dtype) == np.float16
 
     def forward_backward(self, embeddings, target, index, total_rows, margin):
         stage = self.stage
@@ -82,7 +85,7 @@ class HostHead(Head):
             block.wait_to_read()             # MXNet writes to the bank (a load) must have landed
         self._check_index(index)
         # sorted and distinct, every row of a one-block shard: the bank itself, in order
-        whole_shard = len(index) == self.bank.num_local and len(self.weights) == 1
+        whole_shard = len(index) == self.bank.num_local and len(self.weights) == 1 and not self.half
         with stage("gather_rows"):   # 4. the sampled rows (momentum rows are read in `update`)
             rows = self.weights[0] if whole_shard else self._take(
                 self.weights, index, self.workspace.get("rows", (len(index), x.shape[1])))
@@ -156,8 +159,8 @@ class HostHead(Head):
                     self.momenta, index[lo:hi], momentum_buffer[:n])
                 opt.apply(weight, mom, step, weight_scale, scratch=scaled_buffer[:n])
                 if not whole_shard:
-                    self._put(self.weights, index[lo:hi], weight)
-                    self._put(self.momenta, index[lo:hi], mom)
+                    self._put(self.weights, index[lo:hi], weight, num_update, 0)
+                    self._put(self.momenta, index[lo:hi], mom, num_update, 1)
 
         if threads == 1:
             update_blocks(0)
@@ -172,13 +175,20 @@ class HostHead(Head):
         return self.pool
 
     def _take(self, blocks, index, out):
-        """out = rows `index` (sorted) of the shard whose row blocks are `blocks`."""
+        """out (float32) = rows `index` (sorted) of the shard whose row blocks are `blocks`."""
         for block, positions, rows in self.bank.block_slices(index):
-            np.take(blocks[block], rows, axis=0, mode="clip", out=out[positions])
+            if self.half:
+                out[positions] = blocks[block][rows]
+            else:
+                np.take(blocks[block], rows, axis=0, mode="clip", out=out[positions])
         return out
 
-    def _put(self, blocks, index, values):
-        """Rows `index` (sorted) of the shard whose row blocks are `blocks` = values."""
+    def _put(self, blocks, index, values, num_update, stream):
+        """Rows `index` (sorted) of the shard whose row blocks are `blocks` = values (float32;
+        a float16 bank gets them stochastically rounded, rounding.py)."""
+        if self.half:
+            first = self.bank.class_start + int(index[0])
+            values = stochastic_round_to_float16(values, noise(self.bank.seed, num_update, first, stream, values.shape))
         for block, positions, rows in self.bank.block_slices(index):
             blocks[block][rows] = values[positions]
 

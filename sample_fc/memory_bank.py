@@ -73,7 +73,7 @@ class MemoryBank:
         self.num_local, self.embedding_size = num_local, embedding_size
         self.class_start, self.ctx, self.dtype = class_start, ctx, dtype
         self.num_classes = num_classes if num_classes is not None else num_local
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
         step = rows_per_block(embedding_size)
         self.starts = list(range(0, num_local, step))
         self.weights, self.momenta = [], []

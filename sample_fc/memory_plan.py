@@ -6,6 +6,7 @@ Everything that grows with the class count is here, per worker, for the largest 
     bank        2 * C_r * D * bank itemsize                 weights + momentum
     sampler     9 * C_r                                     a bool mask and an int64 index
     head        host kernel: 4 (K D + 2 B K + 3 B D + 3 threads 512 D)   rows, cosine, gradient
+                            (+ K D itemsize: a float16 bank's rows staged before float32)
                 device kernel: 4 (6 K D + 8 B K)            rows, momentum, gradients; B x K terms
     backbone    4 (3 P + 2 b A)                             P parameters (weight, gradient,
                                                             momentum), A activations per image
@@ -76,6 +77,8 @@ def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_item
     d, k, b = embedding_size, sampled, global_batch
     if host_kernel:
         head = 4 * (k * d + 2 * b * k + 3 * b * d + 3 * threads * UPDATE_BLOCK_ROWS * d)
+        if bank_itemsize != 4:          # float16 rows are staged before they become float32
+            head += k * d * bank_itemsize
     else:
         head = 4 * (6 * k * d + 8 * b * k)
     return Plan(world=world, num_local=num_local, sampled=sampled, global_batch=global_batch,
@@ -129,8 +132,8 @@ def check_fits(the_plan, available, local_workers, where="host memory"):
         f"this run needs {the_plan.total / GB:.1f} GB of {where} per worker (bank {the_plan.bank / GB:.1f} GB "
         f"for {the_plan.num_local:,} classes, step {the_plan.head / GB:.1f} GB, backbone {the_plan.backbone / GB:.1f} GB) "
         f"and {share / GB:.1f} GB are available ({available / GB:.1f} GB shared by {local_workers} "
-        f"worker(s) on this node); use more workers (-np), fewer workers per node, a smaller "
-        f"embedding_size or sample_ratio, or see `python -m sample_fc.tools.plan`")
+        f"worker(s) on this node); use more workers (-np), bank_dtype=float16 (half the bank), fewer "
+        f"workers per node, a smaller embedding_size or sample_ratio, or see `python -m sample_fc.tools.plan`")
 
 
 def local_cpu_threads(local_workers):

@@ -249,13 +249,13 @@ class SampleDistributeModule:
 
 
 def make_head(kernel, bank, bank_optimizer, stage=no_stage):
-    """The head.Head of this rank: `host` (NumPy BLAS, float32 CPU banks), `device` (MXNet
+    """The head.Head of this rank: `host` (NumPy BLAS, float32/float16 CPU banks), `device` (MXNet
     operators on the bank's context), or `auto` = host where it applies; its softmax
     collectives are dist's."""
     if kernel not in HEAD_KERNELS:
         raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, got {kernel!r}")
     collectives = {"allreduce_max": dist.allreduce_max, "allreduce_sum": dist.allreduce_sum, "stage": stage}
-    on_host = bank.ctx.device_type == "cpu" and np.dtype(bank.dtype) == np.float32
+    on_host = bank.ctx.device_type == "cpu" and np.dtype(bank.dtype) in (np.float32, np.float16)
     if kernel == "host" or (kernel == "auto" and on_host):
         return HostHead(bank, bank_optimizer, threads=default_threads(dist.local_size()), **collectives)
     return DeviceHead(bank, bank_optimizer, **collectives)

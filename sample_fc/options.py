@@ -12,6 +12,7 @@ HEAD_KERNELS = ("auto", "host", "device")   # module.make_head kernels
 LR_SCHEDULES = ("step", "poly", "cosine")   # optimizers.make_schedule kinds
 BACKBONE_INITS = ("pytorch", "xavier")      # initializers.backbone_initializer kinds
 MOMENTUM_FORMS = ("pytorch", "mxnet")       # optimizers: what SGD momentum accumulates
+BANK_DTYPES = ("float32", "float16")        # memory_bank: how class centers and momentum are stored
 
 
 def is_probability(value):

@@ -424,6 +424,18 @@ def test_a_run_saved_before_gradient_clipping_resumes_without_it():
     assert default.config_for_run(resumed=dict(saved, clip_grad_norm=2.5)).clip_grad_norm == 2.5
 
 
+def test_bank_dtype_is_checked_and_fixed_on_resume():
+    """Test that bank_dtype takes float32 or float16 only, and that resuming a run into the
+    other dtype is refused in one line naming both values (the run's shards keep their dtype)."""
+    assert default.get_config().bank_dtype == 'float32'
+    assert default.config_for_run(overrides=['bank_dtype=float16']).bank_dtype == 'float16'
+    with pytest.raises(ValueError, match="'bank_dtype' is 'bfloat16'; expected one of: float32, float16"):
+        default.config_for_run(overrides=['bank_dtype=bfloat16'])
+    with pytest.raises(ValueError, match="bank_dtype='float16' would change the run being resumed, which has "
+                                         "bank_dtype='float32'"):
+        default.config_for_run(overrides=['bank_dtype=float16'], resumed=_saved_run())
+
+
 def test_renamed_keys_are_read_under_their_new_names_with_a_note():
     """Test that a saved run's config with the old names sgd_momentum and verbose resumes with
     their values under momentum_form and verify_period, that `--set verbose=N` sets

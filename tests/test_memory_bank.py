@@ -139,6 +139,23 @@ def test_blocks_save_restore_and_resplit_bit_equal(small_blocks, tmp_path, monke
             np.testing.assert_array_equal(np.concatenate([h.to_numpy()[k] for h in halves]), whole[k])
 
 
+def test_a_float16_shard_keeps_its_dtype(tmp_path):
+    """Test that a float16 bank's shard is written and restored as float16 (bit for bit), and
+    that restoring it into a float32 bank is refused naming the dtype."""
+    bank = MemoryBank.for_rank(40, 0, 1, 6, mx.cpu(), seed=2, dtype="float16")
+    assert bank.weight.dtype == np.float16
+    files = bank_shard_files(str(tmp_path), 0)
+    write_shard(bank, files)
+    assert read_shard(files)[0]["dtype"] == "float16"
+    other = MemoryBank.for_rank(40, 0, 1, 6, mx.cpu(), seed=5, dtype="float16")
+    restore_shard(other, files)
+    np.testing.assert_array_equal(other.weight.asnumpy(), bank.weight.asnumpy())
+    np.testing.assert_array_equal(bank.weight.asnumpy(),
+                                  MemoryBank.for_rank(40, 0, 1, 6, mx.cpu(), seed=2).weight.asnumpy().astype(np.float16))
+    with pytest.raises(UsageError, match="dtype=float16, this bank expects dtype=float32"):
+        restore_shard(MemoryBank.for_rank(40, 0, 1, 6, mx.cpu()), files)
+
+
 def test_a_shard_saved_in_format_1_still_restores(tmp_path):
     """Test that a bank shard of a run saved before format 2 (one MXNet file) restores."""
     bank = MemoryBank.for_rank(30, 0, 1, 4, mx.cpu(), seed=1)

@@ -45,7 +45,11 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
     assert f"needs {p.total / 1e9:.1f} GB of host memory per worker (bank 41.0 GB for 10,000,000 classes" in message
     assert "and 12.0 GB are available (24.0 GB shared by 2 worker(s) on this node)" in message
     assert "use more workers (-np)" in message and "\n" not in message
+    assert "bank_dtype=float16" in message
     memory_plan.check_fits(p, None, local_workers=2)                      # unknown: no check
+    half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=2)
+    assert half.bank == p.bank // 2 and half.checkpoint == 2 * 2 * 20_000_000 * 512 + 2 ** 20
+    assert half.head == p.head + 1_000_000 * 512 * 2             # the float16 rows staged
 
 
 def test_backbone_sizes_count_parameters_and_activations():
