@@ -196,9 +196,8 @@ def start_run(cfg, models_root, run, run_id, world, logger):
     supervisor, where the run lives. From here a failure is recorded in the status."""
     builder.log_to_file(logger, os.path.join(models_root, "train.log"))
     save_config(dict(cfg, run_id=run_id), os.path.join(models_root, "config.json"))
-    resumed_at = checkpoint.read_state(run.resume_from)["step"] if run.resume_from else None
-    run_root.write_status(models_root, run_id=run_id, state="running", step=resumed_at or 0,
-                          checkpoint=run.resume_from, checkpoint_step=resumed_at, error=None,
+    run_root.write_status(models_root, run_id=run_id, state="running", step=run.resumed_at or 0,
+                          checkpoint=run.resume_from, checkpoint_step=run.resumed_at, error=None,
                           world_size=world, pid=os.getpid())
     RUN_STATUS["root"] = models_root
     if os.environ.get(run_root.RUN_FILE_ENV):

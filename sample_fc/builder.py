@@ -24,7 +24,8 @@ from .errors import UsageError
 from .initializers import backbone_initializer
 from .margin import CombinedMargin
 from .memory_bank import MemoryBank
-from .module import SampleDistributeModule
+from .host_head import default_threads
+from .module import SampleDistributeModule, uses_host_kernel
 from .optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, make_schedule
 from .sampler import ClassCenterSampler
 from .saved_model import load_pretrained
@@ -166,7 +167,7 @@ def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
     run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
     sampler's and the head's memory where the bank is."""
     params, activations = memory_plan.backbone_sizes(symbol, cfg.image_size)
-    host_kernel = cfg.head_kernel == "host" or (cfg.head_kernel == "auto" and not (on_gpu and bank_on_gpu))
+    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype)
     whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, cfg.sample_ratio,
                              np.dtype(cfg.bank_dtype).itemsize, params, activations, host_kernel, threads)
     if not on_gpu:
@@ -181,7 +182,7 @@ def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size):
     """UsageError when this worker's plan does not fit what its node has: host memory
     (MemAvailable, shared by the node's workers), and on GPUs its device's free memory."""
     host, device = run_plan(cfg, world, symbol, ctx.device_type == "gpu", bank_ctx.device_type == "gpu",
-                            memory_plan.local_cpu_threads(local_size))
+                            default_threads(local_size))
     memory_plan.check_fits(host, memory_plan.meminfo_available(), local_size, "host memory")
     if device is not None:
         memory_plan.check_fits(device, mx.context.gpu_memory_info(ctx.device_id)[0], 1,
@@ -196,7 +197,8 @@ def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank,
     job (rank 0 checks its lock), and a fresh start must not overwrite a run's checkpoints
     unless `start_over`; a resume takes only checkpoints of `continued_run` (a run id; None:
     any); the run's memory plan must fit this node (check_memory, before anything is
-    allocated). Returns a namespace of models_root, resume_from (a checkpoint or None), run_id (the
+    allocated). Returns a namespace of models_root, resume_from (a checkpoint or None) and
+    resumed_at (its step), run_id (the
     continued run's, else a new one), pretrained ((arg, aux) params or None), train_iter,
     symbol, targets, ctx, bank_ctx."""
     if os.path.exists(models_root) and not os.path.isdir(models_root):
@@ -213,12 +215,14 @@ def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank,
     resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn, continued_run) \
         if resume_path else (None, {})
     run_id = state.get("run_id") or continued_run or os.environ.get(run_root.RUN_ID_ENV) or run_root.new_run_id()
+    resumed_at = state.get("step")
     checkpoint.check_space(models_root, plan.checkpoint)
     if pretrained and resume_path:
         raise UsageError("--pretrained starts a new run from trained weights; --resume continues "
                          "one: give one of them")
     weights = load_pretrained(pretrained, symbol, cfg.image_size, cfg.network) if pretrained else None
-    return SimpleNamespace(models_root=models_root, resume_from=resume_from, run_id=run_id, pretrained=weights,
+    return SimpleNamespace(models_root=models_root, resume_from=resume_from, resumed_at=resumed_at, run_id=run_id,
+                           pretrained=weights,
                            symbol=symbol, plan=plan,
                            train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
                            targets=load_targets(cfg, logger))

@@ -17,14 +17,13 @@ train.py refuses a run whose plan does not fit (`check_fits`) before allocating 
 and `python -m sample_fc.tools.plan` prints it for any world.
 """
 import math
-import os
 from dataclasses import dataclass
 
 from .errors import UsageError
+from .host_head import BLOCK_ROWS
 
 GB = 1e9
 RUNTIME_BYTES = int(0.6 * GB)       # one worker's MXNet + Horovod + Python, measured here ~0.4 GB
-UPDATE_BLOCK_ROWS = 512             # = host_head.BLOCK_ROWS (not imported: no mxnet here)
 
 
 @dataclass
@@ -76,7 +75,7 @@ def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_item
     sampled = min(num_local, max(math.ceil(sample_ratio * num_local), global_batch))
     d, k, b = embedding_size, sampled, global_batch
     if host_kernel:
-        head = 4 * (k * d + 2 * b * k + 3 * b * d + 3 * threads * UPDATE_BLOCK_ROWS * d)
+        head = 4 * (k * d + 2 * b * k + 3 * b * d + 3 * threads * BLOCK_ROWS * d)
         if bank_itemsize != 4:          # float16 rows are staged before they become float32
             head += k * d * bank_itemsize
     else:
@@ -134,7 +133,3 @@ def check_fits(the_plan, available, local_workers, where="host memory"):
         f"and {share / GB:.1f} GB are available ({available / GB:.1f} GB shared by {local_workers} "
         f"worker(s) on this node); use more workers (-np), bank_dtype=float16 (half the bank), fewer "
         f"workers per node, a smaller embedding_size or sample_ratio, or see `python -m sample_fc.tools.plan`")
-
-
-def local_cpu_threads(local_workers):
-    return max(1, (os.cpu_count() or 1) // max(1, local_workers))

@@ -248,6 +248,13 @@ class SampleDistributeModule:
         return self
 
 
+def uses_host_kernel(kernel, bank_device_type, bank_dtype):
+    """Whether head_kernel `kernel` runs the head on the host (NumPy BLAS): `host`, or `auto` for
+    a CPU bank of float32 or float16."""
+    on_host = bank_device_type == "cpu" and np.dtype(bank_dtype) in (np.float32, np.float16)
+    return kernel == "host" or (kernel == "auto" and on_host)
+
+
 def make_head(kernel, bank, bank_optimizer, stage=no_stage):
     """The head.Head of this rank: `host` (NumPy BLAS, float32/float16 CPU banks), `device` (MXNet
     operators on the bank's context), or `auto` = host where it applies; its softmax
@@ -255,7 +262,6 @@ def make_head(kernel, bank, bank_optimizer, stage=no_stage):
     if kernel not in HEAD_KERNELS:
         raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, got {kernel!r}")
     collectives = {"allreduce_max": dist.allreduce_max, "allreduce_sum": dist.allreduce_sum, "stage": stage}
-    on_host = bank.ctx.device_type == "cpu" and np.dtype(bank.dtype) in (np.float32, np.float16)
-    if kernel == "host" or (kernel == "auto" and on_host):
+    if uses_host_kernel(kernel, bank.ctx.device_type, bank.dtype):
         return HostHead(bank, bank_optimizer, threads=default_threads(dist.local_size()), **collectives)
     return DeviceHead(bank, bank_optimizer, **collectives)

@@ -68,6 +68,19 @@ def _in_use(models_root, holder):
                       f"(pid {holder.get('pid', '?')}); wait for it, or use --models-root")
 
 
+def _lock_or_refuse(handle, models_root, token):
+    """Try the flock on the open lock file `handle`: True when taken; False when its holder holds
+    it for `token`'s job (a restart supervisor); UsageError naming any other holder."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        holder = _holder(handle)
+        if token and holder.get("token") == token:
+            return False
+        raise _in_use(models_root, holder) from None
+
+
 class RootLock:
     """The lock of a models root, held while this object is open."""
 
@@ -83,13 +96,13 @@ class RootLock:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         handle = open(path, "a+")
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(handle)
+            taken = _lock_or_refuse(handle, models_root, token)
+        except UsageError:
             handle.close()
-            if token and holder.get("token") == token:
-                return cls(models_root, None, held_for_us=True)
-            raise _in_use(models_root, holder) from None
+            raise
+        if not taken:
+            handle.close()
+            return cls(models_root, None, held_for_us=True)
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": token,
@@ -110,14 +123,8 @@ def check_not_in_use(models_root, token=""):
     if not os.path.isfile(path):
         return
     with open(path) as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(handle)
-            if not (token and holder.get("token") == token):
-                raise _in_use(models_root, holder) from None
-            return
-        fcntl.flock(handle, fcntl.LOCK_UN)
+        if _lock_or_refuse(handle, models_root, token):
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # ---- status ----------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ def main(argv=None):
         import symbols
         from .. import memory_plan
         from ..builder import run_plan
+        from ..host_head import default_threads
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         if args.world < 1 or (args.workers_per_node or 1) < 1:
             raise ValueError(f"-np and --workers-per-node must be >= 1, got {args.world} and {args.workers_per_node}")
@@ -64,7 +65,7 @@ def main(argv=None):
         symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size, "float32", cfg.dropout)
         on_gpu = args.gpu_memory is not None
         host, device = run_plan(cfg, args.world, symbol, on_gpu, cfg.bank_context == "same",
-                                memory_plan.local_cpu_threads(per_node))
+                                default_threads(per_node))
         print(f"{cfg.dataset}, {cfg.network}: {cfg.num_classes:,} classes x {cfg.embedding_size} on "
               f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}")
         for title, part in (("host memory, per worker", host), ("GPU memory, per worker", device)):
