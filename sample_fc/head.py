@@ -12,7 +12,7 @@ import contextlib
 import mxnet as mx
 import numpy as np
 
-from .rounding import noise, stochastic_round_to_float16
+from .rounding import round_rows, rounding_key
 from .softmax import margin_softmax_backward, margin_softmax_forward
 
 NORM_EPS = 1e-12
@@ -126,10 +126,11 @@ class DeviceHead(Head):
     def update(self, num_update):
         index, weight_rows, momentum_rows, grad_weight_rows = self.pending
         self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update)
-        if np.dtype(self.bank.dtype) == np.float16:      # unbiased rounding of the written rows
-            first = self.bank.class_start + int(index[0])
+        if np.dtype(self.bank.dtype) == np.float16:      # unbiased rounding of the written rows, on the host
+            classes = np.asarray(index) + self.bank.class_start
             weight_rows, momentum_rows = (
-                stochastic_round_to_float16(rows, noise(self.bank.seed, num_update, first, stream, rows.shape))
+                mx.nd.array(round_rows(rows.asnumpy(), classes, rounding_key(self.bank.seed, num_update, stream)),
+                            ctx=rows.context, dtype="float16")
                 for stream, rows in enumerate((weight_rows, momentum_rows)))
         self.bank.set(index, weight_rows, momentum_rows)
         self.pending = None

@@ -22,7 +22,7 @@ from threadpoolctl import ThreadpoolController
 
 from .head import NORM_EPS, Head, no_stage
 from .memory_bank import host_view
-from .rounding import noise, stochastic_round_to_float16
+from .rounding import put_rows, rounding_key, take_rows
 
 BLOCK_ROWS = 512         # rows per update block (measured at 1M classes, ratio 0.1: 512 best of 256-16384)
 
@@ -142,6 +142,7 @@ class HostHead(Head):
         opt = self.optimizer
         step_scale, weight_scale = opt.step_scales(num_update)
         x_factor, row_factor = x_hat * step_scale, step_scale * (opt.wd - row_radial)
+        keys = [rounding_key(self.bank.seed, num_update, stream) for stream in (0, 1)] if self.half else None
         block = min(BLOCK_ROWS, len(index))
         starts = range(0, len(index), block)
         threads = min(self.threads, len(starts))
@@ -159,8 +160,8 @@ class HostHead(Head):
                     self.momenta, index[lo:hi], momentum_buffer[:n])
                 opt.apply(weight, mom, step, weight_scale, scratch=scaled_buffer[:n])
                 if not whole_shard:
-                    self._put(self.weights, index[lo:hi], weight, num_update, 0)
-                    self._put(self.momenta, index[lo:hi], mom, num_update, 1)
+                    self._put(self.weights, index[lo:hi], weight, keys and keys[0])
+                    self._put(self.momenta, index[lo:hi], mom, keys and keys[1])
 
         if threads == 1:
             update_blocks(0)
@@ -178,19 +179,20 @@ class HostHead(Head):
         """out (float32) = rows `index` (sorted) of the shard whose row blocks are `blocks`."""
         for block, positions, rows in self.bank.block_slices(index):
             if self.half:
-                out[positions] = blocks[block][rows]
+                take_rows(blocks[block], rows, out[positions])
             else:
                 np.take(blocks[block], rows, axis=0, mode="clip", out=out[positions])
         return out
 
-    def _put(self, blocks, index, values, num_update, stream):
+    def _put(self, blocks, index, values, key):
         """Rows `index` (sorted) of the shard whose row blocks are `blocks` = values (float32;
-        a float16 bank gets them stochastically rounded, rounding.py)."""
-        if self.half:
-            first = self.bank.class_start + int(index[0])
-            values = stochastic_round_to_float16(values, noise(self.bank.seed, num_update, first, stream, values.shape))
+        a float16 bank gets them stochastically rounded with the noise of `key`, rounding.py)."""
         for block, positions, rows in self.bank.block_slices(index):
-            blocks[block][rows] = values[positions]
+            if self.half:
+                classes = rows + (self.bank.class_start + self.bank.starts[block])
+                put_rows(blocks[block], rows, values[positions], classes, key)
+            else:
+                blocks[block][rows] = values[positions]
 
     def _check_index(self, index):
         """np.take(mode='clip') would clamp a bad index silently: check it once here."""

@@ -6,7 +6,7 @@ Everything that grows with the class count is here, per worker, for the largest 
     bank        2 * C_r * D * bank itemsize                 weights + momentum
     sampler     9 * C_r                                     a bool mask and an int64 index
     head        host kernel: 4 (K D + 2 B K + 3 B D + 3 threads 512 D)   rows, cosine, gradient
-                            (+ K D itemsize: a float16 bank's rows staged before float32)
+                            (no K D when K = C_r on a one-block float32 shard: the bank is used)
                 device kernel: 4 (6 K D + 8 B K)            rows, momentum, gradients; B x K terms
     backbone    4 (3 P + 2 b A)                             P parameters (weight, gradient,
                                                             momentum), A activations per image
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 from .host_head import BLOCK_ROWS
+from .memory_bank import MAX_BLOCK_ELEMENTS
 
 GB = 1e9
 RUNTIME_BYTES = int(0.6 * GB)       # one worker's MXNet + Horovod + Python, measured here ~0.4 GB
@@ -74,10 +75,9 @@ def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_item
     global_batch = batch_size * world
     sampled = min(num_local, max(math.ceil(sample_ratio * num_local), global_batch))
     d, k, b = embedding_size, sampled, global_batch
-    if host_kernel:
-        head = 4 * (k * d + 2 * b * k + 3 * b * d + 3 * threads * BLOCK_ROWS * d)
-        if bank_itemsize != 4:          # float16 rows are staged before they become float32
-            head += k * d * bank_itemsize
+    if host_kernel:   # the sampled rows in float32 (none when they are a whole one-block float32 shard)
+        whole_shard = k == num_local and bank_itemsize == 4 and num_local * d <= MAX_BLOCK_ELEMENTS
+        head = 4 * ((0 if whole_shard else k * d) + 2 * b * k + 3 * b * d + 3 * threads * BLOCK_ROWS * d)
     else:
         head = 4 * (6 * k * d + 8 * b * k)
     return Plan(world=world, num_local=num_local, sampled=sampled, global_batch=global_batch,

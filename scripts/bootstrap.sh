@@ -19,7 +19,7 @@ die() { echo "[bootstrap] ERROR: $*" >&2; exit 1; }
 if command -v mpicxx >/dev/null 2>&1; then VARIANT=gloo-mpi; else VARIANT=gloo; fi
 
 # Everything that should trigger a refresh goes into the stamp.
-STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$ROOT/requirements.txt" "$ROOT/setup.py";
+STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$ROOT/requirements.txt" "$ROOT/setup.py" "$ROOT/sample_fc/_half_rows.c";
                 echo "$VARIANT"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)
 STAMP_FILE=$VENV/.sample_fc_stamp
 if [[ -f $STAMP_FILE && $(cat "$STAMP_FILE") == "$STAMP_WANT" && -x $VENV/bin/horovodrun ]]; then

@@ -53,7 +53,8 @@ def test_quick_report_has_every_part_with_sane_numbers(tmp_path):
         assert math.isclose(record["ratio_to_bound"], record["ms_per_step"] / record["bound_ms"])
         assert len(record["peak_rss_mb_per_rank"]) == record["world"]
 
-    assert positive(report["sampler_ms"]), report["sampler_ms"]
+    assert list(report["sampler_ms"]) == ["1250000"] and positive(report["sampler_ms"]["1250000"]), report
+    assert {r["dtype"] for r in report["head"]} == {"float32", "float16"}
     data = report["data_images_per_s"]
     assert set(data["by_size"]) == {"32", "112"}, data
     assert all(positive(v) for v in data["by_size"].values()), data
@@ -99,21 +100,24 @@ def test_staged_step_computes_what_the_module_step_computes(tmp_path):
 def test_case_that_does_not_fit_is_skipped_without_running(tmp_path):
     """Test that a head case predicted to exceed the memory headroom is reported as skipped,
     with its predicted size, and nothing is started."""
-    record = bench.head_record(bench.FULL, 4_000_000, 1.0, 2, str(tmp_path), headroom=0.0)
+    record = bench.head_record(bench.FULL, 4_000_000, 1.0, 2, "float32", str(tmp_path), headroom=0.0)
     assert "skipped" in record and "GB" in record["skipped"] and "ms_per_step" not in record
     assert record["predicted_rss_mb_per_rank"] > 8192 and not list(tmp_path.iterdir())
 
 
-def test_memory_model_counts_bank_and_step_buffers():
-    """Test that the memory model gives weight + momentum for the bank and, for the step, the
-    gathered K x D rows, 2 B x K arrays and three 512 x D update blocks (float32); at ratio
-    1.0 no rows are gathered (4M classes over 2 ranks: 8.2 GB of bank per rank)."""
-    bank, buffers, predicted = bench_report.head_memory_mb(2_000_000, 200_000, 256, 512)
+def test_memory_model_is_the_memory_plan_of_the_case(monkeypatch):
+    """Test that a head case's predicted memory is the memory plan's for its shard: weight +
+    momentum for the bank (half for float16), and as buffers the sampler (9 bytes a class) and the
+    host head (gathered K x D rows, 2 B x K arrays, B x D terms and three 512 x D update blocks
+    per thread, float32); 4M classes over 2 ranks: 8.2 GB of float32 bank per rank."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    bank, buffers, predicted = bench.head_memory_mb(bench.FULL, 4_000_000, 0.1, 2, "float32")
     assert math.isclose(bank, 2 * 2_000_000 * 512 * 4 / 1e6)
-    assert math.isclose(buffers, (200_000 * 512 + 2 * 256 * 200_000 + 3 * 512 * 512) * 4 / 1e6)
+    k, b = 200_000, 256
+    assert math.isclose(buffers, (9 * 2_000_000 + 4 * (k * 512 + 2 * b * k + 3 * b * 512 + 3 * 512 * 512)) / 1e6)
     assert predicted > bank + buffers
-    _, whole_shard_buffers, _ = bench_report.head_memory_mb(2_000_000, 2_000_000, 256, 512)
-    assert math.isclose(whole_shard_buffers, (2 * 256 * 2_000_000 + 3 * 512 * 512) * 4 / 1e6)
+    half_bank, half_buffers, _ = bench.head_memory_mb(bench.FULL, 4_000_000, 0.1, 2, "float16")
+    assert math.isclose(half_bank, bank / 2) and math.isclose(half_buffers, buffers)
 
 
 def test_e2e_speed_skips_the_warmup_window(tmp_path):
@@ -135,22 +139,24 @@ def test_e2e_speed_skips_the_warmup_window(tmp_path):
 def test_markdown_shows_skipped_and_failed_cases():
     """Test that the Markdown report renders skipped and failed cases with their reason next to
     measured ones, and lists the targets it can judge."""
-    measured = {"classes": 1_000_000, "ratio": 0.1, "world": 1, "ms_per_step": 300.0,
+    measured = {"classes": 1_000_000, "ratio": 0.1, "world": 1, "dtype": "float32", "ms_per_step": 300.0,
                 "samples_per_s": 426.7, "bound_ms": 150.0, "ratio_to_bound": 2.0, "peak_rss_mb": 5000.0,
                 "peak_rss_mb_per_rank": [5000.0], "rss_ratio": 1.1,
                 "stages": {name: 300.0 / len(STAGES) for name in STAGES}}
-    report = {"head": [measured,
+    report = {"head": [measured, dict(measured, dtype="float16", ms_per_step=390.0),
                        {"classes": 4_000_000, "ratio": 0.1, "world": 2, "skipped": "needs about 25 GB"},
                        {"classes": 100_000, "ratio": 1.0, "world": 2, "error": "timed out after 60 s"}],
-              "sampler_ms": 4.0, "e2e": [],
+              "sampler_ms": {"1250000": 4.0, "4400000": 30.0}, "e2e": [],
               "data_images_per_s": {"headline_size": 112, "headline": None,
                                     "by_size": {"112": "make_demo failed"}},
               "machine": {"mode": "full", "cpu": "cpu", "cores": 2, "memory_gb": 24, "python": "3",
                           "mxnet": "1.9.1", "numpy": "1.23.5", "horovod": "0.28.1", "date": "today",
                           "commit": "abc", "load_average_at_start": [0, 0, 0]}}
     text = bench_report.markdown(report)
-    assert "| 1M | 0.1 | 1 | 300.0 |" in text
+    assert "| 1M | 0.1 | 1 | float32 | 300.0 |" in text and "| 1M | 0.1 | 1 | float16 | 390.0 |" in text
+    assert "| head 1M, ratio 0.1, world 1: float16 bank <= 1.2x float32 | 390 vs 300 ms = 1.30x | NO |" in text
     assert "skipped: needs about 25 GB" in text and "error: timed out after 60 s" in text
     assert "error: make_demo failed" in text
     assert "| head 1M, ratio 0.1, world 1 <= 1.5x NumPy bound | 2.00x | NO |" in text
     assert "| sampler <= 10 ms at 1.25M local classes | 4.00 ms | yes |" in text
+    assert "| sampler <= 25 ms at 4.4M local classes | 30.00 ms | NO |" in text

@@ -28,6 +28,10 @@ def test_the_sample_grows_to_the_batch_and_stops_at_the_shard():
     assert memory_plan.plan(1000, 3, 8, 64, 0.1).sampled == 192           # 34 sampled < 192 positives
     assert memory_plan.plan(1000, 3, 8, 64, 0.1).num_local == 334
     assert memory_plan.plan(100, 1, 8, 256, 0.1).sampled == 100           # at most the shard
+    whole = memory_plan.plan(100, 1, 8, 256, 1.0)        # every row of a float32 shard: the bank itself
+    assert whole.head == 4 * (2 * 256 * 100 + 3 * 256 * 8 + 3 * 512 * 8)
+    half = memory_plan.plan(100, 1, 8, 256, 1.0, bank_itemsize=2)   # float16: its rows are gathered
+    assert half.head == whole.head + 4 * 100 * 8
     device = memory_plan.plan(1000, 1, 8, 4, 0.5, host_kernel=False)
     assert device.head == 4 * (6 * 500 * 8 + 8 * 4 * 500)
     with pytest.raises(ValueError, match="world"):
@@ -49,7 +53,7 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
     memory_plan.check_fits(p, None, local_workers=2)                      # unknown: no check
     half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=2)
     assert half.bank == p.bank // 2 and half.checkpoint == 2 * 2 * 20_000_000 * 512 + 2 ** 20
-    assert half.head == p.head + 1_000_000 * 512 * 2             # the float16 rows staged
+    assert half.head == p.head             # float16 rows become float32 rows in one pass (no staging)
 
 
 def test_backbone_sizes_count_parameters_and_activations():

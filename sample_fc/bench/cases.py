@@ -42,10 +42,11 @@ def median_ms(seconds):
 
 
 # ---- the head step -------------------------------------------------------------------------
-def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, seed=0, lr=0.1):
-    """SampleDistributeModule over this rank's bank with an identity backbone (no parameters)."""
+def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, seed=0, lr=0.1, dtype="float32"):
+    """SampleDistributeModule over this rank's bank (of `dtype`) with an identity backbone (no
+    parameters)."""
     schedule = WarmupMultiStepSchedule(lr)
-    bank = MemoryBank.for_rank(classes, rank, world, embedding_size, mx.cpu(), seed=seed)
+    bank = MemoryBank.for_rank(classes, rank, world, embedding_size, mx.cpu(), seed=seed, dtype=dtype)
     backbone = mx.sym.identity(mx.sym.Variable("data"), name="embeddings")
     backbone_optimizer = BackboneOptimizer(
         mx.optimizer.SGD(learning_rate=lr, lr_scheduler=schedule))
@@ -146,7 +147,7 @@ def _timed_step(module, batch):
 
 
 def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max_steps, budget_s,
-              bound_repeats):
+              bound_repeats, dtype="float32"):
     """Measure one head case on this rank; returns the record of this rank (a dict)."""
     dist.init()
     rank, world = dist.rank(), dist.size()
@@ -158,7 +159,7 @@ def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max
     bound = gemm_bound_ms(global_batch, num_sampled, embedding_size, bound_repeats)
 
     start = time.perf_counter()
-    module = build_head_module(classes, ratio, batch_size, embedding_size, rank, world)
+    module = build_head_module(classes, ratio, batch_size, embedding_size, rank, world, dtype=dtype)
     mx.nd.waitall()
     bank_init_s = time.perf_counter() - start
     batches = make_batches(warmup + 2 * max_steps, classes, batch_size, embedding_size, rank)
@@ -177,7 +178,7 @@ def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max
     dist.barrier("bench.rows_bound")
     bound["rows_take_put"] = rows_traffic_ms(module.bank, index, bound_repeats)
     current_mb, peak_mb = rss_mb()
-    return {"rank": rank, "world": world, "classes": classes, "ratio": ratio,
+    return {"rank": rank, "world": world, "classes": classes, "ratio": ratio, "dtype": dtype,
             "batch_per_rank": batch_size, "embedding_size": embedding_size,
             "num_local": num_local, "num_sampled": num_sampled, "steps": steps,
             "ms_per_step": median_ms(step_seconds),

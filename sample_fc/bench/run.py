@@ -16,9 +16,11 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from . import report as bench_report
 from .jobs import REPO, e2e_case, make_demo_set, run_worker, worker_env, write_result
-from ..sampler import num_sample_for, shard_range
+
 
 PARTS = ("head", "sampler", "data", "e2e")
 
@@ -44,14 +46,15 @@ class Plan:
     e2e_timeout_s: int
     batch_per_rank: int = 128
     embedding_size: int = 512
-    sampler_local: int = 1_250_000
+    dtypes: tuple = ("float32", "float16")      # bank dtypes of every head case
+    sampler_locals: tuple = (1_250_000, 4_400_000)
     sampler_positives: int = 512
     sampler_ratio: float = 0.1
     data_threads: int = 2       # = default.py's data_threads
 
 
 QUICK = Plan(classes=(20_000,), ratios=(0.1,), worlds=(1, 2), warmup=2, min_steps=11, max_steps=13,
-             budget_s=2.0, bound_repeats=3, head_timeout_s=120, sampler_repeats=10,
+             budget_s=2.0, bound_repeats=3, head_timeout_s=120, sampler_repeats=10, sampler_locals=(1_250_000,),
              demo={"num_identities": 16, "images_per_identity": 16, "num_val_identities": 4,
                    "num_pairs": 20},
              data_sizes=(32, 112), data_batch=32, data_batches=8,
@@ -65,12 +68,12 @@ HEADLINE_DATA_SIZE = 112       # the size of real training data (and of the full
 
 
 # ---- the parts of the report ---------------------------------------------------------------
-def head_record(plan, classes, ratio, world, folder, headroom):
+def head_record(plan, classes, ratio, world, dtype, folder, headroom):
     """One head case; skipped when its predicted memory (all ranks) exceeds headroom x
     MemAvailable right now."""
-    record = {"classes": classes, "ratio": ratio, "world": world}
+    record = {"classes": classes, "ratio": ratio, "world": world, "dtype": dtype}
     global_batch = plan.batch_per_rank * world
-    per_rank = [head_memory_mb(plan, classes, ratio, world, r) for r in range(world)]
+    per_rank = [head_memory_mb(plan, classes, ratio, world, dtype)] * world
     need_mb = sum(predicted for _, _, predicted in per_rank)
     available_mb = bench_report.meminfo_kb()["MemAvailable"] * 1024 / 1e6
     record["predicted_rss_mb_per_rank"] = round(need_mb / world)
@@ -79,7 +82,7 @@ def head_record(plan, classes, ratio, world, folder, headroom):
                              f"{sum(p[0] for p in per_rank) / 1e3:.1f} GB + step temporaries), more "
                              f"than {headroom:g} x MemAvailable {available_mb / 1e3:.1f} GB")
         return record
-    options = {"classes": classes, "ratio": ratio, "batch": plan.batch_per_rank,
+    options = {"classes": classes, "ratio": ratio, "dtype": dtype, "batch": plan.batch_per_rank,
                "dim": plan.embedding_size, "warmup": plan.warmup, "min_steps": plan.min_steps,
                "max_steps": plan.max_steps, "budget_s": plan.budget_s, "repeats": plan.bound_repeats}
     start = time.monotonic()
@@ -106,18 +109,26 @@ def head_record(plan, classes, ratio, world, folder, headroom):
     return record
 
 
-def head_memory_mb(plan, classes, ratio, world, rank):
-    """(bank, buffers, predicted peak RSS) in MB of one rank of a head case."""
-    _, num_local = shard_range(classes, rank, world)
-    return bench_report.head_memory_mb(num_local, num_sample_for(num_local, ratio),
-                                       plan.batch_per_rank * world, plan.embedding_size)
+def head_memory_mb(plan, classes, ratio, world, dtype):
+    """(bank, buffers, predicted peak RSS) in MB of the largest rank of a head case: the memory
+    plan's bank, and its sampler and host head as the buffers (memory_plan.py)."""
+    from ..host_head import default_threads
+    from ..memory_plan import plan as memory_plan
+    need = memory_plan(classes, world, plan.embedding_size, plan.batch_per_rank, ratio,
+                       bank_itemsize=np.dtype(dtype).itemsize, threads=default_threads(world))
+    bank, buffers = need.bank / 1e6, (need.sampler + need.head) / 1e6
+    return bank, buffers, bench_report.SLACK * (bench_report.BASELINE_MB + bank + buffers)
 
 
 def sampler_record(plan, folder):
-    options = {"classes": plan.sampler_local, "positives": plan.sampler_positives,
-               "ratio": plan.sampler_ratio, "repeats": plan.sampler_repeats}
-    ranks, error = run_worker("sampler", options, 1, 120, folder)
-    return {"error": error} if error else ranks[0]["sampler_ms"]
+    """{local classes: median ms} of the sampler, one case per plan.sampler_locals."""
+    measured = {}
+    for local in plan.sampler_locals:
+        options = {"classes": local, "positives": plan.sampler_positives,
+                   "ratio": plan.sampler_ratio, "repeats": plan.sampler_repeats}
+        ranks, error = run_worker("sampler", options, 1, 120, folder)
+        measured[str(local)] = {"error": error} if error else ranks[0]["sampler_ms"]
+    return measured
 
 
 def data_record(plan, folder, world=2):
@@ -154,11 +165,12 @@ def worker_main(argv):
     parser.add_argument("--ratio", type=float)
     parser.add_argument("--budget-s", type=float)
     parser.add_argument("--rec")
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args(argv)
     if args.worker == "head":
         from .cases import head_case
         record = head_case(args.classes, args.ratio, args.batch, args.dim, args.warmup, args.min_steps,
-                           args.max_steps, args.budget_s, args.repeats)
+                           args.max_steps, args.budget_s, args.repeats, dtype=args.dtype)
     elif args.worker == "sampler":
         from .cases import sampler_case
         record = sampler_case(args.classes, args.positives, args.ratio, args.repeats)
@@ -213,9 +225,10 @@ def main(argv=None):
             for classes in plan.classes:
                 for ratio in plan.ratios:
                     for world in plan.worlds:
-                        report["head"].append(head_record(plan, classes, ratio, world, folder,
-                                                          args.memory_headroom))
-                        _progress(report["head"][-1], start)
+                        for dtype in plan.dtypes:
+                            report["head"].append(head_record(plan, classes, ratio, world, dtype, folder,
+                                                              args.memory_headroom))
+                            _progress(report["head"][-1], start)
         if "sampler" in parts:
             report["sampler_ms"] = sampler_record(plan, folder)
             _progress({"sampler_ms": report["sampler_ms"]}, start)
