@@ -5,6 +5,7 @@ collective calls in the same order with the same `name`; shapes and dtypes that 
 match across ranks are stated per function. A rank that skips a call hangs the others
 until Horovod's stall check or the job's timeout ends the run.
 """
+import contextlib
 import os
 
 # Pillow's JPEG decoder must be loaded before horovod.mxnet: Horovod loads its library
@@ -31,8 +32,29 @@ def init(stall_shutdown_s=None):
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall_shutdown_s)))
     global _started
     if not hvd.is_initialized():
-        hvd.init()
+        with _alone_on_gloo():
+            hvd.init()
     _started = True
+
+
+ALONE_CONTROLLER = {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+
+
+@contextlib.contextmanager
+def _alone_on_gloo():
+    """A process that no launcher started (python train.py, a test) is a world of one: it
+    starts Horovod on Gloo, never MPI. MPI would start a singleton, which forks an `orted`
+    daemon from Horovod's background thread while MXNet's engine threads run (MXNet stops and
+    restarts its engine around every fork). The environment is as it was afterwards, so
+    no job this process launches inherits the choice; settings given in it are kept."""
+    from .launch import launched
+    chosen = {} if launched() else {k: v for k, v in ALONE_CONTROLLER.items() if k not in os.environ}
+    os.environ.update(chosen)
+    try:
+        yield
+    finally:
+        for name in chosen:
+            os.environ.pop(name, None)
 
 
 def is_started():

@@ -19,8 +19,9 @@ INIT_STD = 0.01
 
 
 def host_view(array):
-    """A NumPy array sharing the memory of a CPU NDArray (no copy). The NDArray must stay
-    alive and must not be written by pending MXNet operations while the view is used."""
+    """A NumPy array sharing the memory of a CPU NDArray (no copy). The view holds a reference
+    to the NDArray, so the memory outlives every view of it; the NDArray must not be written
+    by pending MXNet operations while the view is used."""
     if array.context.device_type != "cpu":
         raise ValueError(f"host_view needs a CPU NDArray, got one on {array.context}")
     mx.nd.waitall()                 # no pending write may land after the view is read
@@ -28,6 +29,7 @@ def host_view(array):
     mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
     dtype = np.dtype(array.dtype)
     buffer = (ctypes.c_byte * (array.size * dtype.itemsize)).from_address(pointer.value)
+    buffer.owner = array             # the view -> its buffer -> the NDArray: never freed under a view
     return np.frombuffer(buffer, dtype=dtype).reshape(array.shape)
 
 

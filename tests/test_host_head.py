@@ -92,9 +92,11 @@ def test_host_head_rejects_a_bad_index():
             head.forward_backward(mx.nd.ones((2, 3)), np.array([0, 1]), index, 2, CombinedMargin())
 
 
-def test_host_view_shares_memory():
-    """Test that a host view reads and writes the NDArray's own memory, and that a GPU array
-    is refused with a message naming its context."""
+def test_host_view_shares_memory_and_keeps_the_array_alive():
+    """Test that a host view reads and writes the NDArray's own memory, that the NDArray is not
+    freed while a view of it lives (dropping every other reference, then writing through the
+    view), and that a GPU array is refused with a message naming its context."""
+    import gc
     array = mx.nd.zeros((3, 2))
     view = host_view(array)
     view[1] = 5.0
@@ -102,6 +104,16 @@ def test_host_view_shares_memory():
     array[2] = 7.0
     mx.nd.waitall()
     assert view[2, 0] == 7.0
+    handle = array.handle.value
+    part = view[1:]
+    del array, view
+    gc.collect()
+    buffer = part
+    while not hasattr(buffer, "owner"):          # view -> ... -> the ctypes buffer
+        buffer = buffer.base
+    assert buffer.owner.handle.value == handle    # the NDArray itself, still alive
+    part[0] = 3.0
+    np.testing.assert_array_equal(buffer.owner.asnumpy()[1], [3, 3])
     with pytest.raises(ValueError, match="gpu"):
         host_view(_FakeGpuArray())
 
