@@ -6,6 +6,8 @@ nothing here reads default.py or the command line.
 import dataclasses
 import logging
 import os
+import shutil
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -32,13 +34,38 @@ from .saved_model import load_pretrained
 from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 
-def resolve_contexts(cfg, local_rank):
-    """(backbone context, bank context) for this rank; explicit, never implicit gpu(0)."""
+def driver_gpus():
+    """GPUs the NVIDIA driver lists (`nvidia-smi -L`), 0 when there is no driver or it fails."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
+
+
+CPU_ONLY_NOTE = "this MXNet build is CPU-only (README: GPUs, for the CUDA build)"
+
+
+def resolve_contexts(cfg, local_rank, warn=lambda message: None):
+    """(backbone context, bank context) for this rank; explicit, never implicit gpu(0).
+    A node whose driver lists GPUs that MXNet does not see gets a warning (`warn`); a setting
+    that needs a GPU on a CPU run is a UsageError."""
     gpus = mx.context.num_gpus()
+    unseen = driver_gpus() if not gpus and cfg.context != "cpu" else 0
     kind = ("gpu" if gpus else "cpu") if cfg.context == "auto" else cfg.context
     if kind == "gpu" and local_rank >= gpus:
-        raise UsageError(f"context=gpu but local rank {local_rank} has no GPU (this node has {gpus}); "
+        raise UsageError(f"context=gpu but local rank {local_rank} has no GPU (MXNet sees {gpus} on this node"
+                         f"{f', the driver {unseen}: {CPU_ONLY_NOTE}' if unseen else ''}); "
                          f"use context=auto or cpu, or fewer workers per node")
+    if unseen:
+        warn(f"this node has {unseen} GPU(s) (nvidia-smi) but MXNet sees none: training on the CPU; "
+             f"{CPU_ONLY_NOTE}")
+    if cfg.fp16 and kind == "cpu":
+        raise UsageError("fp16=true needs GPUs (MXNet has no float16 GEMM on the CPU) and this run's "
+                         f"backbone is on the CPU{f' ({CPU_ONLY_NOTE})' if unseen else ''}; set fp16=false "
+                         "(a float16 class-center bank on the CPU is bank_dtype=float16)")
     ctx = mx.gpu(local_rank) if kind == "gpu" else mx.cpu()
     return ctx, (ctx if cfg.bank_context == "same" else mx.cpu())
 
@@ -208,10 +235,10 @@ def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank,
     if not resume_path and not start_over:
         run_root.check_fresh_start(models_root)
     check_world(cfg, world)
-    ctx, bank_ctx = resolve_contexts(cfg, local_rank)
+    warn = logger.warning if rank == 0 else (lambda message: None)
+    ctx, bank_ctx = resolve_contexts(cfg, local_rank, warn)
     symbol = build_symbol(cfg)
     plan, _ = check_memory(cfg, world, symbol, ctx, bank_ctx, local_size)
-    warn = logger.warning if rank == 0 else (lambda message: None)
     resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn, continued_run) \
         if resume_path else (None, {})
     run_id = state.get("run_id") or continued_run or os.environ.get(run_root.RUN_ID_ENV) or run_root.new_run_id()

@@ -1,0 +1,58 @@
+"""Tests for sample_fc.builder's choice of devices: what runs where is said, never silent."""
+import os
+import stat
+
+import mxnet as mx
+import pytest
+
+from default import get_config
+from sample_fc.builder import resolve_contexts
+from sample_fc.errors import UsageError
+
+
+@pytest.fixture
+def fake_driver(tmp_path, monkeypatch):
+    """An nvidia-smi on PATH that lists `count` GPUs (this machine has no GPU and a CPU MXNet)."""
+    def install(count):
+        script = tmp_path / "nvidia-smi"
+        script.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: Tesla V100 (UUID: GPU-{i})'\n"
+                                                  for i in range(count)))
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return install
+
+
+def test_a_cpu_run_without_gpus_is_quiet(monkeypatch):
+    """Test that with no driver and no GPU the run is on the CPU without a warning."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    warnings = []
+    assert resolve_contexts(get_config(), 0, warnings.append) == (mx.cpu(), mx.cpu())
+    assert warnings == []
+
+
+def test_gpus_mxnet_cannot_see_are_named_once(fake_driver):
+    """Test that when the driver lists GPUs but this MXNet sees none, context=auto trains on the
+    CPU with one warning saying so, context=gpu is refused naming both counts, and context=cpu
+    says nothing."""
+    fake_driver(2)
+    cfg, warnings = get_config(), []
+    assert resolve_contexts(cfg, 0, warnings.append)[0] == mx.cpu()
+    assert len(warnings) == 1 and "2 GPU(s) (nvidia-smi) but MXNet sees none" in warnings[0]
+    assert "CPU-only" in warnings[0] and "\n" not in warnings[0]
+    cfg.context = "gpu"
+    with pytest.raises(UsageError, match=r"MXNet sees 0 on this node, the driver 2: this MXNet build is CPU-only"):
+        resolve_contexts(cfg, 0)
+    cfg.context, warnings = "cpu", []
+    resolve_contexts(cfg, 0, warnings.append)
+    assert warnings == []
+
+
+def test_fp16_on_a_cpu_run_is_one_line():
+    """Test that fp16=true on a CPU run is a UsageError at start-up naming the setting and the
+    way out, instead of MXNet's 'FP16 gemm on cpu not implemented' at the first step."""
+    cfg = get_config()
+    cfg.fp16 = True
+    with pytest.raises(UsageError) as error:
+        resolve_contexts(cfg, 0)
+    message = str(error.value)
+    assert message.startswith("fp16=true needs GPUs") and "set fp16=false" in message and "\n" not in message
