@@ -19,6 +19,7 @@ import mxnet as mx
 import numpy as np
 
 import default
+from symbols.cost import backbone_cost
 from sample_fc import builder, checkpoint, dist, resume, run_root
 from sample_fc.checkpoint import CheckpointError
 from sample_fc.config import format_config, save_config, write_json
@@ -226,6 +227,9 @@ def train(cfg, args):
         if moved:
             logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
         logger.info("memory plan: %s", run.plan.summary())
+        cost = backbone_cost(run.symbol, cfg.image_size)
+        logger.info("backbone %s at %d px: %.2fM parameters, %.3f G multiply-adds per image",
+                    cfg.network, cfg.image_size, cost.params / 1e6, cost.multiply_adds / 1e9)
     module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, logger, run.pretrained)
     if run.resume_from:
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,

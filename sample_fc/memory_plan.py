@@ -19,6 +19,8 @@ and `python -m sample_fc.tools.plan` prints it for any world.
 import math
 from dataclasses import dataclass
 
+from symbols.cost import backbone_cost
+
 from .errors import UsageError
 from .host_head import BLOCK_ROWS
 from .memory_bank import MAX_BLOCK_ELEMENTS
@@ -96,15 +98,10 @@ def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4):
 
 def backbone_sizes(symbol, image_size):
     """(parameters, activations per image) of a backbone symbol: the numbers its arguments
-    and auxiliary states hold, and the outputs of all its layers (not its inputs) for one image."""
-    shape = (1, 3, image_size, image_size)
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=shape)
-    params = sum(math.prod(s) for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data")
-    params += sum(math.prod(s) for s in aux_shapes)
-    internals = symbol.get_internals()
-    _, out_shapes, _ = internals.infer_shape(data=shape)
-    layers = [s for name, s in zip(internals.list_outputs(), out_shapes) if name.endswith("_output")]
-    return params, sum(math.prod(s) for s in layers)
+    and auxiliary states hold, and the outputs of all its layers (not its inputs) for one image
+    (symbols.cost.backbone_cost)."""
+    cost = backbone_cost(symbol, image_size)
+    return cost.params + cost.aux, cost.activations
 
 
 def meminfo_available():

@@ -1,14 +1,17 @@
 """Backbone symbols: get_symbol(name, ...) -> mx.sym.Symbol with input `data` and a
 single output `embeddings` (N, embedding_size).
 
-Networks: 'r18', 'r34', 'r50', 'r100' (IResNet, symbols/iresnet.py) and 'mbf'
-(MobileFaceNet, symbols/mobilefacenet.py). The symbols take raw RGB pixels 0..255, as the data
-iterators deliver them, and normalise them in the graph to (x - 127.5) / 128.
+Networks: 'r18', 'r34', 'r50', 'r100', 'r200' (IResNet, symbols/iresnet.py) and 'mbf',
+'mbf2', 'mbf_large' (MobileFaceNet, symbols/mobilefacenet.py): 'mbf' is the paper's network,
+'mbf2' its double-width version (arcface_torch's get_mbf; a temporary name), 'mbf_large'
+blocks (2, 8, 12, 4) at four times the width (arcface_torch's get_mbf_large). The symbols
+take raw RGB pixels 0..255, as the data iterators deliver them, and normalise them in the
+graph to (x - 127.5) / 128.
 """
 from .iresnet import UNITS as _IRESNET_UNITS, get_iresnet
-from .mobilefacenet import get_mobilefacenet
+from .mobilefacenet import CONFIGS as _MOBILEFACENET_CONFIGS, get_mobilefacenet
 
-NETWORKS = tuple(_IRESNET_UNITS) + ('mbf',)
+NETWORKS = tuple(_IRESNET_UNITS) + tuple(_MOBILEFACENET_CONFIGS)
 
 __all__ = ['NETWORKS', 'get_symbol']
 
@@ -25,8 +28,9 @@ def get_symbol(name, embedding_size=512, image_size=112, dtype='float32', dropou
     dropout:        drop probability in [0, 1) just before the embedding layer.
     Raises ValueError naming the bad value and the valid choices.
     """
-    if name == 'mbf':
-        return get_mobilefacenet(embedding_size, image_size, dtype, dropout)
+    if name in _MOBILEFACENET_CONFIGS:
+        blocks, scale = _MOBILEFACENET_CONFIGS[name]
+        return get_mobilefacenet(embedding_size, image_size, dtype, dropout, blocks, scale)
     if name in _IRESNET_UNITS:
         return get_iresnet(name, embedding_size, image_size, dtype, dropout)
     raise ValueError('unknown network %r; valid choices: %s' % (name, ', '.join(NETWORKS)))

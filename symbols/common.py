@@ -37,6 +37,8 @@ def prelu(data, name, channels):
     The slope is therefore applied as a depthwise 1x1 convolution of min(x, 0): the same
     math, with the slopes as the (channels, 1, 1, 1) weight `<name>_gamma`. The variable is
     declared explicitly: MXNet's initializers would otherwise start a `*_gamma` at 1.0.
+    symbols/cost.py tells this convolution by its `_gamma` weight and counts no
+    multiply-adds for it.
     """
     slope = mx.sym.Variable(name + '_gamma', shape=(channels, 1, 1, 1),
                             init=mx.init.Constant(PRELU_INIT))

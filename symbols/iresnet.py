@@ -1,4 +1,4 @@
-"""IResNet backbones (r18, r34, r50, r100) as MXNet symbols.
+"""IResNet backbones (r18, r34, r50, r100, r200) as MXNet symbols.
 
 The "improved" pre-activation ResNet of ArcFace (arXiv 1801.07698), as in insightface's
 arcface_torch/backbones/iresnet.py. Layout for a 112x112 input:
@@ -20,12 +20,13 @@ from .common import (batch_norm, check_args, conv, conv_bn, embedding_head, inpu
 STAGE_CHANNELS = (64, 128, 256, 512)
 STEM_CHANNELS = 64
 
-# units per stage
+# units per stage, as arcface_torch's iresnet18, ..., iresnet200
 UNITS = {
     'r18': (2, 2, 2, 2),
     'r34': (3, 4, 6, 3),
     'r50': (3, 4, 14, 3),
     'r100': (3, 13, 30, 3),
+    'r200': (6, 26, 60, 6),
 }
 
 
@@ -47,7 +48,7 @@ def residual_unit(data, name, in_channels, channels, stride):
 
 
 def get_iresnet(name, embedding_size=512, image_size=112, dtype='float32', dropout=0.0):
-    """The IResNet symbol `name` ('r18', 'r34', 'r50' or 'r100'): input `data`
+    """The IResNet symbol `name` (a key of UNITS): input `data`
     (N, 3, image_size, image_size), output `embeddings` (N, embedding_size)."""
     if name not in UNITS:
         raise ValueError('unknown IResNet %r; valid choices: %s' % (name, ', '.join(UNITS)))

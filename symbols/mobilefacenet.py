@@ -1,35 +1,52 @@
-"""MobileFaceNet backbone ('mbf') as an MXNet symbol.
+"""MobileFaceNet backbones ('mbf', 'mbf2', 'mbf_large') as MXNet symbols.
 
-MobileFaceNet (Chen et al., arXiv 1804.07573, Table 1) in insightface's configuration
-blocks=(1, 4, 6, 2). Layout for a 112x112 input:
+MobileFaceNet (Chen et al., arXiv 1804.07573, Table 1), generalised as insightface's
+arcface_torch/backbones/mobilefacenet.py: `blocks` gives the number of residual blocks of
+the stem and of the three stages, `scale` multiplies the channels between blocks. Layout
+for a 112x112 input; the channels marked * are multiplied by `scale`:
 
-    stem      conv3x3 64 s2 -> depthwise conv3x3 64                       56x56x64
-    stage1    down block to 64 (width 128), then 4 residual blocks (128)   28x28x64
-    stage2    down block to 128 (width 256), then 6 residual blocks (256)  14x14x128
-    stage3    down block to 128 (width 512), then 2 residual blocks (256)   7x7x128
-    conv_sep  conv1x1 512                                                  7x7x512
-    gdc       linear global depthwise conv, kernel = final map (7x7)       1x1x512
-    head      Flatten -> FC(embedding_size) -> BN                         'embeddings'
+    stem      conv3x3 64* s2, then                                      56x56x64*
+              if blocks[0] == 1: grouped conv3x3 64*, 64 groups (depthwise at scale 1)
+              else: blocks[0] residual blocks (width 128)
+    stage1    down block to 64* (width 128), blocks[1] residual blocks (128)  28x28x64*
+    stage2    down block to 128* (width 256), blocks[2] residual blocks (256) 14x14x128*
+    stage3    down block to 128* (width 512), blocks[3] residual blocks (256)  7x7x128*
+    conv_sep  conv1x1 512                                                    7x7x512
+    gdc       linear global depthwise conv, kernel = final map (7x7)         1x1x512
+    head      Flatten -> FC(embedding_size) -> BN                           'embeddings'
 
-A block is an inverted residual: conv1x1 to its width -> depthwise conv3x3 (stride 2 in a
-down block) -> linear conv1x1 back to the stage's channels. The width is the expansion
-factor t times the input channels: t=2, except t=4 for the blocks going down to stages 2
-and 3 (the paper's table). Residual blocks add their input; down blocks do not.
-Every conv is followed by BN, and by PReLU except the linear ones.
+`scale` does not touch the block widths, the stem's 64 groups, conv_sep's 512 channels or
+the GDC. A block is an inverted residual: conv1x1 to its width -> depthwise conv3x3 (stride
+2 in a down block) -> linear conv1x1 back to the stage's channels. Residual blocks add
+their input; down blocks do not. Every conv is followed by BN, and by PReLU except the
+linear ones.
+
+blocks=(1, 4, 6, 2), scale=1 ('mbf') is the paper's network; its widths are the paper's
+expansion factors t=2, or t=4 for the blocks going down to stages 2 and 3.
 """
 import mxnet as mx
 
-from .common import check_args, conv_bn, embedding_head, input_data
+from .common import _is_int, check_args, conv_bn, embedding_head, input_data
 
-STEM_CHANNELS = 64
-SEP_CHANNELS = 512
+STEM_CHANNELS = 64       # times scale
+STEM_GROUPS = 64         # groups of the stem's second conv when blocks[0] == 1; not scaled
+STEM_BLOCK_WIDTH = 128   # width of the stem's residual blocks when blocks[0] != 1
+SEP_CHANNELS = 512       # conv_sep and GDC channels; not scaled
 
-# (out channels, width of the down block, width of the residual blocks, residual blocks)
+# (out channels at scale 1, width of the down block, width of the residual blocks,
+#  residual blocks of 'mbf'); get_mobilefacenet takes the residual blocks from `blocks`
 STAGES = (
     (64, 128, 128, 4),
     (128, 256, 256, 6),
     (128, 512, 256, 2),
 )
+
+# network name -> (blocks, scale), as arcface_torch's MobileFaceNet(blocks, scale)
+CONFIGS = {
+    'mbf': ((1, 4, 6, 2), 1),         # the paper's network
+    'mbf2': ((1, 4, 6, 2), 2),        # arcface_torch's get_mbf
+    'mbf_large': ((2, 8, 12, 4), 4),  # arcface_torch's get_mbf_large
+}
 
 
 def inverted_residual(data, name, width, out_channels, stride):
@@ -39,23 +56,50 @@ def inverted_residual(data, name, width, out_channels, stride):
     return conv_bn(body, name + '_project', out_channels, kernel=1, act=False)
 
 
-def get_mobilefacenet(embedding_size=512, image_size=112, dtype='float32', dropout=0.0):
-    """The MobileFaceNet symbol: input `data` (N, 3, image_size, image_size), output
-    `embeddings` (N, embedding_size). Dropout, if any, acts just before the FC."""
-    side = check_args(embedding_size, image_size, dtype, dropout)
+def residual_blocks(data, prefix, width, channels, count):
+    """`count` stride-1 inverted residuals `<prefix>_unit1`, ... that add their input."""
+    body = data
+    for unit in range(1, count + 1):
+        name = '%s_unit%d' % (prefix, unit)
+        branch = inverted_residual(body, name, width, channels, stride=1)
+        body = mx.sym.elemwise_add(body, branch, name=name + '_add')
+    return body
 
-    # stem: halve the resolution, then one depthwise conv
-    body = conv_bn(input_data(dtype), 'stem', STEM_CHANNELS, kernel=3, stride=2)
-    body = conv_bn(body, 'stem_dw', STEM_CHANNELS, kernel=3, num_group=STEM_CHANNELS)
+
+def check_blocks_scale(blocks, scale):
+    """Raise ValueError unless blocks is 4 non-negative ints and scale a positive int."""
+    if not isinstance(blocks, (tuple, list)) or len(blocks) != 4 \
+            or not all(_is_int(count) and count >= 0 for count in blocks):
+        raise ValueError('blocks must be 4 non-negative ints, got %r' % (blocks,))
+    if not _is_int(scale) or scale <= 0:
+        raise ValueError('scale must be a positive int, got %r' % (scale,))
+
+
+def get_mobilefacenet(embedding_size=512, image_size=112, dtype='float32', dropout=0.0,
+                      blocks=(1, 4, 6, 2), scale=1):
+    """The MobileFaceNet symbol: input `data` (N, 3, image_size, image_size), output
+    `embeddings` (N, embedding_size). Dropout, if any, acts just before the FC.
+
+    blocks: residual blocks of the stem (1 means the grouped conv3x3 instead) and of
+            stages 1-3; scale: multiplier of the stem and stage channels.
+    """
+    side = check_args(embedding_size, image_size, dtype, dropout)
+    check_blocks_scale(blocks, scale)
+    stem_channels = STEM_CHANNELS * scale
+
+    # stem: halve the resolution, then one grouped conv or blocks[0] residual blocks
+    body = conv_bn(input_data(dtype), 'stem', stem_channels, kernel=3, stride=2)
+    if blocks[0] == 1:
+        body = conv_bn(body, 'stem_dw', stem_channels, kernel=3, num_group=STEM_GROUPS)
+    else:
+        body = residual_blocks(body, 'stem', STEM_BLOCK_WIDTH, stem_channels, blocks[0])
 
     # three stages: a strided block without shortcut, then residual blocks
-    for stage, (channels, down_width, width, units) in enumerate(STAGES, start=1):
+    for stage, (channels, down_width, width, _) in enumerate(STAGES, start=1):
         prefix = 'stage%d' % stage
-        body = inverted_residual(body, prefix + '_down', down_width, channels, stride=2)
-        for unit in range(1, units + 1):
-            name = '%s_unit%d' % (prefix, unit)
-            branch = inverted_residual(body, name, width, channels, stride=1)
-            body = mx.sym.elemwise_add(body, branch, name=name + '_add')
+        body = inverted_residual(body, prefix + '_down', down_width, channels * scale,
+                                 stride=2)
+        body = residual_blocks(body, prefix, width, channels * scale, blocks[stage])
 
     # 1x1 conv to 512 channels, then the linear global depthwise conv (GDC) over the
     # whole side x side map

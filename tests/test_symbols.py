@@ -1,10 +1,13 @@
 """Tests for symbols/: shapes, a CPU forward/backward, parameter counts, argument checks."""
+import hashlib
+
 import mxnet as mx
 import numpy as np
 import pytest
 
 import symbols
 from symbols import NETWORKS, get_symbol
+from symbols.mobilefacenet import get_mobilefacenet
 
 
 def count_params(sym, image_size):
@@ -56,6 +59,68 @@ def mobilefacenet_params(embedding_size, image_size):
     return total + 512 * embedding_size + bn(embedding_size)   # FC without bias, BN
 
 
+# ---- parameter counts of insightface's arcface_torch networks, summed by hand from the
+# modules of recognition/arcface_torch/backbones/{iresnet,mobilefacenet}.py: what
+# sum(p.numel() for p in model.parameters()) gives, BN weight and bias included (also the
+# frozen weight of IResNet's `features` BatchNorm1d); running statistics are buffers ----
+
+def torch_conv2d(c_in, c_out, k, groups=1):
+    return c_in // groups * c_out * k * k          # every Conv2d has bias=False
+
+
+def torch_conv_block(c_in, c_out, k, groups=1):    # Conv2d, BatchNorm2d, PReLU(c_out)
+    return torch_conv2d(c_in, c_out, k, groups) + 2 * c_out + c_out
+
+
+def torch_linear_block(c_in, c_out, k, groups=1):  # Conv2d, BatchNorm2d
+    return torch_conv2d(c_in, c_out, k, groups) + 2 * c_out
+
+
+def torch_depth_wise(c_in, c_out, groups):
+    """DepthWise(in_c, out_c, groups): ConvBlock 1x1 to `groups` channels, ConvBlock 3x3
+    with `groups` groups, LinearBlock 1x1 to out_c."""
+    return torch_conv_block(c_in, groups, 1) + torch_conv_block(groups, groups, 3, groups) \
+        + torch_linear_block(groups, c_out, 1)
+
+
+def arcface_torch_mbf_params(blocks, scale, num_features=512):
+    """MobileFaceNet(blocks, scale) at 112 px: ConvBlock 3->64s s2; ConvBlock 64s->64s with
+    groups=64 if blocks[0] == 1, else Residual(64s, blocks[0], groups=128); DepthWise(64s,
+    64s, 128), Residual(64s, blocks[1], 128); DepthWise(64s, 128s, 256), Residual(128s,
+    blocks[2], 256); DepthWise(128s, 128s, 512), Residual(128s, blocks[3], 256); conv_sep
+    ConvBlock 128s->512; GDC: LinearBlock 512, 7x7, groups 512 -> Linear(512, D, no bias)
+    -> BatchNorm1d(D)."""
+    c64, c128 = 64 * scale, 128 * scale
+    total = torch_conv_block(3, c64, 3)
+    if blocks[0] == 1:
+        total += torch_conv_block(c64, c64, 3, groups=64)
+    else:
+        total += blocks[0] * torch_depth_wise(c64, c64, 128)
+    total += torch_depth_wise(c64, c64, 128) + blocks[1] * torch_depth_wise(c64, c64, 128)
+    total += torch_depth_wise(c64, c128, 256) + blocks[2] * torch_depth_wise(c128, c128, 256)
+    total += torch_depth_wise(c128, c128, 512) + blocks[3] * torch_depth_wise(c128, c128, 256)
+    total += torch_conv_block(c128, 512, 1)
+    return total + torch_linear_block(512, 512, 7, groups=512) + 512 * num_features \
+        + 2 * num_features
+
+
+def arcface_torch_iresnet_params(layers, num_features=512):
+    """IResNet(IBasicBlock, layers) at 112 px: conv1 3->64 + bn1 + prelu; per IBasicBlock
+    bn1(inplanes), conv3x3, bn2, prelu, conv3x3, bn3, and in the first (stride 2) block of
+    each layer a downsample conv1x1 + BatchNorm2d; bn2(512), fc Linear(512*7*7, D) with
+    bias, features BatchNorm1d(D)."""
+    total = torch_conv2d(3, 64, 3) + 2 * 64 + 64
+    inplanes = 64
+    for planes, count in zip((64, 128, 256, 512), layers):
+        for block in range(count):
+            total += 2 * inplanes + torch_conv2d(inplanes, planes, 3) + 2 * planes + planes \
+                + torch_conv2d(planes, planes, 3) + 2 * planes
+            if block == 0:
+                total += torch_conv2d(inplanes, planes, 1) + 2 * planes
+            inplanes = planes
+    return total + 2 * 512 + 512 * 7 * 7 * num_features + num_features + 2 * num_features
+
+
 @pytest.mark.parametrize('name', NETWORKS)
 def test_output_shape_112(name):
     """Test that every network maps (N, 3, 112, 112) to embeddings (N, D)."""
@@ -66,20 +131,23 @@ def test_output_shape_112(name):
     assert out_shapes == [(4, 256)]
 
 
-@pytest.mark.parametrize('name', ['r18', 'mbf'])
+@pytest.mark.parametrize('name', ['r18', 'mbf', 'mbf_large'])
 def test_output_shape_64(name):
-    """Test that r18 and mbf also build for 64x64 inputs (a 4x4 final map)."""
+    """Test that r18, mbf and mbf_large also build for 64x64 inputs (a 4x4 final map)."""
     sym = get_symbol(name, image_size=64)
     _, out_shapes, _ = sym.infer_shape(data=(3, 3, 64, 64))
     assert out_shapes == [(3, 512)]
 
 
-@pytest.mark.parametrize('name', ['r50', 'mbf'])
-def test_forward_backward_cpu(name):
-    """Test that r50 and mbf run forward and backward on CPU with finite, non-zero
-    gradients down to the first conv."""
-    sym = get_symbol(name, image_size=112)
-    exe = sym.simple_bind(ctx=mx.cpu(), data=(2, 3, 112, 112), grad_req='write')
+@pytest.mark.parametrize('name,image_size', [('r50', 112), ('mbf', 112), ('mbf2', 32),
+                                             ('mbf_large', 32)])
+def test_forward_backward_cpu(name, image_size):
+    """Test that r50 and mbf (at 112 px) and mbf2 and mbf_large (at 32 px, to stay fast)
+    run forward and backward on CPU with finite, non-zero gradients down to the first
+    conv."""
+    sym = get_symbol(name, image_size=image_size)
+    exe = sym.simple_bind(ctx=mx.cpu(), data=(2, 3, image_size, image_size),
+                          grad_req='write')
     rng = np.random.RandomState(0)
     for arg_name, arr in exe.arg_dict.items():
         if arg_name == 'data':
@@ -104,7 +172,8 @@ def test_forward_backward_cpu(name):
 
 
 @pytest.mark.parametrize('name,units', [('r18', (2, 2, 2, 2)), ('r34', (3, 4, 6, 3)),
-                                        ('r50', (3, 4, 14, 3)), ('r100', (3, 13, 30, 3))])
+                                        ('r50', (3, 4, 14, 3)), ('r100', (3, 13, 30, 3)),
+                                        ('r200', (6, 26, 60, 6))])
 @pytest.mark.parametrize('embedding_size,image_size', [(512, 112), (128, 64)])
 def test_iresnet_param_count(name, units, embedding_size, image_size):
     """Test that the IResNet parameter counts equal the hand-derived formula."""
@@ -117,6 +186,114 @@ def test_mobilefacenet_param_count(embedding_size, image_size):
     """Test that the MobileFaceNet parameter count equals the hand-derived formula."""
     sym = get_symbol('mbf', embedding_size=embedding_size, image_size=image_size)
     assert count_params(sym, image_size) == mobilefacenet_params(embedding_size, image_size)
+
+
+def layout_digest(sym, image_size):
+    """SHA-256 of the ordered (name, shape) list of the arguments, then the aux states."""
+    arg_shapes, _, aux_shapes = sym.infer_shape(data=(1, 3, image_size, image_size))
+    layout = list(zip(sym.list_arguments(), arg_shapes)) \
+        + list(zip(sym.list_auxiliary_states(), aux_shapes))
+    text = repr([(name, tuple(shape)) for name, shape in layout])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize('build', [
+    lambda **kw: get_symbol('mbf', **kw),
+    lambda **kw: get_mobilefacenet(blocks=(1, 4, 6, 2), scale=1, **kw),
+], ids=['get_symbol', 'get_mobilefacenet'])
+def test_mbf_unchanged_by_blocks_and_scale(build):
+    """Test that 'mbf', and get_mobilefacenet at blocks (1, 4, 6, 2) and scale 1, build
+    the symbol that was built before blocks and scale existed, so saved checkpoints load.
+
+    The digests were recorded from that code (mxnet 1.9.1, whose version the JSON names):
+    the argument and aux names and shapes in order, and the whole graph JSON at
+    112 px / D 512 / float32 and at 64 px / D 128 / float16 / dropout 0.2. The JSON is
+    built under a fresh NameManager: MXNet numbers unnamed nodes (`_minusscalar0`) with
+    process-wide counters.
+    """
+    with mx.name.NameManager():
+        sym = build()
+    assert len(sym.list_arguments()) == 184 and len(sym.list_auxiliary_states()) == 100
+    arg_shapes, _, _ = sym.infer_shape(data=(1, 3, 112, 112))
+    shapes = dict(zip(sym.list_arguments(), arg_shapes))
+    assert shapes['stem_dw_conv_weight'] == (64, 1, 3, 3)
+    assert shapes['stage3_down_expand_conv_weight'] == (512, 128, 1, 1)
+    assert shapes['stage2_unit6_project_conv_weight'] == (128, 256, 1, 1)
+    assert shapes['conv_sep_conv_weight'] == (512, 128, 1, 1)
+    assert shapes['gdc_conv_weight'] == (512, 1, 7, 7)
+    assert shapes['embedding_fc_weight'] == (512, 512)
+    assert layout_digest(sym, 112) == \
+        'ce43190d08dbacd48499e840402a6f671b5ce76e38d9fffe89af35fe915b74ed'
+    assert hashlib.sha256(sym.tojson().encode()).hexdigest() == \
+        'bf802aca1c23b6782f3f829a2e764cb204b88da75de15a58f9646e9b9691cd37'
+    with mx.name.NameManager():
+        small = build(embedding_size=128, image_size=64, dtype='float16', dropout=0.2)
+    assert hashlib.sha256(small.tojson().encode()).hexdigest() == \
+        '1798440015bbc66f643245103e5cee82d5855df70ece6d8f4f5d1d98e17e16a5'
+
+
+def test_mobilefacenet_scale_widths():
+    """Test that scale multiplies the stem and stage channels but not the block widths,
+    the stem's 64 groups or conv_sep's 512 (arcface_torch's MobileFaceNet), and that
+    blocks[0] = 2 replaces the stem's grouped conv by two residual blocks of width 128."""
+    def shapes(name):
+        sym = get_symbol(name)
+        arg_shapes, _, _ = sym.infer_shape(data=(1, 3, 112, 112))
+        return dict(zip(sym.list_arguments(), arg_shapes))
+
+    mbf2 = shapes('mbf2')
+    assert mbf2['stem_conv_weight'] == (128, 3, 3, 3)
+    assert mbf2['stem_dw_conv_weight'] == (128, 2, 3, 3)            # 64 groups of 2
+    assert mbf2['stage1_down_expand_conv_weight'] == (128, 128, 1, 1)
+    assert mbf2['stage1_unit4_project_conv_weight'] == (128, 128, 1, 1)
+    assert mbf2['stage2_down_project_conv_weight'] == (256, 256, 1, 1)
+    assert mbf2['stage3_down_dw_conv_weight'] == (512, 1, 3, 3)
+    assert mbf2['stage3_unit2_expand_conv_weight'] == (256, 256, 1, 1)
+    assert mbf2['conv_sep_conv_weight'] == (512, 256, 1, 1)
+    assert 'stage1_unit5_expand_conv_weight' not in mbf2
+
+    large = shapes('mbf_large')
+    assert large['stem_conv_weight'] == (256, 3, 3, 3)
+    assert 'stem_dw_conv_weight' not in large
+    assert large['stem_unit1_expand_conv_weight'] == (128, 256, 1, 1)
+    assert large['stem_unit2_project_conv_weight'] == (256, 128, 1, 1)
+    assert 'stem_unit3_expand_conv_weight' not in large
+    assert large['stage1_unit8_dw_conv_weight'] == (128, 1, 3, 3)
+    assert large['stage2_down_project_conv_weight'] == (512, 256, 1, 1)
+    assert large['stage2_unit12_expand_conv_weight'] == (256, 512, 1, 1)
+    assert large['stage3_unit4_project_conv_weight'] == (512, 256, 1, 1)
+    assert large['conv_sep_conv_weight'] == (512, 512, 1, 1)
+    assert large['gdc_conv_weight'] == (512, 1, 7, 7)
+
+
+@pytest.mark.parametrize('name,arcface_torch', [
+    ('mbf2', lambda: arcface_torch_mbf_params((1, 4, 6, 2), 2)),
+    ('mbf_large', lambda: arcface_torch_mbf_params((2, 8, 12, 4), 4)),
+    ('r50', lambda: arcface_torch_iresnet_params((3, 4, 14, 3))),
+    ('r100', lambda: arcface_torch_iresnet_params((3, 13, 30, 3))),
+    ('r200', lambda: arcface_torch_iresnet_params((6, 26, 60, 6))),
+])
+def test_param_count_matches_arcface_torch(name, arcface_torch):
+    """Test that our parameter counts (112 px, D 512) are within 1% of insightface's
+    arcface_torch networks, summed by hand from its backbones/mobilefacenet.py (get_mbf:
+    blocks (1, 4, 6, 2), scale 2; get_mbf_large: (2, 8, 12, 4), scale 4) and
+    backbones/iresnet.py (iresnet50, 100, 200: layers (3, 4, 14, 3), (3, 13, 30, 3),
+    (6, 26, 60, 6))."""
+    count, want = count_params(get_symbol(name), 112), arcface_torch()
+    assert abs(count - want) / want < 0.01, (name, count, want)
+
+
+@pytest.mark.parametrize('kwargs,bad', [({'blocks': (1, 4, 6)}, '(1, 4, 6)'),
+                                        ({'blocks': (1, 4, -1, 2)}, '(1, 4, -1, 2)'),
+                                        ({'blocks': (1, 4.0, 6, 2)}, '(1, 4.0, 6, 2)'),
+                                        ({'scale': 0}, '0'), ({'scale': 1.5}, '1.5'),
+                                        ({'scale': True}, 'True')])
+def test_bad_blocks_or_scale_raises(kwargs, bad):
+    """Test that blocks other than 4 non-negative ints, or a scale that is not a positive
+    int, raise ValueError naming the value."""
+    with pytest.raises(ValueError) as err:
+        get_mobilefacenet(**kwargs)
+    assert 'got ' + bad in str(err.value)
 
 
 @pytest.mark.parametrize('name,embedding_size,published', [
@@ -139,8 +316,8 @@ def test_param_count_matches_published(name, embedding_size, published):
 def test_unknown_name_raises():
     """Test that an unknown network name raises ValueError naming it and the choices."""
     with pytest.raises(ValueError) as err:
-        get_symbol('r200')
-    assert "'r200'" in str(err.value)
+        get_symbol('r152')
+    assert "'r152'" in str(err.value)
     for valid in NETWORKS:
         assert valid in str(err.value)
 
@@ -196,7 +373,8 @@ def test_dropout_in_graph():
 
 def test_public_names():
     """Test that the package exports get_symbol and NETWORKS as a tuple."""
-    assert symbols.NETWORKS == ('r18', 'r34', 'r50', 'r100', 'mbf')
+    assert symbols.NETWORKS == ('r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf2',
+                                'mbf_large')
     assert set(symbols.__all__) == {'NETWORKS', 'get_symbol'}
 
 

@@ -55,6 +55,11 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     assert list((root / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events"
     config = json.loads((root / "config.json").read_text())
     assert config["max_update"] == 32 and config["network"] == "mbf"
+    # the start-up log states the backbone's size and cost: the saved params' count (learnable)
+    logged = re.search(r"backbone mbf at 32 px: ([\d.]+)M parameters, ([\d.]+) G multiply-adds", result.stdout)
+    assert logged, per_rank_tail(result.stdout)
+    assert float(logged.group(1)) == round(sum(v.size for v in arg_params.values()) / 1e6, 2)
+    assert float(logged.group(2)) > 0
     # in-training verification ran on both workers (steps 16 and 32) and the stand-alone tool
     # reproduces the number of the final model exactly
     trained = re.findall(r"step (16|32)  (demo_val: accuracy .*)", result.stdout)
