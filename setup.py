@@ -11,5 +11,5 @@ setup(
     # float16 bank rows (sample_fc/rounding.py); optional: without a compiler NumPy does it, slowly
     ext_modules=[Extension("sample_fc._half_rows", ["sample_fc/_half_rows.c"], optional=True,
                            extra_compile_args=["-O3", "-std=c99"])],
-    install_requires=["mxnet==1.9.1", "numpy<1.24", "easydict", "horovod==0.28.1"],
+    install_requires=["mxnet==1.9.1", "numpy<2", "easydict", "horovod==0.28.1"],
 )

@@ -19,15 +19,15 @@ die() { echo "[bootstrap] ERROR: $*" >&2; exit 1; }
 if command -v mpicxx >/dev/null 2>&1; then VARIANT=gloo-mpi; else VARIANT=gloo; fi
 
 # Everything that should trigger a refresh goes into the stamp.
-STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$ROOT/requirements.txt" "$ROOT/setup.py" "$ROOT/sample_fc/_half_rows.c";
+STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$ROOT/requirements.txt" "$ROOT/setup.py" "$ROOT/sample_fc/_half_rows.c" "$ROOT/scripts/patch_mxnet.py";
                 echo "$VARIANT"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)
 STAMP_FILE=$VENV/.sample_fc_stamp
 if [[ -f $STAMP_FILE && $(cat "$STAMP_FILE") == "$STAMP_WANT" && -x $VENV/bin/horovodrun ]]; then
   exit 0
 fi
 
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] < (3, 8))' \
-  || die "need Python >= 3.8, got $("$PYTHON" -V 2>&1) (set PYTHON=/path/to/python3)"
+"$PYTHON" -c 'import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 12))' \
+  || die "need Python 3.8 to 3.12, got $("$PYTHON" -V 2>&1): mxnet 1.9.1 needs numpy < 2, which has no wheels for Python 3.13+; set PYTHON=/path/to/python3.12 (or 3.11, 3.10, ...)"
 if [[ ! -x $VENV/bin/python ]]; then
   log "creating virtual environment in $VENV"
   "$PYTHON" -m venv "$VENV" || die "python -m venv failed; on Debian/Ubuntu: apt-get install python3-venv"
@@ -39,10 +39,17 @@ pip_quiet() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file no
 log "installing pinned packages (requirements.txt)"
 pip_quiet install 'setuptools<70' wheel 'cmake<4' packaging
 pip_quiet install -r "$ROOT/requirements.txt"
-"$VENV/bin/python" -c 'import mxnet' || die "mxnet 1.9.1 does not import (numpy must be < 1.24)"
+# mxnet 1.9.1 uses numpy aliases removed in numpy 1.24: scripts/patch_mxnet.py fixes its files
+MXNET_DIR=$("$VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("mxnet").submodule_search_locations[0])') \
+  || die "mxnet is not installed in $VENV"
+"$VENV/bin/python" "$ROOT/scripts/patch_mxnet.py" "$MXNET_DIR" >/dev/null || die "could not patch mxnet in $MXNET_DIR"
+"$VENV/bin/python" -c 'import mxnet; mxnet.nd.ones(2).asnumpy(); mxnet.np.ones(2) > 0' \
+  || die "mxnet 1.9.1 does not run with the installed numpy"
 
-# The build is keyed on version, variant and our source fixes (scripts/patch_horovod.py).
-BUILD_ID=$HOROVOD_VERSION-$VARIANT-fix$(sha256sum "$ROOT/scripts/patch_horovod.py" | cut -c1-8)
+# The build is keyed on version, variant, Python (a wheel is built for one) and our source
+# fixes (scripts/patch_horovod.py).
+PYTAG=$("$VENV/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+BUILD_ID=$HOROVOD_VERSION-$VARIANT-$PYTAG-fix$(sha256sum "$ROOT/scripts/patch_horovod.py" | cut -c1-8)
 WHEEL_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/sample_fc/wheels/horovod-$BUILD_ID
 installed_build=$(cat "$VENV/.horovod_build" 2>/dev/null || true)
 if [[ $installed_build != "$BUILD_ID" ]] || ! "$VENV/bin/python" -c 'import horovod.mxnet' 2>/dev/null; then

@@ -1,0 +1,59 @@
+"""Make mxnet 1.9.1's Python files work with numpy >= 1.24, before scripts/bootstrap.sh uses them.
+
+    python scripts/patch_mxnet.py <the installed mxnet package directory>
+
+numpy 1.24 removed the aliases np.bool, np.int, ... (deprecated since 1.20); mxnet 1.9.1
+still uses a few of them, so with a current numpy an NDArray operation fails with
+"module 'numpy' has no attribute 'bool'". Each fix below replaces an exact text that must
+occur the stated number of times (or is already fixed) with the numpy type it always meant
+(np.bool was Python's bool, whose numpy dtype is np.bool_; np.int was Python's int, the
+platform's default integer). Anything else stops the bootstrap with the file and text named,
+so a different mxnet never gets half-patched. With numpy < 1.24 the patched files behave as
+before (np.bool_ and np.int_ exist there too).
+"""
+import sys
+from pathlib import Path
+
+FIXES = [   # (file, text, replacement, occurrences)
+    ("numpy/utils.py", "bool = onp.bool\n", "bool = onp.bool_\n", 1),
+    ("numpy/multiarray.py", "key = array(key, dtype=_np.bool, ctx=self.ctx)",
+     "key = array(key, dtype=_np.bool_, ctx=self.ctx)", 1),
+    ("numpy/multiarray.py", "key = array(key, dtype=_np.bool)", "key = array(key, dtype=_np.bool_)", 1),
+    ("numpy/multiarray.py", "key.dtype == _np.bool:", "key.dtype == _np.bool_:", 1),
+    ("symbol/numpy/_symbol.py", "dtype = _np.bool if dtype is None else dtype",
+     "dtype = _np.bool_ if dtype is None else dtype", 1),
+    ("ndarray/numpy/_op.py", "dtype = _np.bool if dtype is None else dtype",
+     "dtype = _np.bool_ if dtype is None else dtype", 1),
+    ("test_utils.py", "np.dtype(np.bool): 0,", "np.dtype(np.bool_): 0,", 2),
+    ("test_utils.py", "dtype=np.int)", "dtype=np.int_)", 1),
+]
+
+
+def apply_fixes(package_dir):
+    """Check every fix against the files first, then write: all fixes or none."""
+    texts = {}
+    for relative, old, new, count in FIXES:
+        path = Path(package_dir) / relative
+        if not path.is_file():
+            sys.exit(f"patch_mxnet: {path} not found; expected the mxnet 1.9.1 package directory")
+        text = texts.setdefault(path, path.read_text())
+        found = text.count(old)
+        if found == 0 and text.count(new) >= count:
+            continue                                        # already fixed
+        if found != count:
+            sys.exit(f"patch_mxnet: {relative}: expected {old!r} {count} time(s), found it {found} "
+                     f"time(s); is this mxnet 1.9.1?")
+        texts[path] = text.replace(old, new)
+    changed = 0
+    for path, text in texts.items():
+        if path.read_text() != text:
+            path.write_text(text)
+            changed += 1
+    print(f"patch_mxnet: {changed} file(s) fixed for numpy >= 1.24" if changed else
+          "patch_mxnet: already fixed")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    apply_fixes(sys.argv[1])
