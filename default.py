@@ -48,7 +48,7 @@ def _base_config():
     cfg.aug_grayscale = 0.0              # probability of converting an image to gray (0 = off)
 
     # ---- network ----------------------------------------------------------------
-    cfg.network = 'mbf'                  # backbone preset name, one of NETWORKS (symbols/)
+    cfg.network = 'mbf'                  # backbone preset name, one of NETWORKS (symbols/; the demo's is mbf_small)
     cfg.embedding_size = 512             # embedding dimension D produced by the backbone
     cfg.dropout = 0.0                    # dropout before the embedding layer (0 = off)
     cfg.fp16 = False                     # mixed precision for the backbone (GPU only)
@@ -124,12 +124,36 @@ _NETWORK_PRESETS = {
         'fp16': False,                   # fp32 by default
         'batch_size': 64,                # per worker (the original Partial FC MXNet default)
     },
+    'r200': {
+        'embedding_size': 512,           # IResNet-200, arcface_torch's largest IResNet (its best WebFace42M result)
+        'dropout': 0.0,                  # no dropout
+        'fp16': False,                   # fp32 by default
+        'batch_size': 64,                # per worker, as r100 (about twice r100's activations: halve on 16 GB GPUs)
+    },
     'mbf': {
-        'embedding_size': 512,           # MobileFaceNet with arcface_torch's 512-d head
+        'embedding_size': 512,           # MobileFaceNet at twice the paper's widths: arcface_torch's mbf
         'dropout': 0.0,                  # no dropout
         'fp16': False,                   # fp32 by default
         'batch_size': 128,               # per worker
     },
+    'mbf_large': {
+        'embedding_size': 512,           # MobileFaceNet blocks (2, 8, 12, 4) at 4x widths: arcface_torch's mbf_large
+        'dropout': 0.0,                  # no dropout
+        'fp16': False,                   # fp32 by default
+        'batch_size': 128,               # per worker
+    },
+    'mbf_small': {
+        'embedding_size': 512,           # the MobileFaceNet paper's network (half mbf's widths; sample_fc's mbf before)
+        'dropout': 0.0,                  # no dropout
+        'fp16': False,                   # fp32 by default
+        'batch_size': 128,               # per worker
+    },
+}
+
+# The network a dataset trains when none is named (others: the base's `network`). The demo
+# keeps the paper's small MobileFaceNet to train in minutes on 2 CPU cores.
+_DATASET_NETWORKS = {
+    'demo': 'mbf_small',
 }
 
 # Dataset presets. Schedules assume 8 workers; the step counts give about 20 epochs at a
@@ -153,7 +177,7 @@ _DATASET_PRESETS = {
         'warmup_steps': 0,               # no warm-up
         'data_threads': 1,               # 32 px JPEGs decode at ~3000/s per thread; leave the cores to training
         'lr_steps': [180, 230],          # decay twice near the end
-        'max_update': 260,               # ~4 min on 2 CPU workers (~4 epochs): held-out 0.9133 (seeds 1-5: 0.913 mean; 400 steps, decay at 280, 350: 0.9233)
+        'max_update': 260,               # ~4 min on 2 CPU workers with mbf_small (~4 epochs): held-out 0.9133 (seeds 1-5: 0.913 mean; 400 steps, decay at 280, 350: 0.9233)
         'frequent': 20,                  # log often
         'verify_period': 130,            # verify halfway and at the end
         'ckpt_period': 130,              # checkpoint halfway and at the end
@@ -256,17 +280,23 @@ def _apply_preset(cfg, kind, name, presets):
         cfg[key] = copy.deepcopy(value)  # presets are shared; configs must not alias them
 
 
-def get_config(dataset='demo', network='mbf', loss=None):
+def default_network(dataset):
+    """The network preset `dataset` trains when none is named."""
+    return _DATASET_NETWORKS.get(dataset, _base_config().network)
+
+
+def get_config(dataset='demo', network=None, loss=None):
     """Return a new config for the given presets.
 
     Args:
         dataset: one of DATASETS.
-        network: one of NETWORKS.
+        network: one of NETWORKS, or None for the dataset's (default_network).
         loss: one of LOSSES (its published margins), or None for the dataset's own recipe.
     Raises:
         ValueError: an unknown preset name (the message lists the choices).
     """
     cfg = _base_config()
+    network = network or default_network(dataset)
     _apply_preset(cfg, 'network', network, _NETWORK_PRESETS)
     _apply_preset(cfg, 'dataset', dataset, _DATASET_PRESETS)
     if loss is not None:
@@ -353,7 +383,7 @@ def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=
             raise UsageError(f"--set {text}: choose presets with --dataset/--network/--loss instead")
     if resumed is None:
         dataset = dataset or 'demo'
-        cfg = get_config(dataset, network or get_config(dataset).network, loss)
+        cfg = get_config(dataset, network, loss)
     else:
         saved = config_from_checkpoint(resumed, note)
         cfg = copy.deepcopy(saved)

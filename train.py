@@ -19,7 +19,7 @@ import mxnet as mx
 import numpy as np
 
 import default
-from symbols.cost import backbone_cost
+from symbols.cost import backbone_cost, network_table
 from sample_fc import builder, checkpoint, dist, resume, run_root
 from sample_fc.checkpoint import CheckpointError
 from sample_fc.config import format_config, save_config, write_json
@@ -58,11 +58,14 @@ def fail(message, code, print_it=True):
 
 
 def make_parser():
-    parser = OneLineParser(prog="train.py", description=__doc__,
+    epilog = ("networks (--network) per image at 112 px, D 512 (multiply-adds grow with the image's area):\n  "
+              + "\n  ".join(network_table(112, 512)))
+    parser = OneLineParser(prog="train.py", description=__doc__, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default=None, choices=default.DATASETS, help="default: demo")
     parser.add_argument("--network", "--net", default=None, choices=default.NETWORKS,
-                        help="default: the dataset's")
+                        help="backbone (sizes and costs below); default: the dataset's (the demo's is mbf_small, "
+                             "every other's mbf)")
     parser.add_argument("--loss", default=None, choices=default.LOSSES,
                         help="margins as published (the demo also warms ArcFace's lr up: default.py); "
                              "default: the dataset's recipe")
@@ -126,7 +129,7 @@ def build_config(args):
     if not args.resume and os.environ.get(run_root.AUTO_RESUME_ENV) == "1":     # restarted (restart.py)
         root = models_root_for(args, default.config_for_run(args.dataset, args.network, args.loss, args.overrides))
         args.resume = root if run_root.checkpoints_of_run(root, continued_run(root)) else None
-    resumed = resume.saved_config(args.resume, continued_run(args.resume)) if args.resume else None
+    resumed = resume.saved_config(args.resume, continued_run(args.resume), note=say) if args.resume else None
     cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed, note=say)
     if cfg.dataset == "demo" and cfg.rec == default.get_config("demo").rec:
         ensure_demo(os.path.dirname(cfg.rec),                # ranks and jobs wait on its lock; the

@@ -6,8 +6,13 @@ own), newest first; one that turns out damaged (checkpoint.check_sound: a file
 missing, empty, truncated or unreadable) is skipped with a warning and the previous one is
 used. A checkpoint named directly must be intact, and one that holds another network is an
 error, not a reason to go back further.
+
+A run saved under a network name that has since changed meaning resumes as the network it
+holds (RENAMED_NETWORKS), with a note saying so.
 """
-from .checkpoint.layout import OtherNetworkError, check_sound, find_checkpoint, is_complete, read_state
+import json
+
+from .checkpoint.layout import OtherNetworkError, check_sound, find_checkpoint, is_complete, read_state, symbol_path
 from .errors import UsageError
 from .run_root import checkpoints_of_run
 
@@ -26,14 +31,45 @@ def candidates(path, run_id=None):
     return [checkpoint for _, checkpoint in reversed(found)]
 
 
-def saved_config(path, run_id=None):
-    """The config saved with the newest candidate whose state.json reads (see candidates)."""
+# Network names whose meaning changed: saved name -> (the stem conv's channel count of the
+# network the name meant then, its name now). 'mbf' was the MobileFaceNet paper's network
+# (stem 64 channels) until it became arcface_torch's mbf at twice the widths (stem 128).
+RENAMED_NETWORKS = {'mbf': (64, 'mbf_small')}
+
+
+def stem_channels(checkpoint):
+    """The output channels of the saved backbone's `stem_conv`, from its symbol JSON (None if
+    it has none or the file does not read: check_sound names such a file)."""
+    try:
+        with open(symbol_path(checkpoint)) as handle:
+            nodes = json.load(handle)["nodes"]
+        return next((int(node["attrs"]["num_filter"]) for node in nodes if node.get("name") == "stem_conv"), None)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def network_now(checkpoint, config, note):
+    """`config` with its network under today's name (RENAMED_NETWORKS), note(line) when renamed."""
+    name = config.get("network")
+    if name in RENAMED_NETWORKS and stem_channels(checkpoint) == RENAMED_NETWORKS[name][0]:
+        now = RENAMED_NETWORKS[name][1]
+        note(f"{checkpoint} was saved with network {name!r}, which is now called {now!r} ({name!r} is "
+             f"now a wider network); resuming it as {now!r}")
+        return dict(config, network=now)
+    return config
+
+
+def saved_config(path, run_id=None, note=lambda line: None):
+    """The config saved with the newest candidate whose state.json reads (see candidates), its
+    network under today's name (network_now; note(line) says when it was renamed)."""
     problems = []
     for checkpoint in candidates(path, run_id):
         try:
-            return read_state(checkpoint, needs=("step", "world_size", "config"))["config"]
+            config = read_state(checkpoint, needs=("step", "world_size", "config"))["config"]
         except UsageError as err:
             problems.append(str(err))
+            continue
+        return network_now(checkpoint, config, note)
     raise UsageError(f"--resume {path}: no readable checkpoint ({'; '.join(problems)})")
 
 

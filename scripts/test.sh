@@ -6,6 +6,17 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$ROOT/scripts/bootstrap.sh"
 VENV=${SAMPLE_FC_VENV:-$ROOT/.venv}
 cd "$ROOT"
+# Test-only packages (torch, CPU build, for the PyTorch reference tests): installed without
+# their declared dependencies (see requirements-test.txt), once per version of that file.
+TEST_STAMP=$VENV/.sample_fc_test_stamp
+TEST_WANT=$(sha256sum requirements-test.txt | cut -c1-16)
+if [[ $(cat "$TEST_STAMP" 2>/dev/null) != "$TEST_WANT" ]]; then
+  echo "[test] installing test-only packages (requirements-test.txt)" >&2
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-deps -r requirements-test.txt \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  "$VENV/bin/python" -c 'import torch' || { echo "[test] ERROR: torch does not import" >&2; exit 1; }
+  echo "$TEST_WANT" > "$TEST_STAMP"
+fi
 set +e
 "$VENV/bin/python" -m pytest tests --timeout=900 "$@"
 status=$?

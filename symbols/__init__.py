@@ -2,9 +2,10 @@
 single output `embeddings` (N, embedding_size).
 
 Networks: 'r18', 'r34', 'r50', 'r100', 'r200' (IResNet, symbols/iresnet.py) and 'mbf',
-'mbf2', 'mbf_large' (MobileFaceNet, symbols/mobilefacenet.py): 'mbf' is the paper's network,
-'mbf2' its double-width version (arcface_torch's get_mbf; a temporary name), 'mbf_large'
-blocks (2, 8, 12, 4) at four times the width (arcface_torch's get_mbf_large). The symbols
+'mbf_large', 'mbf_small' (MobileFaceNet, symbols/mobilefacenet.py), named as insightface's
+arcface_torch names them: 'mbf' is the paper's network at twice its widths (get_mbf),
+'mbf_large' blocks (2, 8, 12, 4) at four times the widths (get_mbf_large), 'mbf_small' the
+paper's network itself (sample_fc's 'mbf' before; the demo trains it). The symbols
 take raw RGB pixels 0..255, as the data iterators deliver them, and normalise them in the
 graph to (x - 127.5) / 128.
 """

@@ -43,6 +43,18 @@ def backbone_cost(symbol, image_size):
     return Cost(params=params, aux=aux, multiply_adds=multiply_adds, activations=activations)
 
 
+def network_table(image_size=112, embedding_size=512):
+    """Lines `name: P.PPM parameters, G.GG G multiply-adds` for every network of symbols.NETWORKS
+    at image_size px and D embedding_size (for --help; about 0.2 s for all of them)."""
+    from . import NETWORKS, get_symbol
+    lines = []
+    for name in NETWORKS:
+        cost = backbone_cost(get_symbol(name, embedding_size, image_size), image_size)
+        lines.append('%-10s %7.2fM parameters, %6.2f G multiply-adds' % (name, cost.params / 1e6,
+                                                                        cost.multiply_adds / 1e9))
+    return lines
+
+
 def _conv_multiply_adds(layer, shapes):
     """output elements x kernel_h x kernel_w x input channels / num_group; 0 for the
     slope Convolution of a PReLU."""

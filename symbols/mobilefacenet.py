@@ -1,4 +1,4 @@
-"""MobileFaceNet backbones ('mbf', 'mbf2', 'mbf_large') as MXNet symbols.
+"""MobileFaceNet backbones ('mbf', 'mbf_large', 'mbf_small') as MXNet symbols.
 
 MobileFaceNet (Chen et al., arXiv 1804.07573, Table 1), generalised as insightface's
 arcface_torch/backbones/mobilefacenet.py: `blocks` gives the number of residual blocks of
@@ -21,8 +21,11 @@ the GDC. A block is an inverted residual: conv1x1 to its width -> depthwise conv
 their input; down blocks do not. Every conv is followed by BN, and by PReLU except the
 linear ones.
 
-blocks=(1, 4, 6, 2), scale=1 ('mbf') is the paper's network; its widths are the paper's
-expansion factors t=2, or t=4 for the blocks going down to stages 2 and 3.
+blocks=(1, 4, 6, 2), scale=1 ('mbf_small') is the paper's network; its widths are the paper's
+expansion factors t=2, or t=4 for the blocks going down to stages 2 and 3. 'mbf' is that
+network at scale 2, as arcface_torch's get_mbf (the network behind its published numbers and
+what the field calls "mbf"); sample_fc called the paper's network 'mbf' before, and a run
+saved under that name resumes as 'mbf_small' (sample_fc.resume).
 """
 import mxnet as mx
 
@@ -43,9 +46,9 @@ STAGES = (
 
 # network name -> (blocks, scale), as arcface_torch's MobileFaceNet(blocks, scale)
 CONFIGS = {
-    'mbf': ((1, 4, 6, 2), 1),         # the paper's network
-    'mbf2': ((1, 4, 6, 2), 2),        # arcface_torch's get_mbf
+    'mbf': ((1, 4, 6, 2), 2),         # arcface_torch's get_mbf: the paper's blocks at twice the widths
     'mbf_large': ((2, 8, 12, 4), 4),  # arcface_torch's get_mbf_large
+    'mbf_small': ((1, 4, 6, 2), 1),   # the paper's network (called 'mbf' here before)
 }
 
 

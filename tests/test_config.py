@@ -36,7 +36,7 @@ def test_every_preset_combination_builds_with_the_base_keys():
     names, and has exactly the base config's keys with the base's value types."""
     base = default._base_config()
     combos = list(itertools.product(default.DATASETS, default.NETWORKS, default.LOSSES))
-    assert len(combos) == 6 * 5 * 2
+    assert len(combos) == 6 * 8 * 2
     for dataset, network, loss in combos:
         cfg = default.get_config(dataset=dataset, network=network, loss=loss)
         assert isinstance(cfg, EasyDict)
@@ -50,7 +50,7 @@ def test_preset_names_are_exposed():
     """Test that DATASETS, NETWORKS and LOSSES list the presets the brief requires."""
     assert default.DATASETS == ('demo', 'webface', 'emore', 'glint360k',
                                 'synthetic_1m', 'synthetic_10m')
-    assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'mbf'}
+    assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small'}
     assert default.LOSSES == ('arcface', 'cosface')
 
 
@@ -88,7 +88,9 @@ def test_dataset_presets_hold_the_dataset_facts():
         cfg = default.get_config(dataset=name)
         assert (cfg.num_classes, cfg.num_images, cfg.sample_ratio, cfg.synthetic) == expected
     demo = default.get_config()
-    assert (demo.dataset, demo.network, demo.loss) == ('demo', 'mbf', 'cosface')
+    assert (demo.dataset, demo.network, demo.loss) == ('demo', 'mbf_small', 'cosface')
+    assert default.get_config(dataset='emore').network == 'mbf'           # the field's mbf elsewhere
+    assert default.get_config(dataset='demo', network='mbf').network == 'mbf'
     assert (demo.loss_s, demo.loss_m1, demo.loss_m2, demo.loss_m3) == (32.0, 1.0, 0.0, 0.25)
     assert default.get_config(dataset='emore').loss == 'arcface'
     assert demo.rec == 'data/demo/train.rec' and demo.val_targets == ['demo_val']
@@ -111,7 +113,7 @@ def test_get_config_returns_independent_copies():
 
 
 @pytest.mark.parametrize('kwargs, value', [({'dataset': 'ms1m'}, 'ms1m'),
-                                           ({'network': 'r200'}, 'r200'),
+                                           ({'network': 'r152'}, 'r152'),
                                            ({'loss': 'sphereface'}, 'sphereface')])
 def test_unknown_preset_is_rejected_with_choices(kwargs, value):
     """Test that an unknown preset name raises ValueError naming it and the choices."""
@@ -195,8 +197,8 @@ def test_every_key_assignment_in_default_py_is_commented():
                    if not (any_comment & set(range(first, last + 1)) or first - 1 in only_comment)]
     assert uncommented == [], f"config keys set without a comment (key, line): {uncommented}"
     assert {key for key, _, _ in found} == keys
-    # Every preset entry counts: 5 networks x 4 keys, 14 + 5 x 10 dataset keys, 2 x 4 loss keys.
-    assert len(found) >= len(keys) + 20 + 64 + 8
+    # Every preset entry counts: 8 networks x 4 keys, 14 + 5 x 10 dataset keys, 2 x 4 loss keys.
+    assert len(found) >= len(keys) + 32 + 64 + 8
 
 
 def test_comment_checker_catches_a_missing_comment():

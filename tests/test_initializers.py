@@ -9,7 +9,7 @@ from sample_fc.initializers import backbone_initializer
 
 def _initialised(kind, seed=0):
     mx.random.seed(seed)
-    module = mx.mod.Module(symbols.get_symbol("mbf", 64, 32, "float32", 0.0), data_names=("data",),
+    module = mx.mod.Module(symbols.get_symbol("mbf_small", 64, 32, "float32", 0.0), data_names=("data",),
                            label_names=None, context=mx.cpu())
     module.bind(data_shapes=[("data", (2, 3, 32, 32))], for_training=True)
     module.init_params(initializer=backbone_initializer(kind))

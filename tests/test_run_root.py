@@ -107,3 +107,26 @@ def test_a_fresh_start_is_refused_and_start_over_moves_the_run_aside(tmp_path):
     assert sorted(os.listdir(moved)) == ["step-00000040", "train.log"]
     _checkpoint(root, 40, "r1")
     assert run_root.move_aside(str(root)) == f"{root}.r1-2"
+
+
+def test_network_now_renames_only_the_old_mbf(tmp_path):
+    """Test that resume.network_now maps a checkpoint saved as 'mbf' whose backbone has the
+    paper's 64-channel stem to 'mbf_small' with one note, and leaves a 'mbf' of today's width
+    (stem 128), other networks and an unreadable symbol file alone."""
+    import symbols
+    from sample_fc import resume
+    from sample_fc.checkpoint.layout import symbol_path
+    notes = []
+    for name, stem in (("mbf_small", 64), ("mbf", 128), ("r18", 64)):
+        checkpoint = tmp_path / name
+        checkpoint.mkdir()
+        with open(symbol_path(str(checkpoint)), "w") as handle:
+            handle.write(symbols.get_symbol(name, 16, 32).tojson())
+        assert resume.stem_channels(str(checkpoint)) == stem
+    old = resume.network_now(str(tmp_path / "mbf_small"), {"network": "mbf", "lr": 0.1}, notes.append)
+    assert old == {"network": "mbf_small", "lr": 0.1} and len(notes) == 1 and "'mbf_small'" in notes[0]
+    assert resume.network_now(str(tmp_path / "mbf"), {"network": "mbf"}, notes.append) == {"network": "mbf"}
+    assert resume.network_now(str(tmp_path / "r18"), {"network": "r18"}, notes.append) == {"network": "r18"}
+    (tmp_path / "broken").mkdir()
+    assert resume.network_now(str(tmp_path / "broken"), {"network": "mbf"}, notes.append) == {"network": "mbf"}
+    assert len(notes) == 1

@@ -2,7 +2,7 @@
 import mxnet as mx
 import pytest
 
-from symbols import get_symbol
+from symbols import NETWORKS, get_symbol
 from symbols.common import prelu
 from symbols.cost import backbone_cost
 
@@ -92,8 +92,8 @@ def test_prelu_not_counted():
     assert cost.aux == 0
 
 
-@pytest.mark.parametrize('name,blocks,scale', [('mbf', (1, 4, 6, 2), 1),
-                                               ('mbf2', (1, 4, 6, 2), 2),
+@pytest.mark.parametrize('name,blocks,scale', [('mbf_small', (1, 4, 6, 2), 1),
+                                               ('mbf', (1, 4, 6, 2), 2),
                                                ('mbf_large', (2, 8, 12, 4), 4)])
 @pytest.mark.parametrize('embedding_size,image_size', [(512, 112), (128, 64)])
 def test_mobilefacenet_madds_by_hand(name, blocks, scale, embedding_size, image_size):
@@ -111,10 +111,10 @@ def test_iresnet_madds_by_hand(name, units):
 
 
 @pytest.mark.parametrize('embedding_size', [128, 512])
-def test_mbf_madds_match_paper(embedding_size):
-    """Test that mbf at 112 px is within 5% of the MobileFaceNet paper's 221M MAdds
+def test_mbf_small_madds_match_paper(embedding_size):
+    """Test that mbf_small (the paper's net) at 112 px is within 5% of the MobileFaceNet paper's 221M MAdds
     (arXiv 1804.07573, Table 2; its last layer maps 512 -> 128, ours 512 -> D)."""
-    madds = backbone_cost(get_symbol('mbf', embedding_size=embedding_size), 112).multiply_adds
+    madds = backbone_cost(get_symbol('mbf_small', embedding_size=embedding_size), 112).multiply_adds
     assert abs(madds - 221e6) / 221e6 < 0.05, madds
 
 
@@ -126,10 +126,10 @@ def test_r100_madds_match_published():
     assert abs(madds - 24.209e9 / 2) / (24.209e9 / 2) < 0.01, madds
 
 
-def test_params_and_aux_of_mbf():
-    """Test that mbf's params are the paper's 0.99M at D 128 (within 2%) and its aux states
+def test_params_and_aux_of_mbf_small():
+    """Test that mbf_small's params are the paper's 0.99M at D 128 (within 2%) and its aux states
     equal its BN gamma + beta count: every BN has a moving mean and variance per channel."""
-    sym = get_symbol('mbf', embedding_size=128)
+    sym = get_symbol('mbf_small', embedding_size=128)
     cost = backbone_cost(sym, 112)
     assert abs(cost.params - 0.99e6) / 0.99e6 < 0.02
     arg_shapes, _, _ = sym.infer_shape(data=(1, 3, 112, 112))
@@ -137,3 +137,25 @@ def test_params_and_aux_of_mbf():
                     if name.endswith(('_bn_gamma', '_bn_beta', 'embeddings_gamma',
                                       'embeddings_beta')))
     assert cost.aux == bn_params
+
+
+def test_train_help_lists_every_network_with_its_size_and_cost():
+    """Test that `train.py --help` lists every network with its parameters and multiply-adds
+    at 112 px, D 512: the counts derived by hand in tests/test_symbols.py (arcface_torch's
+    layouts) and the MobileFaceNet paper's 0.22 G multiply-adds for mbf_small."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(repo / 'train.py'), '--help'], capture_output=True,
+                            text=True, timeout=120, cwd=str(repo))
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()
+            if line.startswith('  ') and 'multiply-adds' in line}
+    assert sorted(rows) == sorted(NETWORKS)
+    from test_symbols import arcface_torch_iresnet_params, arcface_torch_mbf_params
+    want = {'r50': arcface_torch_iresnet_params((3, 4, 14, 3)), 'r200': arcface_torch_iresnet_params((6, 26, 60, 6)),
+            'mbf': arcface_torch_mbf_params((1, 4, 6, 2), 2), 'mbf_large': arcface_torch_mbf_params((2, 8, 12, 4), 4)}
+    for name, count in want.items():
+        assert rows[name][1] == '%.2fM' % (count / 1e6), rows[name]
+    assert rows['mbf_small'][3] == '0.22'

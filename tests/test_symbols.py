@@ -139,10 +139,10 @@ def test_output_shape_64(name):
     assert out_shapes == [(3, 512)]
 
 
-@pytest.mark.parametrize('name,image_size', [('r50', 112), ('mbf', 112), ('mbf2', 32),
+@pytest.mark.parametrize('name,image_size', [('r50', 112), ('mbf_small', 112), ('mbf', 32),
                                              ('mbf_large', 32)])
 def test_forward_backward_cpu(name, image_size):
-    """Test that r50 and mbf (at 112 px) and mbf2 and mbf_large (at 32 px, to stay fast)
+    """Test that r50 and mbf_small (at 112 px) and mbf and mbf_large (at 32 px, to stay fast)
     run forward and backward on CPU with finite, non-zero gradients down to the first
     conv."""
     sym = get_symbol(name, image_size=image_size)
@@ -183,8 +183,8 @@ def test_iresnet_param_count(name, units, embedding_size, image_size):
 
 @pytest.mark.parametrize('embedding_size,image_size', [(512, 112), (128, 112), (512, 64)])
 def test_mobilefacenet_param_count(embedding_size, image_size):
-    """Test that the MobileFaceNet parameter count equals the hand-derived formula."""
-    sym = get_symbol('mbf', embedding_size=embedding_size, image_size=image_size)
+    """Test that the paper's MobileFaceNet (mbf_small) has the hand-derived parameter count."""
+    sym = get_symbol('mbf_small', embedding_size=embedding_size, image_size=image_size)
     assert count_params(sym, image_size) == mobilefacenet_params(embedding_size, image_size)
 
 
@@ -198,12 +198,13 @@ def layout_digest(sym, image_size):
 
 
 @pytest.mark.parametrize('build', [
-    lambda **kw: get_symbol('mbf', **kw),
+    lambda **kw: get_symbol('mbf_small', **kw),
     lambda **kw: get_mobilefacenet(blocks=(1, 4, 6, 2), scale=1, **kw),
 ], ids=['get_symbol', 'get_mobilefacenet'])
-def test_mbf_unchanged_by_blocks_and_scale(build):
-    """Test that 'mbf', and get_mobilefacenet at blocks (1, 4, 6, 2) and scale 1, build
-    the symbol that was built before blocks and scale existed, so saved checkpoints load.
+def test_mbf_small_unchanged_by_blocks_and_scale(build):
+    """Test that 'mbf_small', and get_mobilefacenet at blocks (1, 4, 6, 2) and scale 1, build
+    the symbol that was built (as 'mbf') before blocks and scale existed, so saved checkpoints
+    load.
 
     The digests were recorded from that code (mxnet 1.9.1, whose version the JSON names):
     the argument and aux names and shapes in order, and the whole graph JSON at
@@ -241,7 +242,7 @@ def test_mobilefacenet_scale_widths():
         arg_shapes, _, _ = sym.infer_shape(data=(1, 3, 112, 112))
         return dict(zip(sym.list_arguments(), arg_shapes))
 
-    mbf2 = shapes('mbf2')
+    mbf2 = shapes('mbf')
     assert mbf2['stem_conv_weight'] == (128, 3, 3, 3)
     assert mbf2['stem_dw_conv_weight'] == (128, 2, 3, 3)            # 64 groups of 2
     assert mbf2['stage1_down_expand_conv_weight'] == (128, 128, 1, 1)
@@ -267,7 +268,7 @@ def test_mobilefacenet_scale_widths():
 
 
 @pytest.mark.parametrize('name,arcface_torch', [
-    ('mbf2', lambda: arcface_torch_mbf_params((1, 4, 6, 2), 2)),
+    ('mbf', lambda: arcface_torch_mbf_params((1, 4, 6, 2), 2)),
     ('mbf_large', lambda: arcface_torch_mbf_params((2, 8, 12, 4), 4)),
     ('r50', lambda: arcface_torch_iresnet_params((3, 4, 14, 3))),
     ('r100', lambda: arcface_torch_iresnet_params((3, 13, 30, 3))),
@@ -305,7 +306,7 @@ def test_bad_blocks_or_scale_raises(kwargs, bad):
     ('r18', 512, 92 * 2 ** 20 / 4), ('r34', 512, 131 * 2 ** 20 / 4),
     ('r50', 512, 43.6e6), ('r100', 512, 65.2e6),
     # MobileFaceNet paper (arXiv 1804.07573): 0.99M parameters with a 128-d output.
-    ('mbf', 128, 0.99e6),
+    ('mbf_small', 128, 0.99e6),
 ])
 def test_param_count_matches_published(name, embedding_size, published):
     """Test that parameter counts agree with published figures within 2%."""
@@ -373,8 +374,8 @@ def test_dropout_in_graph():
 
 def test_public_names():
     """Test that the package exports get_symbol and NETWORKS as a tuple."""
-    assert symbols.NETWORKS == ('r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf2',
-                                'mbf_large')
+    assert symbols.NETWORKS == ('r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large',
+                                'mbf_small')
     assert set(symbols.__all__) == {'NETWORKS', 'get_symbol'}
 
 

@@ -1,62 +1,58 @@
-"""The PyTorch reference trainer of sample_fc/bench/compare.py trains the same network and
-margin as sample_fc: checked here with equal weights (skipped where torch is not installed;
-it is only needed for that benchmark: `.venv/bin/pip install torch==2.13.0`)."""
-import mxnet as mx
+"""The PyTorch reference networks and margin (sample_fc/bench/torch_reference.py, the trainer
+of sample_fc/bench/compare.py) are sample_fc's: checked with equal weights. torch (CPU build)
+is a test dependency (scripts/test.sh installs requirements-test.txt). The outputs come from
+tests/workers/torch_reference_outputs.py, run in a process of its own: torch cannot be
+imported after horovod.mxnet, which this test process has imported by now."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import symbols
-from sample_fc.initializers import backbone_initializer
-
-torch = pytest.importorskip("torch")
-from sample_fc.bench import torch_reference  # noqa: E402  (needs torch)
+from conftest import REPO
 
 
-def test_reference_mobilefacenet_equals_the_mxnet_symbol_with_the_same_weights():
-    """Test that torch_reference.MobileFaceNet, given the MXNet mbf's parameters and BN
-    statistics (matched in order, shapes checked), gives the same embeddings on the same raw
-    pixels in inference mode, and that both have the same parameter count."""
-    sym = symbols.get_symbol("mbf", 16, 32, "float32", 0.0)
-    module = mx.mod.Module(sym, data_names=("data",), label_names=None, context=mx.cpu())
-    module.bind(data_shapes=[("data", (4, 3, 32, 32))], for_training=False)
-    mx.random.seed(1)
-    module.init_params(initializer=backbone_initializer("pytorch"))
-    arg, aux = module.get_params()
-    rng = np.random.default_rng(0)
-    aux = {k: mx.nd.array(rng.uniform(0.5, 1.5, v.shape) if k.endswith("var") else rng.normal(0, 0.1, v.shape))
-           for k, v in aux.items()}
-    arg = {k: mx.nd.array(v.asnumpy() + rng.normal(0, 0.05, v.shape)) if k.endswith(("beta", "prelu_gamma"))
-           else v for k, v in arg.items()}
-    arg["embeddings_gamma"] = mx.nd.ones(arg["embeddings_gamma"].shape)      # fix_gamma: always 1
-    module.set_params(arg, aux)
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """The worker's saved arrays (see its docstring)."""
+    out = tmp_path_factory.mktemp("torch_reference") / "outputs.npz"
+    result = subprocess.run([sys.executable, str(REPO / "tests" / "workers" / "torch_reference_outputs.py"), str(out)],
+                            capture_output=True, text=True, timeout=600, cwd=str(REPO))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(np.load(out))
 
-    model = torch_reference.MobileFaceNet(16, 32).eval()
-    mx_args = [a for a in sym.list_arguments() if a != "data"]
-    params = list(model.parameters())
-    buffers = [b for n, b in model.named_buffers() if "num_batches" not in n]
-    assert len(params) == len(mx_args) and len(buffers) == len(sym.list_auxiliary_states())
-    with torch.no_grad():
-        for tensor, name in list(zip(params, mx_args)) + list(zip(buffers, sym.list_auxiliary_states())):
-            value = (arg[name] if name in arg else aux[name]).asnumpy()
-            assert value.size == tensor.numel(), name
-            tensor.copy_(torch.from_numpy(value.reshape(tensor.shape)))
-    pixels = rng.uniform(0, 255, (4, 3, 32, 32)).astype(np.float32)
-    module.forward(mx.io.DataBatch([mx.nd.array(pixels)]), is_train=False)
-    want = module.get_outputs()[0].asnumpy()
-    with torch.no_grad():
-        got = model(torch.from_numpy(pixels)).numpy()
+
+@pytest.mark.parametrize("name", symbols.NETWORKS)
+def test_reference_network_equals_the_mxnet_symbol_with_the_same_weights(outputs, name):
+    """Test that torch_reference.network(name), given the MXNet symbol's parameters and BN
+    statistics (matched in order, sizes checked), has the same parameter count and gives the
+    same embeddings (within 1e-4 of their largest value) on the same raw pixels in inference
+    mode."""
+    assert outputs[f"{name}/mxnet_params"] == outputs[f"{name}/torch_params"]
+    want, got = outputs[f"{name}/mxnet"], outputs[f"{name}/torch"]
+    assert want.shape == (4, 16) and np.abs(want).max() > 1e-3          # a real signal, not zeros
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def test_reference_margin_is_the_combined_margin():
+def test_reference_network_differs_when_a_weight_differs(outputs):
+    """Test that the comparison above can fail: one changed slope of one PReLU changes the
+    reference's embeddings beyond the tolerance."""
+    want, got = outputs["changed/mxnet"], outputs["changed/torch"]
+    assert np.abs(got - want).max() > 1e-3 * np.abs(want).max()
+
+
+def test_reference_of_an_unknown_network_is_an_error(outputs):
+    """Test that a network without a reference is a ValueError naming it."""
+    assert "'r152'" in str(outputs["unknown_network_error"])
+
+
+@pytest.mark.parametrize("s,m1,m2,m3", [(64.0, 1.0, 0.5, 0.0), (32.0, 1.0, 0.0, 0.25), (30.0, 1.0, 0.3, 0.2)])
+def test_reference_margin_is_the_combined_margin(outputs, s, m1, m2, m3):
     """Test that torch_reference.margin_logits gives s*(cos(m1*theta+m2)-m3) at the target and
-    s*cos elsewhere (NumPy formula), for ArcFace and CosFace margins."""
-    rng = np.random.default_rng(2)
-    cosine = rng.uniform(-0.9, 0.9, (5, 7))
-    labels = rng.integers(0, 7, 5)
-    for s, m1, m2, m3 in ((64.0, 1.0, 0.5, 0.0), (32.0, 1.0, 0.0, 0.25), (30.0, 1.0, 0.3, 0.2)):
-        got = torch_reference.margin_logits(torch.from_numpy(cosine), torch.from_numpy(labels), s, m1, m2, m3)
-        want = s * cosine.copy()
-        rows = np.arange(5)
-        want[rows, labels] = s * (np.cos(m1 * np.arccos(cosine[rows, labels]) + m2) - m3)
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-9)
+    s*cos elsewhere (NumPy formula), for ArcFace, CosFace and combined margins."""
+    cosine, labels = outputs["margin/cosine"], outputs["margin/labels"]
+    want = s * cosine.copy()
+    rows = np.arange(len(labels))
+    want[rows, labels] = s * (np.cos(m1 * np.arccos(cosine[rows, labels]) + m2) - m3)
+    np.testing.assert_allclose(outputs[f"margin/{s}_{m1}_{m2}_{m3}"], want, rtol=1e-9)

@@ -1,7 +1,7 @@
 """Compare sample_fc's learning with a plain PyTorch trainer of the same recipe.
 
-    .venv/bin/pip install torch==2.13.0        # once: the CPU build (not needed for training)
-    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--loss L] [--set key=value ...]
+    scripts/test.sh                            # once: installs torch (CPU; not needed for training)
+    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--network N] [--loss L] [--set key=value ...]
         [--np 2] [--only sample_fc|torch] [--seeds 0,1,2] [--torch-clip 5]
         [--torch-init torch|xavier2] [--torch-wd all|mxnet]
 
@@ -32,6 +32,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.compare", description=__doc__.split("\n\n")[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="demo", help="dataset preset of default.py (default demo)")
+    parser.add_argument("--network", help="network preset of default.py, for both (default: the dataset's)")
     parser.add_argument("--loss", help="loss preset of default.py (default: the dataset's recipe)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for both trainers (repeatable), e.g. max_update=400")
@@ -62,11 +63,16 @@ def seed_list(text):
     return seeds
 
 
+def presets(args):
+    """train.py's --network and --loss arguments for the chosen presets."""
+    return (["--network", args.network] if args.network else []) + (["--loss", args.loss] if args.loss else [])
+
+
 def config(args):
     """The run's config as train.py resolves it (`train.py --print-config`: presets, --set, the
     dataset's property file), so both trainers train the same recipe."""
     command = [sys.executable, os.path.join(ROOT, "train.py"), "--dataset", args.dataset, "--print-config"] + \
-        (["--loss", args.loss] if args.loss else []) + [a for kv in args.overrides for a in ("--set", kv)]
+        presets(args) + [a for kv in args.overrides for a in ("--set", kv)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"compare: error: {result.stderr.strip()}")
@@ -81,7 +87,7 @@ def run_sample_fc(args, models_root):
     env["MXNET_CPU_WORKER_NTHREADS"] = env["OMP_NUM_THREADS"]
     command = [os.path.join(venv_bin, "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}", "--gloo",
                sys.executable, os.path.join(ROOT, "train.py"), "--dataset", args.dataset,
-               "--models-root", models_root] + (["--loss", args.loss] if args.loss else []) + [a for kv in args.overrides for a in ("--set", kv)] + args.train_arg
+               "--models-root", models_root] + presets(args) + [a for kv in args.overrides for a in ("--set", kv)] + args.train_arg
     print("sample_fc:", " ".join(command), flush=True)
     lines = []
     with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

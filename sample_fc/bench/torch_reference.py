@@ -5,9 +5,10 @@ It follows the field's standard trainer (insightface arcface_torch) where that d
 a literal port of sample_fc: PyTorch's default parameter initialisation, weight decay on
 every parameter, the backbone's gradients clipped to a global norm of `clip_grad_norm`,
 one process with the whole global batch, and the full softmax over all class centers
-(PartialFC_V2 at sample rate 1 computes exactly that). The network is sample_fc's
-MobileFaceNet layer for layer (symbols/mobilefacenet.py), the margin its CombinedMargin, the
-data the same .rec read by the same iterator, the score the same 10-fold verification.
+(PartialFC_V2 at sample rate 1 computes exactly that). The networks are sample_fc's layer for
+layer (MobileFaceNet and IResNet: symbols/; `network(name, ...)` builds one by its name), the
+margin its CombinedMargin, the data the same .rec read by the same iterator, the score the same
+10-fold verification. tests/test_torch_reference.py holds each network to its MXNet symbol.
 """
 import math
 import time
@@ -19,8 +20,15 @@ import torch.nn.functional as F
 
 from sample_fc.optimizers import make_schedule
 from sample_fc.verification import score, to_nchw
-from symbols.common import BN_EPS, BN_MOMENTUM, PRELU_INIT
-from symbols.mobilefacenet import SEP_CHANNELS, STAGES, STEM_CHANNELS
+from symbols.common import BN_EPS, BN_MOMENTUM, DOWNSAMPLE, PRELU_INIT
+from symbols import iresnet, mobilefacenet
+from symbols.mobilefacenet import SEP_CHANNELS, STAGES, STEM_BLOCK_WIDTH, STEM_CHANNELS, STEM_GROUPS
+
+
+def batch_norm(channels, dims=2):
+    """BatchNorm with the symbols' eps and momentum (PyTorch's momentum is 1 - MXNet's)."""
+    kind = nn.BatchNorm2d if dims == 2 else nn.BatchNorm1d
+    return kind(channels, eps=BN_EPS, momentum=1.0 - BN_MOMENTUM)
 
 
 class ConvBN(nn.Sequential):
@@ -28,8 +36,7 @@ class ConvBN(nn.Sequential):
 
     def __init__(self, cin, cout, kernel=3, stride=1, groups=1, pad=None, act=True):
         pad = kernel // 2 if pad is None else pad
-        layers = [nn.Conv2d(cin, cout, kernel, stride, pad, groups=groups, bias=False),
-                  nn.BatchNorm2d(cout, eps=BN_EPS, momentum=1.0 - BN_MOMENTUM)]
+        layers = [nn.Conv2d(cin, cout, kernel, stride, pad, groups=groups, bias=False), batch_norm(cout)]
         if act:
             layers.append(nn.PReLU(cout, init=PRELU_INIT))
         super().__init__(*layers)
@@ -46,28 +53,94 @@ class InvertedResidual(nn.Module):
         return x + self.body(x) if self.residual else self.body(x)
 
 
+class EmbeddingHead(nn.Module):
+    """Flatten -> Linear -> BatchNorm1d with its scale frozen at 1, as symbols.common.embedding_head."""
+
+    def __init__(self, features, embedding_size, bias):
+        super().__init__()
+        self.fc = nn.Linear(features, embedding_size, bias=bias)
+        self.features = batch_norm(embedding_size, dims=1)
+        self.features.weight.requires_grad_(False)      # fix_gamma, as sample_fc's 'embeddings'
+
+    def forward(self, x):
+        return self.features(self.fc(torch.flatten(x, 1)))
+
+
+def normalise(pixels):
+    """Raw pixels 0..255 to (x - 127.5) / 128, as the symbols do in the graph."""
+    return (pixels - 127.5) * 0.0078125
+
+
 class MobileFaceNet(nn.Module):
     """symbols/mobilefacenet.py in PyTorch: raw pixels 0..255 in, embeddings out."""
 
-    def __init__(self, embedding_size, image_size):
+    def __init__(self, embedding_size, image_size, blocks=(1, 4, 6, 2), scale=1):
         super().__init__()
-        side = image_size // 16
-        layers = [ConvBN(3, STEM_CHANNELS, 3, 2), ConvBN(STEM_CHANNELS, STEM_CHANNELS, 3, groups=STEM_CHANNELS)]
-        cin = STEM_CHANNELS
-        for channels, down_width, width, units in STAGES:
+        side, stem = image_size // DOWNSAMPLE, STEM_CHANNELS * scale
+        layers = [ConvBN(3, stem, 3, 2)]
+        if blocks[0] == 1:
+            layers.append(ConvBN(stem, stem, 3, groups=STEM_GROUPS))
+        else:
+            layers += [InvertedResidual(stem, STEM_BLOCK_WIDTH, stem, 1, residual=True) for _ in range(blocks[0])]
+        cin = stem
+        for (channels, down_width, width, _), units in zip(STAGES, blocks[1:]):
+            channels *= scale
             layers.append(InvertedResidual(cin, down_width, channels, 2, residual=False))
             layers += [InvertedResidual(channels, width, channels, 1, residual=True) for _ in range(units)]
             cin = channels
         layers += [ConvBN(cin, SEP_CHANNELS, 1),
                    ConvBN(SEP_CHANNELS, SEP_CHANNELS, side, groups=SEP_CHANNELS, pad=0, act=False)]
         self.body = nn.Sequential(*layers)
-        self.fc = nn.Linear(SEP_CHANNELS, embedding_size, bias=False)
-        self.features = nn.BatchNorm1d(embedding_size, eps=BN_EPS, momentum=1.0 - BN_MOMENTUM)
-        self.features.weight.requires_grad_(False)      # fix_gamma, as sample_fc's 'embeddings'
+        self.head = EmbeddingHead(SEP_CHANNELS, embedding_size, bias=False)
 
     def forward(self, pixels):
-        x = self.body((pixels - 127.5) * 0.0078125)
-        return self.features(self.fc(torch.flatten(x, 1)))
+        return self.head(self.body(normalise(pixels)))
+
+
+class IBasicBlock(nn.Module):
+    """BN -> conv3x3 -> BN -> PReLU -> conv3x3 (stride) -> BN, plus the identity or a
+    conv1x1 -> BN shortcut, as symbols.iresnet.residual_unit."""
+
+    def __init__(self, cin, channels, stride):
+        super().__init__()
+        self.body = nn.Sequential(batch_norm(cin), nn.Conv2d(cin, channels, 3, 1, 1, bias=False),
+                                  batch_norm(channels), nn.PReLU(channels, init=PRELU_INIT),
+                                  nn.Conv2d(channels, channels, 3, stride, 1, bias=False), batch_norm(channels))
+        self.shortcut = None
+        if stride != 1 or cin != channels:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, channels, 1, stride, bias=False), batch_norm(channels))
+
+    def forward(self, x):
+        return self.body(x) + (x if self.shortcut is None else self.shortcut(x))
+
+
+class IResNet(nn.Module):
+    """symbols/iresnet.py in PyTorch (arcface_torch's IResNet): raw pixels 0..255 in, embeddings out."""
+
+    def __init__(self, embedding_size, image_size, units):
+        super().__init__()
+        side = image_size // DOWNSAMPLE
+        layers, cin = [ConvBN(3, iresnet.STEM_CHANNELS, 3, 1)], iresnet.STEM_CHANNELS
+        for channels, count in zip(iresnet.STAGE_CHANNELS, units):
+            layers += [IBasicBlock(cin if unit == 0 else channels, channels, 2 if unit == 0 else 1)
+                       for unit in range(count)]
+            cin = channels
+        layers.append(batch_norm(cin))
+        self.body = nn.Sequential(*layers)
+        self.head = EmbeddingHead(cin * side * side, embedding_size, bias=True)
+
+    def forward(self, pixels):
+        return self.head(self.body(normalise(pixels)))
+
+
+def network(name, embedding_size, image_size):
+    """The PyTorch network of sample_fc's backbone `name` (symbols.NETWORKS)."""
+    if name in mobilefacenet.CONFIGS:
+        blocks, scale = mobilefacenet.CONFIGS[name]
+        return MobileFaceNet(embedding_size, image_size, blocks, scale)
+    if name in iresnet.UNITS:
+        return IResNet(embedding_size, image_size, iresnet.UNITS[name])
+    raise ValueError(f"no PyTorch reference for network {name!r}")
 
 
 def xavier_magnitude2_(model):
@@ -100,7 +173,7 @@ def train(cfg, train_iter, val_images, val_issame, world_size, clip_grad_norm=5.
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
-    model = MobileFaceNet(cfg.embedding_size, cfg.image_size)
+    model = network(cfg.network, cfg.embedding_size, cfg.image_size)
     if init == "xavier2":
         xavier_magnitude2_(model)
     centers = nn.Parameter(torch.randn(cfg.num_classes, cfg.embedding_size) * 0.01)

@@ -1,6 +1,6 @@
 """Embed every image of a folder with a trained backbone.
 
-    python -m sample_fc.tools.embed --model models/demo_mbf --images faces/ --out emb.npy
+    python -m sample_fc.tools.embed --model models/demo_mbf_small --images faces/ --out emb.npy
 
 Writes emb.npy, float32 (N, D): one L2-normalised embedding per image, of the image plus
 its mirror (as verification embeds; --no-flip for the image alone), and emb.txt beside it

@@ -1,6 +1,6 @@
 """Export a trained backbone to ONNX and check the file with onnxruntime.
 
-    python -m sample_fc.tools.export --model models/demo_mbf --onnx mbf.onnx [--check-batch-sizes 1 4]
+    python -m sample_fc.tools.export --model models/demo_mbf_small --onnx mbf.onnx [--check-batch-sizes 1 4]
 
 The ONNX model has input `data` (batch, 3, S, S), raw RGB pixels 0..255 (the symbol
 normalises them in the graph, as in training), and output `embeddings` (batch, D), not

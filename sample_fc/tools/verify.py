@@ -1,6 +1,6 @@
 """Verification accuracy of a trained backbone on insightface .bin pair sets.
 
-    python -m sample_fc.tools.verify --model models/demo_mbf --bin data/lfw.bin [--bin ...]
+    python -m sample_fc.tools.verify --model models/demo_mbf_small --bin data/lfw.bin [--bin ...]
 
 Prints, per .bin, the line training's verification prints (10-fold accuracy +- std,
 TAR@FAR=1e-3, mean embedding norm), computed the same way: verification.Embedder +

@@ -16,13 +16,13 @@ SHORT = ["--set", "max_update=4", "--set", "frequent=2"]
 # README command as written -> extra arguments appended here (only to shorten training)
 RUN = {
     "./horovodrun.sh": SHORT,
-    ".venv/bin/horovodrun -np 2 -H localhost:2 .venv/bin/python train.py --network mbf":
+    ".venv/bin/horovodrun -np 2 -H localhost:2 .venv/bin/python train.py --network mbf_small":
         SHORT + ["--models-root", "models/plain"],
     "mpirun -np 2 .venv/bin/python train.py": SHORT + ["--models-root", "models/mpirun"],
-    ".venv/bin/python -m sample_fc.tools.verify --model models/demo_mbf --bin data/demo/demo_val.bin [--baseline]": [],
+    ".venv/bin/python -m sample_fc.tools.verify --model models/demo_mbf_small --bin data/demo/demo_val.bin [--baseline]": [],
     ".venv/bin/python -m sample_fc.tools.make_bin --pairs pairs.txt --out my_pairs.bin": [],
-    ".venv/bin/python -m sample_fc.tools.embed --model models/demo_mbf --images faces/ --out emb.npy": [],
-    ".venv/bin/python -m sample_fc.tools.export --model models/demo_mbf --onnx demo.onnx": [],
+    ".venv/bin/python -m sample_fc.tools.embed --model models/demo_mbf_small --images faces/ --out emb.npy": [],
+    ".venv/bin/python -m sample_fc.tools.export --model models/demo_mbf_small --onnx demo.onnx": [],
     ".venv/bin/python -m sample_fc.tools.pack --images faces/ --out data/mine/train": [],
     ".venv/bin/python -m sample_fc.tools.plan --dataset glint360k --network r100 -np 8 --gpu-memory 80": [],
     ".venv/bin/python -m sample_fc.tools.plan --dataset synthetic_1m --set num_classes=20000000 -np 2": [],
@@ -101,7 +101,7 @@ def test_readme_commands_run_as_written(tmp_path):
         result = run_bounded(argv, timeout_s=300, env=env, cwd=str(tmp_path))
         assert not result.timed_out and result.returncode == 0, f"{command}\n{per_rank_tail(result.output)}"
         print(f"README ok ({result.seconds:.0f} s): {command}", file=sys.stderr)
-    assert (tmp_path / "models" / "demo_mbf" / "step-00000004" / "COMPLETE").is_file()
+    assert (tmp_path / "models" / "demo_mbf_small" / "step-00000004" / "COMPLETE").is_file()
     for made in ("my_pairs.bin", "emb.npy", "emb.txt", "demo.onnx", "data/mine/train.rec", "data/mine/property"):
         assert (tmp_path / made).is_file(), made
 
@@ -132,4 +132,4 @@ def test_not_run_commands_parse(command):
     sys.path.insert(0, str(REPO))
     import train
     args = train.make_parser().parse_args(train_args)
-    assert train.default.get_config(args.dataset, args.network or "mbf", args.loss)
+    assert train.default.get_config(args.dataset, args.network, args.loss)

@@ -59,7 +59,7 @@ def test_changing_a_fixed_key_on_resume_is_refused(tiny_data, tmp_path):
     line = one_error_line(resume_only("--resume", root, "--set", "loss_s=64"))
     assert "loss_s=64.0" in line and "loss_s=24.0" in line, line
     line = one_error_line(resume_only("--resume", root, "--network", "r18"))
-    assert "network='r18'" in line and "network='mbf'" in line, line
+    assert "network='r18'" in line and "network='mbf_small'" in line, line
     assert snapshot(root) == before
 
 
@@ -128,3 +128,32 @@ def test_pretrained_loads_backbone_weights_only(tiny_data, tmp_path):
                                     "--pretrained", f"{source},4"))
     assert "--pretrained" in line and "embedding" in line and "64" in line, line
     assert not (tmp_path / "bad").exists()
+
+
+def saved_as_old_mbf(root):
+    """Make a run trained as mbf_small look as runs saved before the rename did: network 'mbf'
+    in config.json and in every checkpoint's state.json."""
+    for path in [root / "config.json", *root.glob("step-*/state.json")]:
+        data = json.loads(path.read_text())
+        (data["config"] if "config" in data and "network" not in data else data)["network"] = "mbf"
+        path.write_text(json.dumps(data))
+
+
+def test_a_run_saved_as_the_old_mbf_resumes_as_mbf_small(tiny_data, tmp_path):
+    """Test that a run saved when 'mbf' named the paper's network (stem 64 channels) resumes as
+    'mbf_small', saying so in one line, and continues exactly as an uninterrupted run; and that
+    the same run cannot be resumed as today's (wider) mbf."""
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    assert run_train(straight, tiny_data, "--set", "max_update=8", "--set", "ckpt_period=4").returncode == 0
+    assert run_train(interrupted, tiny_data, "--set", "max_update=4", "--set", "ckpt_period=4").returncode == 0
+    saved_as_old_mbf(interrupted)
+    assert json.loads((interrupted / "step-00000004" / "state.json").read_text())["config"]["network"] == "mbf"
+    line = one_error_line(resume_only("--resume", interrupted, "--network", "mbf", "--set", "max_update=8"))
+    assert "network='mbf'" in line and "'mbf_small'" in line, line
+    result = resume_only("--resume", interrupted, "--set", "max_update=8")
+    assert result.returncode == 0, per_rank_tail(result.output)
+    notes = [line for line in result.output.splitlines() if "now called 'mbf_small'" in line]
+    assert len(notes) == 1 and "resuming it as 'mbf_small'" in notes[0], per_rank_tail(result.output)
+    assert json.loads((interrupted / "config.json").read_text())["network"] == "mbf_small"
+    assert_same(checkpoint_arrays(str(interrupted / "step-00000008"), 2),
+                checkpoint_arrays(str(straight / "step-00000008"), 2))

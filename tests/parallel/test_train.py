@@ -54,9 +54,9 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     assert symbol.list_outputs() == ["embeddings_output"] and "embedding_fc_weight" in arg_params
     assert list((root / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events"
     config = json.loads((root / "config.json").read_text())
-    assert config["max_update"] == 32 and config["network"] == "mbf"
+    assert config["max_update"] == 32 and config["network"] == "mbf_small"
     # the start-up log states the backbone's size and cost: the saved params' count (learnable)
-    logged = re.search(r"backbone mbf at 32 px: ([\d.]+)M parameters, ([\d.]+) G multiply-adds", result.stdout)
+    logged = re.search(r"backbone mbf_small at 32 px: ([\d.]+)M parameters, ([\d.]+) G multiply-adds", result.stdout)
     assert logged, per_rank_tail(result.stdout)
     assert float(logged.group(1)) == round(sum(v.size for v in arg_params.values()) / 1e6, 2)
     assert float(logged.group(2)) > 0
