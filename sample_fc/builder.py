@@ -247,7 +247,8 @@ def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank,
     if pretrained and resume_path:
         raise UsageError("--pretrained starts a new run from trained weights; --resume continues "
                          "one: give one of them")
-    weights = load_pretrained(pretrained, symbol, cfg.image_size, cfg.network) if pretrained else None
+    say = logger.info if rank == 0 else (lambda message: None)
+    weights = load_pretrained(pretrained, symbol, cfg.image_size, cfg.network, say) if pretrained else None
     return SimpleNamespace(models_root=models_root, resume_from=resume_from, resumed_at=resumed_at, run_id=run_id,
                            pretrained=weights,
                            symbol=symbol, plan=plan,

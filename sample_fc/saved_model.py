@@ -9,7 +9,19 @@ may also be a directory:
     a models root                          its newest complete checkpoint, or with EPOCH the
                                            complete step-<EPOCH>/
 Without EPOCH the largest one found for the prefix is used. `.partial` directories are never used.
+
+Models from elsewhere (insightface's model zoo, the original MXNet toolkit) load too:
+- the embedding output is found by name: sample_fc's `embeddings_output`, else insightface's
+  `fc1_output`, else the graph's only output, or any layer named with --output;
+- the tools feed raw RGB pixels 0..255. A graph that normalises its input itself (its data
+  first meets a scalar or broadcast arithmetic op, or a BatchNorm) takes them as they are; for
+  one whose data goes straight into a layer, the tools prepend (x - 127.5) / 128, the
+  normalisation insightface's models were trained with (--normalize overrides the guess);
+- --pretrained maps the parameters of a backbone with this run's architecture under other
+  names by structure (structural_map), and names what did not map.
 """
+import difflib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -21,6 +33,12 @@ from . import checkpoint
 from .errors import MissingFileError, UsageError
 
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
+EMBEDDING_OUTPUTS = ("embeddings_output", "fc1_output")   # sample_fc's, insightface's MXNet models'
+NORMALIZE_CHOICES = ("auto", "graph", "tool")        # who turns raw pixels into (x - 127.5) / 128
+# ops that, meeting the data first, mean the graph scales its input itself
+INPUT_SCALING_OPS = ("_minus_scalar", "_plus_scalar", "_mul_scalar", "_div_scalar", "_rminus_scalar",
+                     "broadcast_sub", "broadcast_minus", "broadcast_add", "broadcast_plus", "broadcast_mul",
+                     "broadcast_div", "elemwise_sub", "elemwise_mul", "BatchNorm")
 
 
 @dataclass
@@ -32,6 +50,13 @@ class LoadedModel:
     epoch: int
     image_size: int             # side of the square input the params fit
     config: Optional[dict]      # training config from the checkpoint's state.json, if any
+    output: str = "embeddings_output"   # the graph output used as the embedding
+    input_note: str = "the graph normalises raw pixels"   # who normalises the input
+
+    def line(self):
+        """One line saying what was loaded and how it is fed (the tools print it)."""
+        return (f"model {self.prefix}-{self.epoch:04d}.params: output {self.output}, input "
+                f"{self.image_size}x{self.image_size} RGB 0..255, {self.input_note}")
 
 
 def parse_model_spec(spec):
@@ -71,14 +96,50 @@ def _read_config(prefix):
     return checkpoint.read_state(folder, needs=()).get("config")
 
 
-def _embedding_output(symbol, symbol_file):
-    if len(symbol.list_outputs()) == 1:
-        return symbol
+def embedding_output(symbol, symbol_file, output=None):
+    """(symbol of the embedding output, its name): `output` (a layer or output name) when
+    given, else the first of EMBEDDING_OUTPUTS the graph has, else its only output."""
     internals = symbol.get_internals()
-    if "embeddings_output" in internals.list_outputs():
-        return internals["embeddings_output"]
-    raise UsageError(f"{symbol_file}: expected one output (the embeddings), found "
-                     f"{symbol.list_outputs()} and no 'embeddings_output'")
+    names = internals.list_outputs()
+    if output:
+        name = output if output in names else output + "_output"
+        if name not in names:
+            raise UsageError(f"--output {output}: {symbol_file} has no such output (its outputs: "
+                             f"{', '.join(symbol.list_outputs())}; layers: {', '.join(_layer_names(names)[-8:])}, ...)")
+        return internals[name], name
+    for name in EMBEDDING_OUTPUTS:
+        if name in names:
+            return internals[name], name
+    if len(symbol.list_outputs()) == 1:
+        return symbol, symbol.list_outputs()[0]
+    raise UsageError(f"{symbol_file}: found outputs {symbol.list_outputs()} and none named "
+                     f"{' or '.join(EMBEDDING_OUTPUTS)}; name the embedding layer with --output NAME")
+
+
+def _layer_names(output_names):
+    return [name[:-len("_output")] for name in output_names if name.endswith("_output")]
+
+
+def normalizes_input(symbol):
+    """Whether the graph scales its `data` itself: some op of INPUT_SCALING_OPS consumes it."""
+    nodes = json.loads(symbol.tojson())["nodes"]
+    data = [i for i, node in enumerate(nodes) if node["op"] == "null" and node["name"] == "data"]
+    consumers = [node["op"] for node in nodes if any(entry[0] in data for entry in node.get("inputs", []))]
+    return any(op in INPUT_SCALING_OPS for op in consumers)
+
+
+def fed_raw_pixels(symbol, normalize="auto"):
+    """(symbol that takes raw pixels 0..255, a note saying who normalises them). normalize:
+    auto (normalizes_input decides), graph (the graph does), tool ((x - 127.5) / 128 is
+    prepended)."""
+    if normalize not in NORMALIZE_CHOICES:
+        raise UsageError(f"--normalize must be one of {', '.join(NORMALIZE_CHOICES)}, got {normalize!r}")
+    if normalize == "graph" or (normalize == "auto" and normalizes_input(symbol)):
+        return symbol, "the graph normalises raw pixels" + (" (--normalize graph)" if normalize == "graph" else "")
+    scaled = (mx.sym.Variable("data") - 127.5) * 0.0078125
+    return symbol(data=scaled), ("(x - 127.5) / 128 applied before the graph" +
+                                 (" (--normalize tool)" if normalize == "tool" else
+                                  ", which does not normalise its input (--normalize graph if it expects 0..255)"))
 
 
 def params_fit(symbol, arg_params, aux_params, side):
@@ -103,8 +164,9 @@ def infer_image_size(symbol, arg_params, aux_params):
     return fits[0]
 
 
-def load_model(spec, image_size=None):
-    """LoadedModel from a --model spec; errors (FileNotFoundError, ValueError) name the path."""
+def load_model(spec, image_size=None, output=None, normalize="auto"):
+    """LoadedModel from a --model spec (output: --output, normalize: --normalize, see above);
+    errors (MissingFileError, UsageError) name the path."""
     path, epoch = parse_model_spec(spec)
     prefix = resolve_prefix(path, epoch)
     if epoch is None:
@@ -121,7 +183,8 @@ def load_model(spec, image_size=None):
     except mx.base.MXNetError as err:
         raise UsageError(f"--model {spec}: cannot load {prefix}-symbol.json / {params_file}: "
                          f"{str(err).splitlines()[0]}") from err
-    symbol = _embedding_output(symbol, prefix + "-symbol.json")
+    symbol, output = embedding_output(symbol, prefix + "-symbol.json", output)
+    symbol, input_note = fed_raw_pixels(symbol, normalize)
     missing = [n for n in symbol.list_arguments() if n != "data" and n not in arg_params]
     missing += [n for n in symbol.list_auxiliary_states() if n not in aux_params]
     if missing:
@@ -133,14 +196,17 @@ def load_model(spec, image_size=None):
     elif image_size <= 0 or not params_fit(symbol, arg_params, aux_params, image_size):
         raise UsageError(f"--image-size {image_size}: the params of {params_file} do not fit "
                          f"{image_size}x{image_size} inputs; omit --image-size to infer it")
-    return LoadedModel(symbol, arg_params, aux_params, prefix, epoch, image_size, _read_config(prefix))
+    return LoadedModel(symbol, arg_params, aux_params, prefix, epoch, image_size, _read_config(prefix),
+                       output, input_note)
 
 
-def load_pretrained(spec, symbol, image_size, network):
+def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
     """(arg_params, aux_params) of a trained backbone for fine-tuning: `spec` is PREFIX[,EPOCH]
     (as mx.model.load_checkpoint), a checkpoint dir or a models root. Only the .params file
-    is read (MXNet's NDArray format, never the optimizer state); ValueError naming the layer
-    when it does not fit this run's `symbol`."""
+    (MXNet's NDArray format, never the optimizer state) and the symbol JSON are read. Params
+    named as this run's `symbol` names them load by name; params that lack some of its names
+    (another toolkit's naming) are matched by structure (structural_map; note(line) says how).
+    UsageError naming the layer when they do not fit."""
     path, epoch = parse_model_spec(spec)
     prefix = resolve_prefix(path, epoch)
     epoch = epoch if epoch is not None else (available_epochs(prefix) or [None])[-1]
@@ -153,6 +219,8 @@ def load_pretrained(spec, symbol, image_size, network):
         raise UsageError(f"--pretrained {spec}: {params} cannot be read "
                          f"({str(err).strip().splitlines()[-1]})") from None
     differences = param_differences(loaded, symbol, image_size)
+    if any(line.endswith(" is missing") for line in differences):      # named otherwise
+        return structural_map(spec, loaded, mx.sym.load(prefix + "-symbol.json"), symbol, image_size, network, note)
     if differences:
         raise UsageError(f"--pretrained {spec} does not fit this run's network {network!r} at "
                          f"{image_size} px: {differences[0]} ({len(differences)} differences)")
@@ -172,3 +240,95 @@ def param_differences(loaded, symbol, image_size):
                     for name in sorted(set(want) & set(have)) if have[name] != want[name]]
     differences += [f"{name[4:]} is not in this run's network" for name in sorted(set(have) - set(want))]
     return differences
+
+
+# The role of a variable by the op that consumes it and its position among that op's inputs.
+INPUT_ROLES = {"Convolution": ("data", "conv weight", "conv bias"),
+               "FullyConnected": ("data", "fc weight", "fc bias"),
+               "BatchNorm": ("data", "bn gamma", "bn beta", "bn mean", "bn var"),
+               "LeakyReLU": ("data", "prelu slope")}
+
+
+def parameter_roles(symbol):
+    """[(name, role, attrs of the op it feeds)] of the symbol's parameters and aux states in
+    graph order. A Convolution whose weight is `*_gamma` is symbols.common.prelu's slope (role
+    "prelu slope")."""
+    nodes = json.loads(symbol.tojson())["nodes"]
+    roles, seen = [], set()
+    for node in nodes:
+        if node["op"] == "null":
+            continue
+        for position, (index, *_) in enumerate(node.get("inputs", [])):
+            variable = nodes[index]
+            name = variable["name"]
+            if variable["op"] != "null" or name == "data" or name in seen:
+                continue
+            seen.add(name)
+            known = INPUT_ROLES.get(node["op"], ())
+            role = known[position] if position < len(known) else f"{node['op']} input {position}"
+            if role == "conv weight" and name.endswith("_gamma"):
+                role = "prelu slope"
+            roles.append((name, role, node.get("attrs", {})))
+    return roles
+
+
+def _batch_norm_eps(attrs):
+    return float(attrs.get("eps", 1e-3))                 # MXNet's BatchNorm default
+
+
+def _fixes_gamma(attrs):
+    return attrs.get("fix_gamma", "True").lower() in ("true", "1")   # MXNet's default: True
+
+
+def _carried_over(value, role, theirs, ours):
+    """A source parameter as this network's layer must hold it to compute the same: a BatchNorm
+    whose eps differs gets its moving variance shifted by the difference (var + eps is what
+    inference divides by), and one whose gamma the source held fixed at 1 gets gamma 1."""
+    if role == "bn var":
+        return value + (_batch_norm_eps(theirs) - _batch_norm_eps(ours))
+    if role == "bn gamma" and _fixes_gamma(theirs) and not _fixes_gamma(ours):
+        return mx.nd.ones_like(value)
+    return value
+
+
+def _match_key(role, shape):
+    """What must agree for two parameters to correspond: role and shape for weights, role and
+    size for per-channel vectors (a PReLU slope is (C,) or (C, 1, 1, 1))."""
+    if role in ("conv weight", "fc weight"):
+        return role, tuple(shape)
+    size = 1
+    for side in shape:
+        size *= side
+    return role, size
+
+
+def structural_map(spec, loaded, source_symbol, symbol, image_size, network, note):
+    """(arg_params, aux_params) for `symbol` from params `loaded` of `source_symbol`, a network
+    of the same architecture under other names: both graphs' parameters in graph order,
+    aligned by role and shape (difflib). Every parameter of `symbol` must find one; the
+    source's left over (a training head, a bias our layer lacks) are named in note(line)."""
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, image_size, image_size))
+    ours = dict(zip(symbol.list_arguments(), arg_shapes))
+    ours.update(zip(symbol.list_auxiliary_states(), aux_shapes))
+    saved = {name[4:]: array for name, array in loaded.items()}
+    source = [entry for entry in parameter_roles(source_symbol) if entry[0] in saved]
+    target = parameter_roles(symbol)
+    matcher = difflib.SequenceMatcher(None, [_match_key(role, saved[name].shape) for name, role, _ in source],
+                                      [_match_key(role, ours[name]) for name, role, _ in target], autojunk=False)
+    pairs = [(source[block.a + k], target[block.b + k])
+             for block in matcher.get_matching_blocks() for k in range(block.size)]
+    mapped = {our[0]: theirs[0] for theirs, our in pairs}
+    unmatched = [name for name, _, _ in target if name not in mapped]
+    if unmatched:
+        first = unmatched[0]
+        raise UsageError(f"--pretrained {spec} names its parameters otherwise and does not fit this run's network "
+                         f"{network!r} at {image_size} px by structure either: {len(unmatched)} of its "
+                         f"{len(target)} parameters have no counterpart, the first {first} {tuple(ours[first])}")
+    unused = [name for name, _, _ in source if name not in set(mapped.values())]
+    note(f"--pretrained {spec}: parameters named otherwise, matched by structure: {len(pairs)} "
+         f"({pairs[0][0][0]} -> {pairs[0][1][0]}, ..., {pairs[-1][0][0]} -> {pairs[-1][1][0]}); not used: "
+         f"{', '.join(unused) if unused else 'none'}")
+    aux = set(symbol.list_auxiliary_states())
+    weights = {our: _carried_over(saved[theirs].reshape(tuple(ours[our])), role, their_attrs, our_attrs)
+               for (theirs, _, their_attrs), (our, role, our_attrs) in pairs}
+    return ({k: v for k, v in weights.items() if k not in aux}, {k: v for k, v in weights.items() if k in aux})

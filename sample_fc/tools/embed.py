@@ -16,7 +16,7 @@ import numpy as np
 from ..data.images import IMAGE_EXTENSIONS, decode_rgb, is_image_file
 from ..verification import Embedder, l2_normalize, to_nchw
 from .cli import make_parser, run_or_exit
-from .model_io import add_model_arguments, batch_size_or_default, load_model
+from .model_io import add_model_arguments, batch_size_or_default, load_model_from_args
 
 
 def list_images(folder):
@@ -72,7 +72,8 @@ def main(argv=None):
     if not args.out.endswith(".npy"):
         parser.error(f"--out must end in .npy, got {args.out!r}")
     def work():
-        model = load_model(args.model, args.image_size)
+        model = load_model_from_args(args)
+        print(model.line(), flush=True)
         batch_size = batch_size_or_default(args.batch_size, model)
         embeddings, paths = embed_folder(model, args.images, batch_size, args.context, args.flip)
         np.save(args.out, embeddings)

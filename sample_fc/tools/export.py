@@ -27,7 +27,7 @@ import numpy as np
 
 from ..host_head import omp_threads
 from .cli import make_parser, run_or_exit
-from .model_io import add_model_arguments, load_model
+from .model_io import add_model_arguments, load_model_from_args
 
 TOLERANCE = 1e-4
 BATCH_AXIS = "batch"          # the ONNX name of the symbolic batch dimension
@@ -131,6 +131,7 @@ def export_onnx(symbol, arg_params, aux_params, image_size, path, static_batch=N
     if missing:
         raise ValueError("mxnet.onnx cannot convert these ops: " + "; ".join(
             f"{op} (nodes {', '.join(names[:5])})" for op, names in sorted(missing.items())))
+    symbol = _explicit_fc_flatten(symbol, image_size)
     params = fixed_gamma_params(symbol, arg_params)
     params.update(aux_params)
     try:
@@ -144,6 +145,7 @@ def export_onnx(symbol, arg_params, aux_params, image_size, path, static_batch=N
     except NotImplementedError as err:      # a supported op with unsupported attributes
         raise ValueError(f"mxnet.onnx cannot convert this symbol: {err}") from err
     model = onnx.load(path)
+    _channel_slopes(model)
     initializers = {tensor.name for tensor in model.graph.initializer}
     inputs = [value for value in model.graph.input if value.name not in initializers]
     del model.graph.input[:]
@@ -153,6 +155,42 @@ def export_onnx(symbol, arg_params, aux_params, image_size, path, static_batch=N
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def _explicit_fc_flatten(symbol, image_size):
+    """The symbol with flatten="True" written on every FullyConnected of a more than 2-d input
+    that relies on the default: mxnet.onnx reads a missing flatten as False, and such a layer
+    (insightface's pre_fc1 right after its last BatchNorm) becomes a Gemm on unflattened data.
+    sample_fc's symbols flatten first and are returned unchanged."""
+    internals = symbol.get_internals()
+    _, shapes, _ = internals.infer_shape(data=(1, 3, image_size, image_size))
+    ndim = {name: len(shape) for name, shape in zip(internals.list_outputs(), shapes)}
+    graph = json.loads(symbol.tojson())
+    nodes, changed = graph["nodes"], False
+    for node in nodes:
+        if node["op"] != "FullyConnected" or "flatten" in node.get("attrs", {}):
+            continue
+        source, output = node["inputs"][0][:2]
+        name = nodes[source]["name"]
+        candidates = [name] if nodes[source]["op"] == "null" else [f"{name}_output", f"{name}_output{output}"]
+        if max(ndim.get(candidate, 2) for candidate in candidates) > 2:
+            node.setdefault("attrs", {})["flatten"] = "True"
+            changed = True
+    return mx.sym.load_json(json.dumps(graph)) if changed else symbol
+
+
+def _channel_slopes(model):
+    """Give every PRelu's 1-d slope the shape (C, 1, 1). mxnet.onnx writes the (C,) gamma of
+    LeakyReLU(act_type='prelu') (insightface's MXNet models use it) as it is, which ONNX
+    broadcasts along the last axis (the width) instead of the channels. sample_fc's own
+    symbols build PReLU from other ops (symbols.common.prelu) and have no PRelu node."""
+    from onnx import numpy_helper
+    slopes = {node.input[1] for node in model.graph.node if node.op_type == "PRelu"}
+    for index, tensor in enumerate(model.graph.initializer):
+        if tensor.name in slopes and len(tensor.dims) == 1:
+            value = numpy_helper.to_array(tensor)
+            model.graph.initializer[index].CopyFrom(
+                numpy_helper.from_array(value.reshape(-1, 1, 1), tensor.name))
 
 
 def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, ctx,
@@ -221,7 +259,8 @@ def main(argv=None):
         parser.error(f"--check-batches must be positive, got {args.check_batches}")
 
     def work():
-        model = load_model(args.model, args.image_size)
+        model = load_model_from_args(args)
+        print(model.line(), flush=True)
         export_onnx(model.symbol, model.arg_params, model.aux_params, model.image_size, args.onnx,
                     args.static_batch)
         return model, compare_with_mxnet(args.onnx, model.symbol, model.arg_params, model.aux_params,

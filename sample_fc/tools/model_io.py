@@ -5,7 +5,7 @@ import re
 
 import mxnet as mx
 
-from ..saved_model import LoadedModel, load_model, resolve_prefix  # noqa: F401  (the tools' names)
+from ..saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, resolve_prefix  # noqa: F401
 
 
 def add_model_arguments(parser, batch_size=True):
@@ -16,12 +16,25 @@ def add_model_arguments(parser, batch_size=True):
                              "complete checkpoint); EPOCH defaults to the largest found")
     parser.add_argument("--image-size", type=int, default=None,
                         help="input side; default: inferred from the params' shapes")
+    parser.add_argument("--output", default=None, metavar="NAME",
+                        help="the layer (or output) whose values are the embedding; default: "
+                             "embeddings (sample_fc's), else fc1 (insightface's MXNet models), else "
+                             "the graph's only output")
+    parser.add_argument("--normalize", default="auto", choices=NORMALIZE_CHOICES,
+                        help="who turns raw pixels 0..255 into (x - 127.5) / 128: the graph, or this "
+                             "tool before it; default auto: the graph if its input meets an "
+                             "arithmetic op or a BatchNorm first")
     if batch_size:
         parser.add_argument("--batch-size", type=int, default=None,
                             help="images per forward pass; default: the checkpoint's training "
                                  "batch size (from its state.json), else 64")
     parser.add_argument("--context", default="cpu", type=_context_argument, metavar="cpu|gpu:N",
                         help="device to run on (default cpu)")
+
+
+def load_model_from_args(args):
+    """The model the tool's --model, --image-size, --output and --normalize name."""
+    return load_model(args.model, args.image_size, args.output, args.normalize)
 
 
 def parse_context(text):

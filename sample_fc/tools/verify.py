@@ -13,7 +13,7 @@ import os
 import sys
 
 from ..data.bin_format import load_bin
-from .model_io import add_model_arguments, batch_size_or_default, load_model
+from .model_io import add_model_arguments, batch_size_or_default, load_model_from_args
 from ..verification import Embedder, evaluate, raw_pixel_embed
 from . import cli
 
@@ -55,10 +55,9 @@ def main(argv=None):
         missing = [path for path in args.bin if not os.path.isfile(path)]
         if missing:
             raise FileNotFoundError(f"--bin {missing[0]}: no such file")
-        model = load_model(args.model, args.image_size)
+        model = load_model_from_args(args)
         batch_size = batch_size_or_default(args.batch_size, model)
-        print(f"model {model.prefix}-{model.epoch:04d}.params, input {model.image_size}x"
-              f"{model.image_size}, batch size {batch_size}, context {args.context}", flush=True)
+        print(f"{model.line()}; batch size {batch_size}, context {args.context}", flush=True)
         for name, result in verify(model, args.bin, batch_size, args.context, args.baseline):
             print(result.line(name), flush=True)
 

@@ -157,3 +157,24 @@ def test_a_run_saved_as_the_old_mbf_resumes_as_mbf_small(tiny_data, tmp_path):
     assert json.loads((interrupted / "config.json").read_text())["network"] == "mbf_small"
     assert_same(checkpoint_arrays(str(interrupted / "step-00000008"), 2),
                 checkpoint_arrays(str(straight / "step-00000008"), 2))
+
+
+def test_pretrained_from_an_original_naming_model(tiny_data, tmp_path):
+    """Test that train.py --pretrained starts from a model in the original MXNet toolkit's
+    naming (conv0, bn0, ..., pre_fc1, fc1) by matching its parameters by structure, says so in
+    one line, and trains: after one step at a negligible lr the weights are the source's."""
+    import mxnet as mx
+    from original_models import save_original
+    _, source_args, _ = save_original(str(tmp_path / "original"), (2, 2, 2, 2), 32, 32)
+    tuned = tmp_path / "tuned"
+    result = run_train(tuned, tiny_data, "--network", "r18", "--set", "max_update=1", "--set", "lr=1e-9",
+                       "--pretrained", tmp_path / "original")
+    assert result.returncode == 0, per_rank_tail(result.output)
+    notes = [line for line in result.output.splitlines() if "matched by structure" in line]
+    assert len(notes) == 1 and "conv0_weight -> stem_conv_weight" in notes[0], per_rank_tail(result.output)
+    _, started, _ = mx.model.load_checkpoint(str(tuned / "step-00000001" / "model"), 1)
+    pairs = {"stem_conv_weight": "conv0_weight", "stage3_unit1_shortcut_conv_weight": "stage3_unit1_conv1sc_weight",
+             "embedding_fc_weight": "pre_fc1_weight", "stage4_unit2_prelu_gamma": "stage4_unit2_relu1_gamma"}
+    for ours, theirs in pairs.items():
+        np.testing.assert_allclose(started[ours].asnumpy().ravel(), source_args[theirs].asnumpy().ravel(),
+                                   rtol=1e-5, atol=1e-6, err_msg=ours)
