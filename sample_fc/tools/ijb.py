@@ -1,0 +1,318 @@
+"""IJB-B / IJB-C 1:1 verification (template to template), as the field reports it.
+
+    python -m sample_fc.tools.ijb --model models/emore_r100 --root IJB_release/IJBC --out ijbc_r100
+
+--root is one target of the IJB release as insightface distributes it (IJB_release/IJBB or
+IJB_release/IJBC); the target's name (ijbb or ijbc) is that folder's, or --target:
+
+    loose_crop/                          the face crops (any image format)
+    meta/<target>_name_5pts_score.txt    NAME x1 y1 ... x5 y5 SCORE: 5 landmarks (eyes, nose,
+                                         mouth corners; pixels of the crop) and the detector's
+                                         faceness score, one line per face
+    meta/<target>_face_tid_mid.txt       NAME TEMPLATE MEDIA: the same faces in the same order
+    meta/<target>_template_pair_label.txt  TEMPLATE TEMPLATE LABEL (1 genuine, 0 impostor)
+
+Each face is aligned to the model's input (a similarity transform of its landmarks onto the
+standard 112x112 five-point template, scaled to the input size) and embedded with its mirror
+(summed). A template's feature, the standard way (insightface's IJB evaluation): each face's
+embedding times its faceness score (--no-detector-score: not), averaged over the faces of one
+media (video or still), summed over the template's media, L2-normalised. A pair's score is
+the cosine of its two templates; TAR at FAR 1e-6 ... 1e-1 is read off the scores (the
+largest threshold whose FAR is at most the target, as sample_fc.verification does).
+
+Writes to --out: result.json (TAR@FAR, counts, the model), roc.png (TAR against FAR, log
+scale), scores.npy (one score per pair, in the pair list's order) and cache/ (the face
+embeddings in chunks: an interrupted run goes on from the last complete chunk). The model is
+anything the other tools take (--model, --output, --normalize).
+"""
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from ..data.images import open_image
+from ..errors import UsageError
+from ..verification import Embedder, tar_at_far, to_nchw
+from .cli import Progress, make_parser, run_or_exit
+from .model_io import add_model_arguments, batch_size_or_default, load_model_from_args
+
+# The five-point template of a 112x112 aligned face (left eye, right eye, nose tip, left and
+# right mouth corners; pixel centres at integers), as insightface's alignment uses it.
+TEMPLATE_112 = np.array([[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366],
+                         [41.5493, 92.3655], [70.7299, 92.2041]])
+FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+CHUNK = 2048                       # faces per cache file
+
+
+def similarity_transform(source, target):
+    """The 2x3 matrix M of the similarity (rotation, uniform scale, translation; no
+    reflection) that maps the (K, 2) points `source` onto `target` with the least squared
+    error: target ~ M @ [x, y, 1]."""
+    rows, values = [], []
+    for (x, y), (u, v) in zip(source, target):
+        rows += [[x, -y, 1, 0], [y, x, 0, 1]]
+        values += [u, v]
+    (a, b, tx, ty), *_ = np.linalg.lstsq(np.array(rows, float), np.array(values, float), rcond=None)
+    return np.array([[a, -b, tx], [b, a, ty]])
+
+
+def align(image, landmarks, size):
+    """uint8 (size, size, 3) RGB: the PIL `image` warped (bilinear) so that its (5, 2)
+    landmarks land on the template scaled to `size`. Coordinates have pixel centres at
+    integers (as the landmark files and OpenCV); PIL's have them at +0.5."""
+    matrix = similarity_transform(landmarks, TEMPLATE_112 * size / 112.0)
+    inverse = np.linalg.inv(np.vstack([matrix, [0, 0, 1]]))[:2]
+    linear, shift = inverse[:, :2], inverse[:, 2]
+    shift = shift + 0.5 - linear @ [0.5, 0.5]
+    coefficients = (linear[0, 0], linear[0, 1], shift[0], linear[1, 0], linear[1, 1], shift[1])
+    return np.asarray(image.convert("RGB").transform((size, size), Image.AFFINE, coefficients, Image.BILINEAR))
+
+
+def _read_rows(path, columns, parse, what):
+    """Rows of a whitespace-separated metadata file, each parse(fields); UsageError naming the
+    file and line for a missing file or a line that does not parse."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file (expected {what})")
+    rows = []
+    with open(path) as handle:
+        for number, line in enumerate(handle, start=1):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                if len(fields) != columns:
+                    raise ValueError(f"{len(fields)} fields")
+                rows.append(parse(fields))
+            except ValueError as err:
+                raise UsageError(f"{path}:{number}: expected {what}, got {line.strip()[:80]!r} ({err})") from None
+    if not rows:
+        raise UsageError(f"{path}: empty (expected {what})")
+    return rows
+
+
+def read_release(root, target):
+    """dict(names, landmarks (N, 5, 2), scores (N,), templates (N,), medias (N,), pairs (P, 2),
+    labels (P,)) of an IJB release folder; UsageError naming a missing or damaged file, a face
+    listed differently in the two face files, a pair naming an unknown template, or a crop
+    that is missing."""
+    meta = os.path.join(root, "meta")
+    faces = _read_rows(os.path.join(meta, f"{target}_name_5pts_score.txt"), 12,
+                       lambda f: (f[0], [float(v) for v in f[1:11]], float(f[11])),
+                       "NAME x1 y1 ... x5 y5 SCORE")
+    groups = _read_rows(os.path.join(meta, f"{target}_face_tid_mid.txt"), 3,
+                        lambda f: (f[0], int(f[1]), int(f[2])), "NAME TEMPLATE MEDIA")
+    pairs = _read_rows(os.path.join(meta, f"{target}_template_pair_label.txt"), 3,
+                       lambda f: (int(f[0]), int(f[1]), _label(f[2])), "TEMPLATE TEMPLATE LABEL (0 or 1)")
+    if len(faces) != len(groups) or any(a[0] != b[0] for a, b in zip(faces, groups)):
+        index = next((i for i, (a, b) in enumerate(zip(faces, groups)) if a[0] != b[0]), min(len(faces), len(groups)))
+        raise UsageError(f"{meta}: the face lists differ at face {index + 1} ({len(faces)} faces with landmarks, "
+                         f"{len(groups)} with templates); they must list the same faces in the same order")
+    templates = np.array([g[1] for g in groups])
+    pair_array = np.array([p[:2] for p in pairs])
+    unknown = sorted(set(pair_array.ravel()) - set(templates))
+    if unknown:
+        raise UsageError(f"{target}_template_pair_label.txt names {len(unknown)} templates no face belongs to "
+                         f"(e.g. {unknown[0]})")
+    names = [f[0] for f in faces]
+    missing = [n for n in names if not os.path.isfile(os.path.join(root, "loose_crop", n))]
+    if missing:
+        raise UsageError(f"{os.path.join(root, 'loose_crop', missing[0])}: no such file ({len(missing)} of "
+                         f"{len(names)} crops missing)")
+    return dict(names=names, landmarks=np.array([f[1] for f in faces]).reshape(-1, 5, 2),
+                scores=np.array([f[2] for f in faces]), templates=templates,
+                medias=np.array([g[2] for g in groups]), pairs=pair_array, labels=np.array([p[2] for p in pairs]))
+
+
+def _label(text):
+    if text not in ("0", "1"):
+        raise ValueError("a label is 0 or 1")
+    return int(text)
+
+
+def template_features(embeddings, scores, templates, medias, use_scores=True):
+    """(template ids sorted, (T, D) L2-normalised template features): face embeddings times
+    their faceness scores (if use_scores), averaged within a media of a template, summed over
+    the template's media."""
+    weighted = embeddings * (scores[:, None] if use_scores else 1.0)
+    ids = np.unique(templates)
+    features = np.zeros((len(ids), embeddings.shape[1]))
+    for row, template in enumerate(ids):
+        members = templates == template
+        for media in np.unique(medias[members]):
+            features[row] += weighted[members & (medias == media)].mean(axis=0)
+    norms = np.linalg.norm(features, axis=1, keepdims=True)
+    return ids, features / np.maximum(norms, 1e-12)
+
+
+def pair_scores(ids, features, pairs):
+    """Cosine of each pair's two template features."""
+    position = {template: row for row, template in enumerate(ids)}
+    first = features[[position[t] for t in pairs[:, 0]]]
+    second = features[[position[t] for t in pairs[:, 1]]]
+    return np.sum(first * second, axis=1)
+
+
+def tar_table(scores, labels, fars=FARS):
+    """{far: TAR} for each FAR (a pair is accepted when its score exceeds the threshold)."""
+    return {far: tar_at_far(-np.asarray(scores, float), np.asarray(labels) == 1, far) for far in fars}
+
+
+def roc_points(scores, labels):
+    """(FAR, TAR) of every threshold between distinct scores, FAR increasing."""
+    order = np.argsort(-np.asarray(scores, float), kind="stable")
+    genuine = np.asarray(labels)[order] == 1
+    tar = np.cumsum(genuine) / max(genuine.sum(), 1)
+    far = np.cumsum(~genuine) / max((~genuine).sum(), 1)
+    return far, tar
+
+
+def draw_roc(path, far, tar, table, title):
+    """A PNG of TAR against FAR (log scale 1e-6 ... 1), with the table's points marked."""
+    width, height, left, bottom, top, right = 640, 480, 60, 50, 30, 20
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def to_xy(x, y):
+        fraction = (np.log10(np.clip(x, 1e-6, 1.0)) + 6) / 6
+        return left + fraction * plot_w, top + (1 - y) * plot_h
+
+    for decade in range(-6, 1):
+        x, _ = to_xy(10.0 ** decade, 0)
+        draw.line([(x, top), (x, top + plot_h)], fill=(220, 220, 220))
+        draw.text((x - 12, top + plot_h + 5), f"1e{decade}", fill="black")
+    for tenth in range(0, 11, 2):
+        _, y = to_xy(1e-6, tenth / 10)
+        draw.line([(left, y), (left + plot_w, y)], fill=(220, 220, 220))
+        draw.text((left - 30, y - 6), f"{tenth / 10:.1f}", fill="black")
+    draw.rectangle([left, top, left + plot_w, top + plot_h], outline="black")
+    keep = far >= 1e-6
+    if keep.any():
+        draw.line([to_xy(x, y) for x, y in zip(far[keep], tar[keep])], fill=(31, 119, 180), width=2)
+    for x, y in table.items():
+        cx, cy = to_xy(x, y)
+        draw.ellipse([cx - 3, cy - 3, cx + 3, cy + 3], outline=(214, 39, 40), width=2)
+    draw.text((left, 8), title, fill="black")
+    draw.text((left + plot_w // 2 - 60, height - 20), "FAR (false accept rate)", fill="black")
+    image.save(path)
+
+
+class EmbeddingCache:
+    """Face embeddings in chunk files under `folder`, for one (model, faces, input) key: chunks
+    of another key are not used (the folder is emptied of them first)."""
+
+    def __init__(self, folder, key):
+        self.folder = folder
+        os.makedirs(folder, exist_ok=True)
+        key_file = os.path.join(folder, "key.json")
+        old = json.load(open(key_file)) if os.path.isfile(key_file) else None
+        if old != key:
+            for name in os.listdir(folder):
+                if name.startswith("chunk-"):
+                    os.remove(os.path.join(folder, name))
+            with open(key_file + ".tmp", "w") as handle:
+                json.dump(key, handle)
+            os.replace(key_file + ".tmp", key_file)
+
+    def path(self, index):
+        return os.path.join(self.folder, f"chunk-{index:06d}.npy")
+
+    def get(self, index):
+        try:
+            return np.load(self.path(index))
+        except (OSError, ValueError):
+            return None
+
+    def put(self, index, rows):
+        temporary = self.path(index) + ".tmp.npy"
+        np.save(temporary, rows)
+        os.replace(temporary, self.path(index))
+
+
+def cache_key(model, release, flip):
+    """What the cached embeddings depend on: the model's files, input and output, the faces
+    and their landmarks, flip."""
+    params = f"{model.prefix}-{model.epoch:04d}.params"
+    digest = hashlib.sha256()
+    digest.update("\n".join(release["names"]).encode())
+    digest.update(np.ascontiguousarray(release["landmarks"]).tobytes())
+    return {"params": os.path.abspath(params), "size": os.path.getsize(params), "mtime": os.path.getmtime(params),
+            "output": model.output, "input": model.input_note, "image_size": model.image_size,
+            "flip": flip, "faces": digest.hexdigest()}
+
+
+def embed_faces(model, release, root, cache, batch_size, ctx, flip=True, progress=True):
+    """(N, D) flip-summed embeddings of the aligned faces, chunk by chunk through the cache."""
+    names, landmarks = release["names"], release["landmarks"]
+    embedder = None
+    rows = []
+    bar = Progress(len(names), "embedding faces", enabled=progress)
+    for index, start in enumerate(range(0, len(names), CHUNK)):
+        chunk = cache.get(index)
+        stop = min(start + CHUNK, len(names))
+        if chunk is None or len(chunk) != stop - start:
+            embedder = embedder or Embedder(model.symbol, model.arg_params, model.aux_params, ctx,
+                                            model.image_size, batch_size=batch_size, flip=flip)
+            faces = []
+            for i in range(start, stop):
+                path = os.path.join(root, "loose_crop", names[i])
+                try:
+                    faces.append(align(open_image(path), landmarks[i], model.image_size))
+                except OSError as err:
+                    raise OSError(f"{path}: {err}") from None
+            chunk = embedder(to_nchw(np.stack(faces))).astype(np.float32)
+            cache.put(index, chunk)
+        rows.append(chunk)
+        bar.update(stop - start)
+    return np.concatenate(rows)
+
+
+def main(argv=None):
+    parser = make_parser("sample_fc.tools.ijb", __doc__)
+    add_model_arguments(parser)
+    parser.add_argument("--root", required=True, metavar="DIR", help="an IJB target folder (IJB_release/IJBC)")
+    parser.add_argument("--target", default=None, help="ijbb or ijbc; default: the --root folder's name")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for result.json, roc.png, scores.npy, cache/")
+    parser.add_argument("--no-flip", dest="flip", action="store_false", help="embed each face alone")
+    parser.add_argument("--no-detector-score", dest="detector_score", action="store_false",
+                        help="do not weight faces by the detector's faceness score")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    args = parser.parse_args(argv)
+    target = (args.target or os.path.basename(os.path.normpath(args.root))).lower()
+
+    def work():
+        release = read_release(args.root, target)
+        model = load_model_from_args(args)
+        print(model.line(), flush=True)
+        print(f"{target}: {len(release['names'])} faces, {len(np.unique(release['templates']))} templates, "
+              f"{len(release['pairs'])} pairs ({int(release['labels'].sum())} genuine)", flush=True)
+        batch_size = batch_size_or_default(args.batch_size, model)
+        cache = EmbeddingCache(os.path.join(args.out, "cache"), cache_key(model, release, args.flip))
+        embeddings = embed_faces(model, release, args.root, cache, batch_size, args.context, args.flip, args.progress)
+        ids, features = template_features(embeddings, release["scores"], release["templates"], release["medias"],
+                                          args.detector_score)
+        scores = pair_scores(ids, features, release["pairs"])
+        table = tar_table(scores, release["labels"])
+        np.save(os.path.join(args.out, "scores.npy"), scores)
+        far, tar = roc_points(scores, release["labels"])
+        draw_roc(os.path.join(args.out, "roc.png"), far, tar, table, f"{target.upper()} 1:1, {model.prefix}")
+        result = {"target": target, "model": f"{model.prefix}-{model.epoch:04d}.params", "output": model.output,
+                  "faces": len(release["names"]), "templates": int(len(ids)), "pairs": int(len(scores)),
+                  "genuine_pairs": int(release["labels"].sum()), "flip": args.flip,
+                  "detector_score": args.detector_score, "tar_at_far": {f"{far:g}": tar for far, tar in table.items()}}
+        with open(os.path.join(args.out, "result.json"), "w") as handle:
+            json.dump(result, handle, indent=2)
+        return table
+
+    table = run_or_exit(parser, work)
+    print("FAR  " + "  ".join(f"{far:>7g}" for far in table))
+    print("TAR  " + "  ".join(f"{100 * tar:6.2f}%" for tar in table.values()))
+    print(f"wrote {os.path.join(args.out, 'result.json')}, roc.png, scores.npy")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
