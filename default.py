@@ -64,6 +64,8 @@ def _base_config():
 
     # ---- Partial FC ---------------------------------------------------------------
     cfg.sample_ratio = 1.0               # fraction of each rank's centers scored per step, in (0, 1]
+    cfg.sample_ratio_warmup_steps = 0    # score more centers first: the ratio goes linearly from sample_ratio_warmup_start at step 1 to sample_ratio at this step + 1 (0 = sample_ratio throughout)
+    cfg.sample_ratio_warmup_start = 1.0  # the ratio at step 1 of that warm-up, in (0, 1] (the memory plan holds the larger of it and sample_ratio)
     cfg.context = 'auto'                 # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
     cfg.bank_context = 'same'            # memory bank device: same (as context) | cpu
     cfg.bank_dtype = 'float32'           # bank storage: float32 | float16 (half the bytes per class; math in float32, stochastic rounding on write)
@@ -418,11 +420,13 @@ def check_config(cfg):
                 'collective_timeout_s'):
         if cfg[key] < 1:
             _fail(key, cfg[key], "an integer >= 1")
-    for key in ('num_images', 'warmup_steps', 'verify_period', 'step_timeout_s', 'margin_warmup_steps'):
+    for key in ('num_images', 'warmup_steps', 'verify_period', 'step_timeout_s', 'margin_warmup_steps',
+                'sample_ratio_warmup_steps'):
         if cfg[key] < 0:
             _fail(key, cfg[key], "an integer >= 0")
-    if not 0.0 < cfg.sample_ratio <= 1.0:
-        _fail('sample_ratio', cfg.sample_ratio, "a float in (0, 1]")
+    for key in ('sample_ratio', 'sample_ratio_warmup_start'):
+        if not 0.0 < cfg[key] <= 1.0:
+            _fail(key, cfg[key], "a float in (0, 1]")
     if not 0.0 <= cfg.dropout < 1.0:
         _fail('dropout', cfg.dropout, "a float in [0, 1)")
     for key in ('aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale'):

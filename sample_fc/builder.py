@@ -29,7 +29,7 @@ from .memory_bank import MemoryBank
 from .host_head import default_threads
 from .module import SampleDistributeModule, uses_host_kernel
 from .optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, make_schedule
-from .sampler import ClassCenterSampler
+from .sampler import ClassCenterSampler, SampleRatioWarmup
 from .saved_model import load_pretrained
 from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
@@ -102,7 +102,9 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
     bank = MemoryBank.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx, seed=cfg.seed,
                                dtype=cfg.bank_dtype)
     module = SampleDistributeModule(
-        symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, cfg.sample_ratio, seed=cfg.seed),
+        symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, cfg.sample_ratio, seed=cfg.seed,
+                                                               warmup_steps=cfg.sample_ratio_warmup_steps,
+                                                               warmup_start=cfg.sample_ratio_warmup_start),
         margin=CombinedMargin(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3, cfg.loss_s),
         bank_optimizer=MemoryBankSGDOptimizer(schedule, cfg.momentum, cfg.wd, momentum_form=cfg.momentum_form),
         backbone_optimizer=backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
@@ -195,7 +197,8 @@ def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
     sampler's and the head's memory where the bank is."""
     params, activations = memory_plan.backbone_sizes(symbol, cfg.image_size)
     host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype)
-    whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, cfg.sample_ratio,
+    peak_ratio = SampleRatioWarmup(cfg.sample_ratio, cfg.sample_ratio_warmup_steps, cfg.sample_ratio_warmup_start).peak()
+    whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_ratio,
                              np.dtype(cfg.bank_dtype).itemsize, params, activations, host_kernel, threads)
     if not on_gpu:
         return whole, None

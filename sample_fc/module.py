@@ -153,7 +153,7 @@ class SampleDistributeModule:
             all_embeddings = dist.allgather(embeddings.as_in_context(bank_ctx), "embeddings", self.allgather)
             all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
         with stage("sample"):         # 3. this rank's centers: all local positives + uniform negatives
-            target, index = self.sampler(all_labels)
+            target, index = self.sampler(all_labels, self.num_update + 1)
         # 4-8. sampled rows, cosine, margin, exact distributed softmax, gradients
         loss, self._grad_all_embeddings = self.head.forward_backward(
             all_embeddings, target, index, len(all_labels), self.margin_at(self.num_update + 1))

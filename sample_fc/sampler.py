@@ -3,6 +3,10 @@
 Runs on the host with NumPy, on integer labels only (int64 end to end: float32 would
 corrupt class ids above 2**24). Cost is O(num_local) in vectorised passes over a boolean
 mask, never a Python loop over labels or classes.
+
+The fraction sampled may follow a schedule of the update number (SampleRatioWarmup: a larger
+fraction first, down to sample_ratio), a pure function like the lr schedule, so a resumed run
+samples as an uninterrupted one.
 """
 import math
 
@@ -94,28 +98,61 @@ def _mark_uniform_free(taken, count, rng):
         num_taken = now
 
 
+class SampleRatioWarmup:
+    """The sample ratio of update n (1-based): `start` at update 1, linearly down (or up) to
+    `ratio` at update steps + 1 and after; steps = 0: `ratio` throughout."""
+
+    def __init__(self, ratio, steps=0, start=1.0):
+        for name, value in (("ratio", ratio), ("start", start)):
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"sample ratio warm-up: {name} must be in (0, 1], got {value!r}")
+        if not (isinstance(steps, int) and steps >= 0):
+            raise ValueError(f"sample ratio warm-up needs steps >= 0 (0 = none), got {steps!r}")
+        self.ratio, self.steps, self.start = ratio, steps, start
+
+    def __call__(self, num_update):
+        if not self.steps or num_update > self.steps:
+            return self.ratio
+        return self.start + (self.ratio - self.start) * (max(num_update, 1) - 1) / self.steps
+
+    def peak(self):
+        """The largest ratio of the schedule (what the memory plan must hold)."""
+        return max(self.ratio, self.start) if self.steps else self.ratio
+
+
 class ClassCenterSampler:
     """The sampler of one rank's shard, with its own seeded random stream.
 
     Seeded from (seed, rank) so ranks draw different negatives and a rerun draws the same.
+    With a `schedule` (update number -> sample ratio, e.g. SampleRatioWarmup) the size of the
+    sampled set follows it; else it is `num_sample` at every update.
     """
 
-    def __init__(self, class_start, num_local, num_sample, seed=0, rank=0):
+    def __init__(self, class_start, num_local, num_sample, seed=0, rank=0, schedule=None):
         if not 1 <= num_sample <= num_local:
             raise ValueError(f"num_sample must be in [1, num_local={num_local}], got {num_sample}")
         self.class_start, self.num_local, self.num_sample = class_start, num_local, num_sample
-        self.seed, self.rank = seed, rank
+        self.seed, self.rank, self.schedule = seed, rank, schedule
         self.rng = np.random.default_rng([seed, rank])
 
     @classmethod
-    def for_bank(cls, bank, sample_ratio, seed=0):
-        """The sampler of a MemoryBank's shard: ceil(sample_ratio * its classes) per step."""
+    def for_bank(cls, bank, sample_ratio, seed=0, warmup_steps=0, warmup_start=1.0):
+        """The sampler of a MemoryBank's shard: ceil(ratio * its classes) per step, the ratio
+        sample_ratio after a warm-up of `warmup_steps` updates from `warmup_start`."""
+        schedule = SampleRatioWarmup(sample_ratio, warmup_steps, warmup_start) if warmup_steps else None
         return cls(bank.class_start, bank.num_local, num_sample_for(bank.num_local, sample_ratio),
-                   seed=seed, rank=bank.rank)
+                   seed=seed, rank=bank.rank, schedule=schedule)
 
-    def __call__(self, labels):
-        """(remapped labels, sorted local index) for the global batch's integer labels."""
-        return class_center_sample(labels, self.num_local, self.num_sample,
+    def num_sample_at(self, num_update):
+        """The sampled set's size (before positives beyond it) at update `num_update`."""
+        if self.schedule is None or num_update is None:
+            return self.num_sample
+        return num_sample_for(self.num_local, self.schedule(num_update))
+
+    def __call__(self, labels, num_update=None):
+        """(remapped labels, sorted local index) for the global batch's integer labels, at
+        update `num_update` (1-based; None: no schedule)."""
+        return class_center_sample(labels, self.num_local, self.num_sample_at(num_update),
                                    self.class_start, self.rng)
 
     def state_dict(self):

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from sample_fc.sampler import ClassCenterSampler, class_center_sample, num_sample_for, shard_range
+from sample_fc.sampler import (ClassCenterSampler, SampleRatioWarmup, class_center_sample, num_sample_for,
+                               shard_range)
 
 
 def test_positives_never_dropped_when_they_outnumber_num_sample():
@@ -96,3 +97,53 @@ def test_sampler_speed_printed():
         times.append(time.perf_counter() - start)
     assert len(index) == 125_000
     print(f"\nsampler at 1.25M local classes, 512 positives: {np.median(times) * 1e3:.2f} ms (median of 10)")
+
+
+def test_sample_ratio_warmup_follows_its_formula():
+    """Test that the warm-up gives start at update 1, start + (ratio - start) (n - 1) / steps in
+    between (hand-computed values), ratio from update steps + 1 on, and ratio throughout
+    without a warm-up; and that its peak is the larger end."""
+    schedule = SampleRatioWarmup(0.1, steps=10, start=1.0)
+    assert schedule(1) == 1.0
+    assert schedule(6) == pytest.approx(1.0 - 0.9 * 5 / 10)       # 0.55
+    assert schedule(10) == pytest.approx(0.19)
+    assert [schedule(n) for n in (11, 12, 1000)] == [0.1, 0.1, 0.1]
+    assert schedule.peak() == 1.0
+    assert [SampleRatioWarmup(0.3)(n) for n in (1, 5)] == [0.3, 0.3] and SampleRatioWarmup(0.3).peak() == 0.3
+    assert SampleRatioWarmup(0.1, steps=4, start=0.5)(3) == pytest.approx(0.5 - 0.4 * 2 / 4)
+    for bad in (dict(ratio=0.0), dict(ratio=0.1, start=1.5), dict(ratio=0.1, steps=-1), dict(ratio=0.1, steps=2.5)):
+        with pytest.raises(ValueError):
+            SampleRatioWarmup(**bad)
+
+
+def test_sampler_under_the_schedule_keeps_every_positive():
+    """Test that at every update of a warm-up from 1.0 to 0.05 the sampler's set has
+    ceil(ratio * classes) rows (or every positive, when they are more) and holds every positive
+    of the batch, and that without an update number it samples sample_ratio's size."""
+    num_local, class_start = 1000, 5000
+    schedule = SampleRatioWarmup(0.05, steps=20, start=1.0)
+    sampler = ClassCenterSampler(class_start, num_local, num_sample_for(num_local, 0.05), seed=3, schedule=schedule)
+    rng = np.random.default_rng(0)
+    for update in range(1, 26):
+        labels = rng.integers(class_start - 2000, class_start + num_local + 2000, 128)
+        mine = np.unique(labels[(labels >= class_start) & (labels < class_start + num_local)]) - class_start
+        target, index = sampler(labels, update)
+        assert len(index) == max(num_sample_for(num_local, schedule(update)), len(mine))
+        assert set(mine) <= set(index.tolist())
+        local = (labels >= class_start) & (labels < class_start + num_local)
+        np.testing.assert_array_equal(index[target[local]], labels[local] - class_start)
+    assert len(sampler(np.array([class_start]))[1]) == num_sample_for(num_local, 0.05)
+
+
+def test_memory_plan_holds_the_warmups_peak_ratio():
+    """Test that a run whose sampling warms up from 1.0 to 0.1 is planned with the rows of
+    ratio 1.0 (its first steps score every center), and one without a warm-up with ratio 0.1's."""
+    import default
+    import symbols
+    from sample_fc.builder import run_plan
+    cfg = default.get_config(dataset='synthetic_1m', network='mbf_small')
+    symbol = symbols.get_symbol('mbf_small', cfg.embedding_size, cfg.image_size)
+    plain, _ = run_plan(cfg, 2, symbol, False, False, 1)
+    cfg.sample_ratio_warmup_steps = 100
+    warm, _ = run_plan(cfg, 2, symbol, False, False, 1)
+    assert plain.sampled == 50000 and warm.sampled == 500000 and warm.total > plain.total

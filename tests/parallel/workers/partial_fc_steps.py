@@ -70,8 +70,8 @@ def backbone_params(module):
 losses, sampled, grad_norms = [], [], []
 
 
-def recording_sampler(all_labels):
-    target, index = sampler(all_labels)
+def recording_sampler(all_labels, num_update=None):
+    target, index = sampler(all_labels, num_update)
     sampled.append(index + bank.class_start)
     return target, index
 
