@@ -167,7 +167,7 @@ def main(argv=None):
         try:
             import torch  # noqa: F401
         except ImportError:
-            sys.exit("compare: PyTorch is not installed; run `.venv/bin/pip install torch==2.13.0` (CPU build)")
+            sys.exit("compare: PyTorch is not installed; run `scripts/test.sh -k torch_reference` once (it installs torch 2.13.0, CPU build, and its pinned dependencies: requirements-test.txt)")
     seeds = args.seeds or [cfg.seed]
     base_overrides = list(args.overrides)
     curves, accuracies = {}, {}
