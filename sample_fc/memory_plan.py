@@ -129,4 +129,5 @@ def check_fits(the_plan, available, local_workers, where="host memory"):
         f"for {the_plan.num_local:,} classes, step {the_plan.head / GB:.1f} GB, backbone {the_plan.backbone / GB:.1f} GB) "
         f"and {share / GB:.1f} GB are available ({available / GB:.1f} GB shared by {local_workers} "
         f"worker(s) on this node); use more workers (-np), bank_dtype=float16 (half the bank), fewer "
-        f"workers per node, a smaller embedding_size or sample_ratio, or see `python -m sample_fc.tools.plan`")
+        f"workers per node, a smaller embedding_size or sample_ratio (or sample_ratio_warmup_start: the plan holds "
+        f"the warm-up's first, largest ratio), or see `python -m sample_fc.tools.plan`")

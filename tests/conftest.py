@@ -69,7 +69,7 @@ def single_process():
 TINY_TRAIN = ["--dataset", "demo", "--network", "mbf_small", "--set", "num_classes=16",
               "--set", "image_size=32", "--set", "embedding_size=32", "--set", "batch_size=8",
               "--set", "verify_period=0", "--set", "frequent=4", "--set", "lr=2.0",
-              "--set", "lr_steps=[1000]", "--set", "data_threads=1"]
+              "--set", "lr_steps=[1000]", "--set", "data_threads=1", "--set", "sample_ratio_warmup_steps=0"]
 
 
 @pytest.fixture(scope="session")

@@ -426,6 +426,18 @@ def test_a_run_saved_before_gradient_clipping_resumes_without_it():
     assert default.config_for_run(resumed=dict(saved, clip_grad_norm=2.5)).clip_grad_norm == 2.5
 
 
+def test_a_run_saved_before_the_sampling_warmup_resumes_without_it():
+    """Test that a checkpoint whose config predates sample_ratio_warmup_steps resumes sampling
+    at its sample_ratio from the next step (0 warm-up steps), not with the new default of 200,
+    while a new run of the same presets gets the default."""
+    saved = dict(_saved_run(), sample_ratio=0.1)
+    assert default.get_config('emore', 'r50', 'cosface').sample_ratio_warmup_steps == 200
+    older = {k: v for k, v in saved.items() if k != 'sample_ratio_warmup_steps'}
+    assert default.config_for_run(resumed=older).sample_ratio_warmup_steps == 0
+    assert default.config_for_run(resumed=saved).sample_ratio_warmup_steps == 200
+    assert default.get_config('synthetic_1m').sample_ratio_warmup_steps == 0
+
+
 def test_bank_dtype_is_checked_and_fixed_on_resume():
     """Test that bank_dtype takes float32 or float16 only, and that resuming a run into the
     other dtype is refused in one line naming both values (the run's shards keep their dtype)."""
