@@ -66,8 +66,11 @@ def main(argv=None):
         on_gpu = args.gpu_memory is not None
         host, device = run_plan(cfg, args.world, symbol, on_gpu, cfg.bank_context == "same",
                                 default_threads(per_node))
+        warmup = cfg.sample_ratio_warmup_steps and cfg.sample_ratio_warmup_start > cfg.sample_ratio
         print(f"{cfg.dataset}, {cfg.network}: {cfg.num_classes:,} classes x {cfg.embedding_size} on "
-              f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}")
+              f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}"
+              + (f" after a {cfg.sample_ratio_warmup_steps}-step warm-up from {cfg.sample_ratio_warmup_start} "
+                 f"(planned at {cfg.sample_ratio_warmup_start}: its first steps sample the most)" if warmup else ""))
         for title, part in (("host memory, per worker", host), ("GPU memory, per worker", device)):
             if part is not None:
                 print(f"\n{title}:")
