@@ -7,6 +7,7 @@ until Horovod's stall check or the job's timeout ends the run.
 """
 import contextlib
 import os
+import sys
 
 # Pillow's JPEG decoder must be loaded before horovod.mxnet: Horovod loads its library
 # with RTLD_GLOBAL, and the libjpeg symbols of libmxnet.so it drags in would otherwise
@@ -14,6 +15,14 @@ import os
 from PIL import Image  # noqa: F401  (import order matters, see above)
 import horovod.mxnet as hvd
 import mxnet as mx
+
+# For the same reason torch cannot be imported after this point: its library then crashes
+# the process while loading (a segfault, or glibc's "free(): invalid size"). Libraries import
+# it when it is installed (tensorboardX does, for the scalars training writes), so from here
+# on an import of torch fails with ImportError, which they take for "not installed". A process
+# that imported torch first keeps it.
+if "torch" not in sys.modules:
+    sys.modules["torch"] = None
 
 from .options import ALLGATHERS
 

@@ -56,3 +56,24 @@ def test_fp16_on_a_cpu_run_is_one_line():
         resolve_contexts(cfg, 0)
     message = str(error.value)
     assert message.startswith("fp16=true needs GPUs") and "set fp16=false" in message and "\n" not in message
+
+
+
+def test_tensorboard_writer_works_after_horovod_and_torch_is_not_imported(tmp_path):
+    """Test that after sample_fc.dist (which imports horovod.mxnet) the TensorBoard writer
+    is made and written to in an environment where torch is installed (the test environment
+    installs it), without importing torch: tensorboardX would, and torch imported after
+    Horovod crashes the process. A later `import torch` is an ImportError, not a crash."""
+    import importlib.metadata
+    import subprocess
+    import sys
+    assert importlib.metadata.version("torch"), "the test environment installs torch"
+    code = ("import sys\nimport sample_fc.dist\nfrom sample_fc.builder import tensorboard_writer\n"
+            "from easydict import EasyDict\n"
+            f"writer = tensorboard_writer(EasyDict(tensorboard=True), 0, {str(tmp_path)!r})\n"
+            "writer.add_scalar('loss', 1.5, 1)\nwriter.close()\n"
+            "try:\n    import torch\nexcept ImportError:\n    print('ImportError')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ImportError"
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
