@@ -38,6 +38,13 @@ class OneLineParser(argparse.ArgumentParser):
         """Usage and config mistakes: one line from the first rank only, exit 2."""
         fail(f"{message} (see train.py --help)", USAGE_EXIT, print_it=launcher_rank() == 0)
 
+    def format_help(self):
+        """The help, ending with every network's size and cost: built here, when help is asked
+        for, not on every start (it builds every network's symbol)."""
+        self.epilog = ("networks (--network) per image at 112 px, D 512 (multiply-adds grow with the "
+                       "image's area):\n  " + "\n  ".join(network_table(112, 512)))
+        return super().format_help()
+
 
 def fail(message, code, print_it=True):
     """Exit with one error line. Only the rank that prints exits non-zero; the others exit 0
@@ -58,9 +65,7 @@ def fail(message, code, print_it=True):
 
 
 def make_parser():
-    epilog = ("networks (--network) per image at 112 px, D 512 (multiply-adds grow with the image's area):\n  "
-              + "\n  ".join(network_table(112, 512)))
-    parser = OneLineParser(prog="train.py", description=__doc__, epilog=epilog,
+    parser = OneLineParser(prog="train.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default=None, choices=default.DATASETS, help="default: demo")
     parser.add_argument("--network", "--net", default=None, choices=default.NETWORKS,

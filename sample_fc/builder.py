@@ -191,14 +191,19 @@ def tensorboard_writer(cfg, rank, models_root):
     return SummaryWriter(os.path.join(models_root, "tensorboard"))
 
 
+def peak_sample_ratio(cfg):
+    """The largest sample ratio of the run's schedule (its warm-up's start, if larger): the one
+    the memory plan must hold."""
+    return SampleRatioWarmup(cfg.sample_ratio, cfg.sample_ratio_warmup_steps, cfg.sample_ratio_warmup_start).peak()
+
+
 def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
     """(host memory plan, GPU memory plan or None) of one worker (memory_plan.plan): on a CPU
     run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
     sampler's and the head's memory where the bank is."""
     params, activations = memory_plan.backbone_sizes(symbol, cfg.image_size)
     host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype)
-    peak_ratio = SampleRatioWarmup(cfg.sample_ratio, cfg.sample_ratio_warmup_steps, cfg.sample_ratio_warmup_start).peak()
-    whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_ratio,
+    whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_sample_ratio(cfg),
                              np.dtype(cfg.bank_dtype).itemsize, params, activations, host_kernel, threads)
     if not on_gpu:
         return whole, None

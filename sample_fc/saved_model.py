@@ -324,7 +324,8 @@ def structural_map(spec, loaded, source_symbol, symbol, image_size, network, not
         raise UsageError(f"--pretrained {spec} names its parameters otherwise and does not fit this run's network "
                          f"{network!r} at {image_size} px by structure either: {len(unmatched)} of its "
                          f"{len(target)} parameters have no counterpart, the first {first} {tuple(ours[first])}")
-    unused = [name for name, _, _ in source if name not in set(mapped.values())]
+    used = set(mapped.values())
+    unused = [name for name, _, _ in source if name not in used]
     note(f"--pretrained {spec}: parameters named otherwise, matched by structure: {len(pairs)} "
          f"({pairs[0][0][0]} -> {pairs[0][1][0]}, ..., {pairs[-1][0][0]} -> {pairs[-1][1][0]}); not used: "
          f"{', '.join(unused) if unused else 'none'}")

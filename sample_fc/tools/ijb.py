@@ -200,6 +200,15 @@ def draw_roc(path, far, tar, table, title):
     image.save(path)
 
 
+def _read_json_or_none(path):
+    """The JSON in `path`, or None when it is missing or unreadable (an interrupted write)."""
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
 class EmbeddingCache:
     """Face embeddings in chunk files under `folder`, for one (model, faces, input) key: chunks
     of another key are not used (the folder is emptied of them first)."""
@@ -208,8 +217,7 @@ class EmbeddingCache:
         self.folder = folder
         os.makedirs(folder, exist_ok=True)
         key_file = os.path.join(folder, "key.json")
-        old = json.load(open(key_file)) if os.path.isfile(key_file) else None
-        if old != key:
+        if _read_json_or_none(key_file) != key:
             for name in os.listdir(folder):
                 if name.startswith("chunk-"):
                     os.remove(os.path.join(folder, name))

@@ -56,7 +56,7 @@ def main(argv=None):
         import default
         import symbols
         from .. import memory_plan
-        from ..builder import run_plan
+        from ..builder import peak_sample_ratio, run_plan
         from ..host_head import default_threads
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         if args.world < 1 or (args.workers_per_node or 1) < 1:
@@ -66,7 +66,7 @@ def main(argv=None):
         on_gpu = args.gpu_memory is not None
         host, device = run_plan(cfg, args.world, symbol, on_gpu, cfg.bank_context == "same",
                                 default_threads(per_node))
-        warmup = cfg.sample_ratio_warmup_steps and cfg.sample_ratio_warmup_start > cfg.sample_ratio
+        warmup = peak_sample_ratio(cfg) > cfg.sample_ratio
         print(f"{cfg.dataset}, {cfg.network}: {cfg.num_classes:,} classes x {cfg.embedding_size} on "
               f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}"
               + (f" after a {cfg.sample_ratio_warmup_steps}-step warm-up from {cfg.sample_ratio_warmup_start} "
