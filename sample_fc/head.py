@@ -45,12 +45,13 @@ def normalize_rows_backward(grad_normalized, normalized, norms):
 
 
 def head_forward_backward(embeddings, weights, target, margin, total_rows,
-                          allreduce_max, allreduce_sum, stage=no_stage):
+                          allreduce_max, allreduce_sum, stage=no_stage, logit_offsets=None):
     """Loss and gradients of the Partial FC head on one rank.
 
     embeddings: (B, D) the global batch; weights: (K, D) this rank's sampled centers;
     target: (B,) int positions into weights, -1 where the class lives on another rank;
-    total_rows: B, the number of rows the loss is averaged over.
+    total_rows: B, the number of rows the loss is averaged over; logit_offsets: None or (K,)
+    NDArray added to the logits (0 on target columns).
     Returns (loss (1,) NDArray, grad_embeddings (B, D) partial (this rank's columns only,
     to be summed over ranks), grad_weights (K, D)).
     """
@@ -59,7 +60,8 @@ def head_forward_backward(embeddings, weights, target, margin, total_rows,
         w_hat, w_norms = normalize_rows(weights)
         cosine = mx.nd.FullyConnected(x_hat, w_hat, no_bias=True, num_hidden=weights.shape[0])
     with stage("softmax"):           # margin, exact distributed softmax, d loss / d cosine
-        loss_rows, cache = margin_softmax_forward(cosine, target, margin, allreduce_max, allreduce_sum)
+        loss_rows, cache = margin_softmax_forward(cosine, target, margin, allreduce_max, allreduce_sum,
+                                                  logit_offsets)
         loss = mx.nd.sum(loss_rows) / total_rows
         grad_rows = mx.nd.full(loss_rows.shape, 1.0 / total_rows, ctx=cosine.context, dtype=cosine.dtype)
         grad_cosine = margin_softmax_backward(cache, grad_rows)
@@ -77,11 +79,14 @@ class Head:
     context) and HostHead (host_head.py, NumPy BLAS on a float32 CPU bank), pinned to the same
     NumPy reference by tests/test_host_head.py and tests/test_module.py.
 
-    forward_backward(embeddings, target, index, total_rows, margin) -> (loss, grad_embeddings)
+    forward_backward(embeddings, target, index, total_rows, margin, logit_offsets=None)
+            -> (loss, grad_embeddings)
         embeddings: (B, D) NDArray, the global batch; target: (B,) int64 NumPy, each row's
         position in `index`, or -1 where the class lives on another rank; index: sorted
         distinct rows of the bank (NumPy int64), the sample; total_rows: B, the rows the loss
-        is averaged over; margin: this step's CombinedMargin (the module decides it).
+        is averaged over; margin: this step's CombinedMargin (the module decides it);
+        logit_offsets: None, or (K,) float32 NumPy added to each row's logits (the sampled-softmax
+        correction, sampler.sampled_logit_offsets; 0 on every target column).
         Returns the global mean loss ((1,) NDArray) and d loss / d embeddings ((B, D) NDArray
         on the embeddings' context, this rank's columns only: to be summed over ranks). What
         the bank update needs is kept until update() or discard().
@@ -99,7 +104,7 @@ class Head:
         self.allreduce_max, self.allreduce_sum, self.stage = allreduce_max, allreduce_sum, stage
         self.pending = None
 
-    def forward_backward(self, embeddings, target, index, total_rows, margin):
+    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None):
         raise NotImplementedError
 
     def update(self, num_update):
@@ -113,13 +118,15 @@ class DeviceHead(Head):
     """The head on the bank's own context (any device, any dtype): the sampled rows are copied
     out, `head_forward_backward` runs with MXNet operators, and the update is written back."""
 
-    def forward_backward(self, embeddings, target, index, total_rows, margin):
+    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None):
         with self.stage("gather_rows"):    # 4. read the sampled rows of the bank (math in float32)
             weight_rows, momentum_rows = (rows.astype("float32", copy=False) for rows in self.bank.get(index))
         target = mx.nd.array(target, ctx=self.bank.ctx, dtype="int64")
+        if logit_offsets is not None:
+            logit_offsets = mx.nd.array(logit_offsets, ctx=self.bank.ctx, dtype="float32")
         loss, grad_embeddings, grad_weight_rows = head_forward_backward(
             embeddings, weight_rows, target, margin, total_rows, self.allreduce_max, self.allreduce_sum,
-            self.stage)
+            self.stage, logit_offsets)
         self.pending = (index, weight_rows, momentum_rows, grad_weight_rows)
         return loss, grad_embeddings
 

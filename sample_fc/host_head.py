@@ -78,7 +78,7 @@ class HostHead(Head):
         self.numpy_blas = numpy_blas() if threads > 1 else None
         self.half = np.dtype(bank.dtype) == np.float16
 
-    def forward_backward(self, embeddings, target, index, total_rows, margin):
+    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None):
         stage = self.stage
         x = embeddings.asnumpy()
         for block in self.bank.weights + self.bank.momenta:
@@ -96,7 +96,7 @@ class HostHead(Head):
             cosine = np.dot(x_hat, rows.T, out=self.workspace.get("cosine", (len(x), len(index))))
             cosine *= inv_w
         with stage("softmax"):       # 6-8. margin on the targets, exact softmax, d loss / d cosine
-            loss, grad = self._margin_softmax(cosine, target, total_rows, margin)
+            loss, grad = self._margin_softmax(cosine, target, total_rows, margin, logit_offsets)
         with stage("gradients"):     # through both normalisations; the rows' part waits for `update`
             grad *= inv_w                                        # now d loss / d (x_hat . w^T)
             grad_x_hat = np.dot(grad, rows)
@@ -106,9 +106,10 @@ class HostHead(Head):
         self.pending = (index, whole_shard, rows, grad, x_hat, row_radial)
         return mx.nd.array([loss], ctx=embeddings.context), mx.nd.array(grad_x, ctx=embeddings.context)
 
-    def _margin_softmax(self, cosine, target, total_rows, margin):
+    def _margin_softmax(self, cosine, target, total_rows, margin, logit_offsets=None):
         """(mean loss, d loss / d cosine) with the exact softmax over all ranks' columns
-        (the collectives as in softmax.py); the gradient overwrites a reused buffer."""
+        (the collectives as in softmax.py), `logit_offsets` (K,) added to the logits; the
+        gradient overwrites a reused buffer."""
         scale = margin.s
         rows = np.flatnonzero(target >= 0)
         columns = target[rows]
@@ -117,6 +118,8 @@ class HostHead(Head):
         target_logit = np.zeros(len(cosine), dtype=np.float32)
         target_logit[rows] = psi * scale
         logits[rows, columns] = target_logit[rows]
+        if logit_offsets is not None:    # 0 on every target column: the target logit stays
+            logits += logit_offsets
         row_max = _to_numpy(self.allreduce_max(mx.nd.array(logits.max(axis=1)), "softmax.row_max"))
         logits -= row_max[:, None]
         exp = np.exp(logits, out=logits)

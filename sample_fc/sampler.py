@@ -82,6 +82,28 @@ def class_center_sample(labels, num_local, num_sample, class_start=0, rng=None):
     return remapped_labels, sampled_local_index
 
 
+def sampled_logit_offsets(target, num_sampled, num_local):
+    """The sampled-softmax correction of one shard's sample: per sampled column, log(1/q) with q
+    the probability that the column was in the sample.
+
+    The batch's positives are always in (q = 1, offset 0); each of the n negatives was drawn
+    uniformly from the F classes of the shard that are not positives (q = n / F, offset
+    log(F / n)). Added to the logits, the sampled softmax's normaliser becomes an unbiased
+    estimate of the full softmax's, and each negative's push on its center is as large in
+    expectation as when every center is scored. target: each row's column in the sample, -1
+    when the class is elsewhere; num_sampled: the sample's size; num_local: the shard's classes.
+    Returns float32 (num_sampled,), or None when there is nothing to correct (every class in).
+    """
+    positive_columns = np.unique(target[target >= 0])
+    num_negatives = num_sampled - len(positive_columns)
+    num_free = num_local - len(positive_columns)
+    if num_negatives <= 0 or num_negatives >= num_free:
+        return None
+    offsets = np.full(num_sampled, math.log(num_free / num_negatives), dtype=np.float32)
+    offsets[positive_columns] = 0.0
+    return offsets
+
+
 def _mark_uniform_free(taken, count, rng):
     """Set `count` more entries of the boolean mask `taken`, uniformly among the unset ones.
 

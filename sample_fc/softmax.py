@@ -17,8 +17,11 @@ def _identity(array, name):
     return array
 
 
-def margin_softmax_forward(cosine, target, margin, allreduce_max=_identity, allreduce_sum=_identity):
-    """Forward pass. cosine: (N, K) NDArray; target: (N,) int NDArray, -1 = not here.
+def margin_softmax_forward(cosine, target, margin, allreduce_max=_identity, allreduce_sum=_identity,
+                           logit_offsets=None):
+    """Forward pass. cosine: (N, K) NDArray; target: (N,) int NDArray, -1 = not here;
+    logit_offsets: None or a (K,) NDArray added to every row's logits (sampled-softmax
+    correction, sampler.sampled_logit_offsets; 0 on target columns).
 
     Returns (loss_rows (N,), cache) where cache feeds `margin_softmax_backward`.
     allreduce_max / allreduce_sum(array, name): collectives over the ranks that share rows.
@@ -33,6 +36,8 @@ def margin_softmax_forward(cosine, target, margin, allreduce_max=_identity, allr
     # logits = s * cosine, with the target entries replaced by s * psi(cos_target)
     logits = mx.nd.broadcast_add(cosine * margin.s,
                                  onehot * (target_logit - cos_target * margin.s).reshape((-1, 1)))
+    if logit_offsets is not None:
+        logits = mx.nd.broadcast_add(logits, logit_offsets.reshape((1, -1)))
 
     row_max = allreduce_max(mx.nd.max(logits, axis=1), "softmax.row_max")
     exp = mx.nd.exp(mx.nd.broadcast_sub(logits, row_max.reshape((-1, 1))))

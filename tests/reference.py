@@ -29,9 +29,12 @@ def logits_with_margin(cosine, labels, m1, m2, m3, s):
     return logits
 
 
-def softmax_loss_rows(cosine, labels, m1, m2, m3, s):
-    """Per-row loss logsumexp(logits) - target logit (0 where label = -1), and the softmax."""
+def softmax_loss_rows(cosine, labels, m1, m2, m3, s, offsets=None):
+    """Per-row loss logsumexp(logits) - target logit (0 where label = -1), and the softmax;
+    `offsets` (per column) are added to every row's logits first."""
     logits = logits_with_margin(cosine, labels, m1, m2, m3, s)
+    if offsets is not None:
+        logits = logits + np.asarray(offsets, dtype=np.float64)[None, :]
     top = logits.max(axis=1, keepdims=True)
     lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
     target = np.where(labels >= 0, logits[np.arange(len(labels)), np.maximum(labels, 0)], 0.0)
@@ -39,9 +42,9 @@ def softmax_loss_rows(cosine, labels, m1, m2, m3, s):
     return lse - target, probs
 
 
-def softmax_loss_grad(cosine, labels, m1, m2, m3, s):
+def softmax_loss_grad(cosine, labels, m1, m2, m3, s, offsets=None):
     """Mean loss and d mean loss / d cosine."""
-    loss_rows, probs = softmax_loss_rows(cosine, labels, m1, m2, m3, s)
+    loss_rows, probs = softmax_loss_rows(cosine, labels, m1, m2, m3, s, offsets)
     n = len(labels)
     rows = np.flatnonzero(labels >= 0)
     onehot = np.zeros_like(probs)
@@ -55,12 +58,13 @@ def normalize(x):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def head_loss_grads(embeddings, weights, labels, m1, m2, m3, s):
-    """Full-softmax head: mean loss, dL/d embeddings, dL/d weights (labels = weight rows)."""
+def head_loss_grads(embeddings, weights, labels, m1, m2, m3, s, offsets=None):
+    """Full-softmax head: mean loss, dL/d embeddings, dL/d weights (labels = weight rows);
+    `offsets` per weight row are added to the logits."""
     x_norm = np.linalg.norm(embeddings, axis=1, keepdims=True)
     w_norm = np.linalg.norm(weights, axis=1, keepdims=True)
     x_hat, w_hat = embeddings / x_norm, weights / w_norm
-    loss, grad_cos = softmax_loss_grad(x_hat @ w_hat.T, labels, m1, m2, m3, s)
+    loss, grad_cos = softmax_loss_grad(x_hat @ w_hat.T, labels, m1, m2, m3, s, offsets)
     gx, gw = grad_cos @ w_hat, grad_cos.T @ x_hat
     grad_x = (gx - x_hat * (gx * x_hat).sum(1, keepdims=True)) / x_norm
     grad_w = (gw - w_hat * (gw * w_hat).sum(1, keepdims=True)) / w_norm
@@ -81,11 +85,11 @@ def sgd_momentum_pytorch(weight, grad, mom, lr, momentum, wd):
 
 
 def partial_fc_run(data, labels, backbone_weight, centers, sampled, lr_of_step, margins,
-                   momentum=0.9, wd=5e-4, grad_norms=None):
+                   momentum=0.9, wd=5e-4, grad_norms=None, offsets=None):
     """Reference training of a linear backbone (embeddings = flat(data) W^T + b) + centers.
 
     sampled[t]: sorted global class ids scored at step t (all classes at ratio 1.0); only
-    those bank rows are updated. The bias has no weight decay (MXNet's wd_mult default).
+    those bank rows are updated; offsets[t] (if given): the logit offset of each of them. The bias has no weight decay (MXNet's wd_mult default).
     Returns (losses, backbone weight, bias, bank weight, bank momentum); appends each step's
     global L2 norm of the backbone gradients (weight and bias) to the list `grad_norms` if given.
     """
@@ -98,7 +102,8 @@ def partial_fc_run(data, labels, backbone_weight, centers, sampled, lr_of_step, 
         columns = np.asarray(sampled[step], dtype=np.int64)
         positions = np.searchsorted(columns, labels[step])
         assert np.array_equal(columns[positions], labels[step]), "a positive was not sampled"
-        loss, grad_x, grad_w = head_loss_grads(flat @ weight.T + bias, bank_w[columns], positions, *margins)
+        loss, grad_x, grad_w = head_loss_grads(flat @ weight.T + bias, bank_w[columns], positions, *margins,
+                                               offsets=None if offsets is None else offsets[step])
         lr = lr_of_step(step + 1)
         bank_w[columns], bank_m[columns] = sgd_momentum(bank_w[columns], grad_w, bank_m[columns],
                                                         lr, momentum, wd)

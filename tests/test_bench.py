@@ -36,7 +36,7 @@ def test_quick_report_has_every_part_with_sane_numbers(tmp_path):
                             env=worker_env(1))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     report = json.loads(out.read_text())
-    assert set(report) == {"head", "sampler_ms", "data_images_per_s", "e2e", "machine"}
+    assert set(report) == {"head", "schedule", "sampler_ms", "data_images_per_s", "e2e", "machine"}
 
     assert {r["world"] for r in report["head"]} == {1, 2}
     for record in report["head"]:
@@ -53,6 +53,14 @@ def test_quick_report_has_every_part_with_sane_numbers(tmp_path):
         assert math.isclose(record["ratio_to_bound"], record["ms_per_step"] / record["bound_ms"])
         assert len(record["peak_rss_mb_per_rank"]) == record["world"]
 
+    schedule = report["schedule"]         # 20k classes, 1.0 -> 0.1 over 8 steps, 4 steps after
+    assert [s["num_sampled"] for s in schedule["steps"]] == [
+        math.ceil((1.0 - 0.9 * (n - 1) / 8) * 20_000 - 1e-6) if n <= 8 else 2000 for n in range(1, 13)]
+    spans = schedule["spans"]
+    assert [(s["first_update"], s["last_update"], s["after_warmup"]) for s in spans] == [
+        (1, 2, False), (3, 4, False), (5, 6, False), (7, 8, False), (9, 12, True)]
+    assert all(positive(s["ms_per_step"]) for s in spans)
+    assert "| 9-12 (after) | 0.1 | 2000 |" in (tmp_path / "report.md").read_text()
     assert list(report["sampler_ms"]) == ["1250000"] and positive(report["sampler_ms"]["1250000"]), report
     assert {r["dtype"] for r in report["head"]} == {"float32", "float16"}
     data = report["data_images_per_s"]

@@ -66,6 +66,29 @@ def test_host_head_step_matches_numpy(monkeypatch, threads, form):
     np.testing.assert_array_equal(momentum[untouched], momentum0[untouched])
 
 
+def test_host_head_with_logit_offsets_matches_numpy():
+    """Test that the host kernel adds the sampled-softmax offsets to the logits: loss, d/d
+    embeddings and the updated rows equal the float64 NumPy head given the same offsets."""
+    bank = _bank(20, 5)
+    weight0, momentum0 = bank.weight.asnumpy(), bank.momentum.asnumpy()
+    index = np.array([1, 2, 6, 7, 9, 13, 14, 19])
+    target = np.array([0, 7, 3, -1, 3, 5])
+    offsets = np.where(np.isin(np.arange(8), target), 0.0, np.log(15 / 4)).astype(np.float32)
+    embeddings = np.random.default_rng(4).standard_normal((6, 5)).astype(np.float32)
+    head = _host_head(bank, MemoryBankSGDOptimizer(lambda step: 0.2))
+    loss, grad_x = head.forward_backward(mx.nd.array(embeddings), target, index, 6, CombinedMargin(*MARGINS),
+                                         offsets)
+    head.update(1)
+    want_loss, want_x, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index], target,
+                                                    *MARGINS, offsets=offsets)
+    plain_loss, _, _ = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index], target, *MARGINS)
+    assert abs(want_loss - plain_loss) > 0.1
+    want_weight, _ = ref.sgd_momentum(weight0[index], want_w, momentum0[index], 0.2, 0.9, 5e-4)
+    ref.assert_close(loss.asnumpy(), [want_loss], 1e-5)
+    ref.assert_close(grad_x.asnumpy(), want_x, 1e-5)
+    ref.assert_close(bank.weight.asnumpy()[index], want_weight, 1e-5)
+
+
 def test_host_head_whole_shard_updates_the_bank_in_place():
     """Test that when every row is sampled (ratio 1.0) the update lands in the bank and
     equals the NumPy reference."""

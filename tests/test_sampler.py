@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from sample_fc.sampler import (ClassCenterSampler, SampleRatioWarmup, class_center_sample, num_sample_for,
-                               shard_range)
+                               sampled_logit_offsets, shard_range)
 
 
 def test_positives_never_dropped_when_they_outnumber_num_sample():
@@ -147,3 +147,37 @@ def test_memory_plan_holds_the_warmups_peak_ratio():
     cfg.sample_ratio_warmup_steps = 100
     warm, _ = run_plan(cfg, 2, symbol, False, False, 1)
     assert plain.sampled == 50000 and warm.sampled == 500000 and warm.total > plain.total
+
+
+@pytest.mark.parametrize("num_sample", [20, 150])   # sparse and dense branches of the sampler
+def test_logit_offsets_are_the_log_inverse_inclusion_frequency(num_sample):
+    """Test that the sampled-softmax offsets are -log of how often each column's class is drawn,
+    measured over 3,000 samples of one batch (0 for the positives, always in), and that with
+    them the sampled softmax's normaliser is unbiased: its mean over the samples is the
+    normaliser over all 200 classes."""
+    rng = np.random.default_rng(5)
+    labels = np.array([3, 3, 17, 250, 40, 199, 17, 8])           # 250 lives on another shard
+    logits = rng.normal(0.0, 2.0, size=200)
+    positives = [3, 8, 17, 40, 199]
+    drawn, offset_of, estimates = np.zeros(200), np.full(200, np.nan), []
+    for _ in range(3000):
+        target, index = class_center_sample(labels, 200, num_sample, rng=rng)
+        offsets = sampled_logit_offsets(target, len(index), 200)
+        drawn[index] += 1
+        offset_of[index] = offsets
+        estimates.append(np.sum(np.exp(logits[index] + offsets)))
+    frequency = drawn / 3000
+    negatives = np.setdiff1d(np.arange(200), positives)
+    assert np.all(frequency[positives] == 1.0) and np.all(offset_of[positives] == 0.0)
+    np.testing.assert_allclose(np.exp(-offset_of[negatives]), frequency[negatives].mean(), rtol=0.01)
+    assert frequency[negatives].std() < 4 * np.sqrt(frequency[negatives].mean() / 3000)    # and uniform
+    assert abs(np.mean(estimates) / np.sum(np.exp(logits)) - 1.0) < 0.03
+
+
+def test_logit_offsets_are_none_when_every_class_is_scored():
+    """Test that a sample holding every class of the shard (ratio 1.0, or positives and all the
+    rest) needs no correction, and one with only positives has nothing to correct."""
+    target = np.array([0, 2, -1, 2])
+    assert sampled_logit_offsets(target, 10, 10) is None
+    assert sampled_logit_offsets(target, 2, 10) is None
+    np.testing.assert_allclose(sampled_logit_offsets(target, 4, 10), [0, np.log(4), 0, np.log(4)], rtol=1e-6)

@@ -42,19 +42,20 @@ def median_ms(seconds):
 
 
 # ---- the head step -------------------------------------------------------------------------
-def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, seed=0, lr=0.1, dtype="float32"):
+def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, seed=0, lr=0.1, dtype="float32",
+                      warmup_steps=0, sample_correction=False):
     """SampleDistributeModule over this rank's bank (of `dtype`) with an identity backbone (no
-    parameters)."""
+    parameters); its sample ratio warms up from 1.0 over `warmup_steps` updates."""
     schedule = WarmupMultiStepSchedule(lr)
     bank = MemoryBank.for_rank(classes, rank, world, embedding_size, mx.cpu(), seed=seed, dtype=dtype)
     backbone = mx.sym.identity(mx.sym.Variable("data"), name="embeddings")
     backbone_optimizer = BackboneOptimizer(
         mx.optimizer.SGD(learning_rate=lr, lr_scheduler=schedule))
     module = SampleDistributeModule(
-        backbone, bank=bank, sampler=ClassCenterSampler.for_bank(bank, ratio, seed=seed),
+        backbone, bank=bank, sampler=ClassCenterSampler.for_bank(bank, ratio, seed=seed, warmup_steps=warmup_steps),
         margin=CombinedMargin(), bank_optimizer=MemoryBankSGDOptimizer(schedule),
         backbone_optimizer=backbone_optimizer, context=mx.cpu(), batch_size=batch_size,
-        data_shape=(embedding_size,))
+        data_shape=(embedding_size,), sample_correction=sample_correction)
     module.init_params()
     return module
 
@@ -185,6 +186,34 @@ def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max
             "stages": {name: median_ms(values) for name, values in stage_seconds.items()},
             "bound": bound, "bank_init_s": bank_init_s, "baseline_rss_mb": baseline_mb,
             "peak_rss_mb": peak_mb, "final_rss_mb": current_mb}
+
+
+def schedule_case(classes, ratio, batch_size, embedding_size, warmup_steps, after_steps, sample_correction=True):
+    """The head step through the sampling schedule on this rank: the ratio from 1.0 down to
+    `ratio` over `warmup_steps` updates, then `after_steps` more. One record per step
+    (update, sampled rows, ms); the first step (oneDNN set-up) is timed but marked."""
+    dist.init()
+    rank, world = dist.rank(), dist.size()
+    module = build_head_module(classes, ratio, batch_size, embedding_size, rank, world,
+                               warmup_steps=warmup_steps, sample_correction=sample_correction)
+    batches = make_batches(warmup_steps + after_steps, classes, batch_size, embedding_size, rank)
+    sampled = []
+    sampler = module.sampler
+
+    def recording_sampler(labels, num_update=None):
+        target, index = sampler(labels, num_update)
+        sampled.append(len(index))
+        return target, index
+
+    module.sampler = recording_sampler
+    steps = []
+    for batch in batches:
+        seconds = _timed_step(module, batch)
+        steps.append({"update": module.num_update, "ratio": sampler.schedule(module.num_update) if sampler.schedule else ratio,
+                      "num_sampled": sampled[-1], "ms": seconds * 1e3})
+    return {"rank": rank, "world": world, "classes": classes, "ratio": ratio, "batch_per_rank": batch_size,
+            "embedding_size": embedding_size, "warmup_steps": warmup_steps,
+            "num_local": sampler.num_local, "sample_correction": sample_correction, "steps": steps}
 
 
 def sampler_case(num_local, positives, ratio, repeats, seed=0):

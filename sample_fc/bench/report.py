@@ -105,6 +105,25 @@ def head_table(records):
     return lines
 
 
+def schedule_table(record):
+    """The head step through the sampling warm-up: one row per quarter of it, one after it."""
+    if not record:
+        return []
+    lines = ["", f"## Head step through the sampling warm-up: {_classes(record['classes'])} classes, world 1, "
+             f"batch {record['batch_per_rank']}, ratio 1.0 to {record['ratio']:g} over {record['warmup_steps']} steps",
+             ""]
+    if "spans" not in record:
+        return lines + [f"error: {_cell(record.get('error', 'not run'), 200)}"]
+    lines += ["| steps | ratio | sampled rows | ms/step (median) | samples/s |", "|---|---|---|---|---|"]
+    for span in record["spans"]:
+        ratios = f"{span['ratio_from']:.3g}" + (f" to {span['ratio_to']:.3g}" if span["ratio_to"] != span["ratio_from"] else "")
+        rows = f"{span['sampled_from']}" + (f" to {span['sampled_to']}" if span["sampled_to"] != span["sampled_from"] else "")
+        lines.append(f"| {span['first_update']}-{span['last_update']}{' (after)' if span['after_warmup'] else ''} "
+                     f"| {ratios} | {rows} | {_num(span['ms_per_step'])} "
+                     f"| {_num(record['batch_per_rank'] * 1e3 / span['ms_per_step'], 0)} |")
+    return lines
+
+
 def targets(report):
     """[(target, measured, verdict)] for the targets of BENCHMARKS.md that this report covers."""
     rows = []
@@ -152,6 +171,7 @@ def markdown(report):
     lines += head_table(report["head"])
     lines += ["", "Stage columns: % of ms/step, each stage timed with every MXNet operation finished "
               "at both ends (steps alternating with the timed module.step)."]
+    lines += schedule_table(report.get("schedule"))
     lines += ["", "## Sampler, 512 positives, ratio 0.1 (median ms)", "", "| local classes | ms |", "|---|---|"]
     for local, measured in (report["sampler_ms"] or {}).items():
         shown = f"{measured:.2f}" if isinstance(measured, (int, float)) else f"error: {_cell(measured.get('error'))}"

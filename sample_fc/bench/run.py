@@ -1,12 +1,12 @@
 """Benchmark of sample_fc on this machine: head step vs its NumPy bound, sampler, data, end to end.
 
-    python -m sample_fc.bench [--quick] [--json OUT] [--markdown OUT] [--parts head,sampler,data,e2e]
+    python -m sample_fc.bench [--quick] [--json OUT] [--markdown OUT] [--parts head,schedule,sampler,data,e2e]
 
 Every measurement runs in a process of its own, bounded in time (world size 2 through
 sample_fc.harness.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
 not fit in memory is reported with an `error` or `skipped` field and the report goes on.
 `--quick` runs tiny shapes in well under a minute; BENCHMARKS.md describes the full run.
-The workers are this module too: `python -m sample_fc.bench --worker {head,sampler,data}`.
+The workers are this module too: `python -m sample_fc.bench --worker {head,schedule,sampler,data}`.
 """
 import argparse
 import json
@@ -22,7 +22,7 @@ from . import report as bench_report
 from .jobs import REPO, e2e_case, make_demo_set, run_worker, worker_env, write_result
 
 
-PARTS = ("head", "sampler", "data", "e2e")
+PARTS = ("head", "schedule", "sampler", "data", "e2e")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ class Plan:
     sampler_positives: int = 512
     sampler_ratio: float = 0.1
     data_threads: int = 2       # = default.py's data_threads
+    schedule_classes: int = 1_000_000     # the head through the sampling warm-up, world 1: classes,
+    schedule_ratio: float = 0.1           # the ratio after it (default.py's warm-up starts at 1.0),
+    schedule_warmup_steps: int = 40       # its length (a step's cost depends on its ratio only, so a
+    schedule_after_steps: int = 10        # shorter warm-up than training's shows the same curve), steps after
 
 
 QUICK = Plan(classes=(20_000,), ratios=(0.1,), worlds=(1, 2), warmup=2, min_steps=11, max_steps=13,
@@ -58,7 +62,8 @@ QUICK = Plan(classes=(20_000,), ratios=(0.1,), worlds=(1, 2), warmup=2, min_step
              demo={"num_identities": 16, "images_per_identity": 16, "num_val_identities": 4,
                    "num_pairs": 20},
              data_sizes=(32, 112), data_batch=32, data_batches=8,
-             e2e=(("mbf", 32, 8, 6, 2),), e2e_classes=1000, e2e_timeout_s=150)
+             e2e=(("mbf", 32, 8, 6, 2),), e2e_classes=1000, e2e_timeout_s=150,
+             schedule_classes=20_000, schedule_warmup_steps=8, schedule_after_steps=4)
 FULL = Plan(classes=(100_000, 1_000_000, 4_000_000), ratios=(1.0, 0.1), worlds=(1, 2), warmup=2,
             min_steps=3, max_steps=20, budget_s=40.0, bound_repeats=3, head_timeout_s=1800,
             sampler_repeats=50, demo={}, data_sizes=(32, 112), data_batch=128, data_batches=40,
@@ -120,6 +125,29 @@ def head_memory_mb(plan, classes, ratio, world, dtype):
     return bank, buffers, bench_report.SLACK * (bench_report.BASELINE_MB + bank + buffers)
 
 
+def schedule_record(plan, folder, buckets=4):
+    """The head step through the sampling warm-up (world 1, float32 bank, corrected softmax):
+    median ms of each quarter of the warm-up and of the steps after it."""
+    options = {"classes": plan.schedule_classes, "ratio": plan.schedule_ratio, "batch": plan.batch_per_rank,
+               "dim": plan.embedding_size, "warmup": plan.schedule_warmup_steps,
+               "after-steps": plan.schedule_after_steps}
+    record = {"classes": plan.schedule_classes, "ratio": plan.schedule_ratio,
+              "warmup_steps": plan.schedule_warmup_steps, "batch_per_rank": plan.batch_per_rank}
+    ranks, error = run_worker("schedule", options, 1, plan.head_timeout_s, folder)
+    if error:
+        return dict(record, error=error)
+    steps, warmup = ranks[0]["steps"], plan.schedule_warmup_steps
+    edges = [round(i * warmup / buckets) for i in range(buckets + 1)]
+    spans = [(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo] + [(warmup, len(steps))]
+    record["spans"] = [{"first_update": steps[lo]["update"], "last_update": steps[hi - 1]["update"],
+                        "ratio_from": steps[lo]["ratio"], "ratio_to": steps[hi - 1]["ratio"],
+                        "sampled_from": steps[lo]["num_sampled"], "sampled_to": steps[hi - 1]["num_sampled"],
+                        "ms_per_step": float(np.median([s["ms"] for s in steps[lo:hi]])),
+                        "after_warmup": lo >= warmup} for lo, hi in spans]
+    record["steps"] = steps
+    return record
+
+
 def sampler_record(plan, folder):
     """{local classes: median ms} of the sampler, one case per plan.sampler_locals."""
     measured = {}
@@ -157,10 +185,10 @@ def e2e_records(plan, world=2):
 # ---- command lines -------------------------------------------------------------------------
 def worker_main(argv):
     parser = argparse.ArgumentParser(prog="python -m sample_fc.bench --worker")
-    parser.add_argument("--worker", required=True, choices=("head", "sampler", "data"))
+    parser.add_argument("--worker", required=True, choices=("head", "schedule", "sampler", "data"))
     parser.add_argument("--out", required=True, help="result prefix: OUT.rank<r>.json")
     for name in ("classes", "batch", "dim", "warmup", "min-steps", "max-steps", "repeats",
-                 "positives", "image-size", "batches", "threads"):
+                 "positives", "image-size", "batches", "threads", "after-steps"):
         parser.add_argument(f"--{name}", type=int)
     parser.add_argument("--ratio", type=float)
     parser.add_argument("--budget-s", type=float)
@@ -171,6 +199,9 @@ def worker_main(argv):
         from .cases import head_case
         record = head_case(args.classes, args.ratio, args.batch, args.dim, args.warmup, args.min_steps,
                            args.max_steps, args.budget_s, args.repeats, dtype=args.dtype)
+    elif args.worker == "schedule":
+        from .cases import schedule_case
+        record = schedule_case(args.classes, args.ratio, args.batch, args.dim, args.warmup, args.after_steps)
     elif args.worker == "sampler":
         from .cases import sampler_case
         record = sampler_case(args.classes, args.positives, args.ratio, args.repeats)
@@ -217,7 +248,7 @@ def main(argv=None):
             parser.error(f"--classes must be comma-separated integers >= {max(plan.worlds)} "
                          f"(one class per rank at least), got {args.classes!r}")
         plan = replace(plan, classes=classes)
-    report = {"head": [], "sampler_ms": None, "data_images_per_s": None, "e2e": [],
+    report = {"head": [], "schedule": None, "sampler_ms": None, "data_images_per_s": None, "e2e": [],
               "machine": bench_report.machine_info(REPO, mode)}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sample_fc_bench_") as folder:
@@ -229,6 +260,9 @@ def main(argv=None):
                             report["head"].append(head_record(plan, classes, ratio, world, dtype, folder,
                                                               args.memory_headroom))
                             _progress(report["head"][-1], start)
+        if "schedule" in parts:
+            report["schedule"] = schedule_record(plan, folder)
+            _progress({k: v for k, v in report["schedule"].items() if k != "steps"}, start)
         if "sampler" in parts:
             report["sampler_ms"] = sampler_record(plan, folder)
             _progress({"sampler_ms": report["sampler_ms"]}, start)

@@ -1,5 +1,6 @@
 """Test that Partial FC on 2 Gloo workers equals 1 worker and the NumPy reference."""
 import numpy as np
+import pytest
 
 from conftest import per_rank_tail
 import partial_fc_case as case
@@ -12,7 +13,7 @@ LR = 0.05    # the worker's default --lr
 def _args(prefix, **options):
     args = ["--out", prefix]
     for key, value in options.items():
-        args += [f"--{key.replace('_', '-')}", value]
+        args += [f"--{key.replace('_', '-')}"] + ([] if value is True else [value])
     return args
 
 
@@ -64,6 +65,39 @@ def test_two_workers_sampled_softmax_matches_numpy(horovod_job, tmp_path):
     ref.assert_close(run["bank_weight"], bank_w, RTOL)
     never = np.setdiff1d(np.arange(classes), np.concatenate(run["sampled"]))
     np.testing.assert_array_equal(run["bank_weight"][never], centers[never])
+
+
+@pytest.mark.parametrize("kernel", ["host", "device"])
+def test_sampled_softmax_correction_on_two_workers_matches_numpy(horovod_job, tmp_path, kernel):
+    """Test that with the sampled-softmax correction each rank's sampled negatives enter the
+    softmax with logit + log(F_r / n_r) (F_r: the rank's classes that are not positives of the
+    batch, n_r: its negatives drawn), its positives unchanged, on both head kernels: losses,
+    backbone and bank after 2 steps equal the NumPy reference given those offsets, and differ
+    from the reference without them."""
+    classes = 400
+    run = _two_workers(horovod_job, tmp_path / "corrected", global_batch=8, classes=classes, steps=2,
+                       ratio=0.1, head_kernel=kernel, sample_correction=True)
+    weight, data, labels, centers = case.inputs(8, classes, 6, 2)
+    offsets = []
+    for step in range(2):
+        columns = []
+        for rank_run in run["per_rank"]:
+            start, shard = int(rank_run["class_start"]), len(rank_run["bank_weight"])
+            sampled = rank_run["sampled"][step]
+            positives = {int(y) for y in labels[step] if start <= y < start + shard}
+            negatives = len(sampled) - len(positives)
+            columns += [(int(c), 0.0 if c in positives else np.log((shard - len(positives)) / negatives))
+                        for c in sampled]
+        offsets.append(np.array([offset for _, offset in sorted(columns)]))
+    assert all(o.max() > 2.0 for o in offsets)       # about log(10): a real correction
+    want = ref.partial_fc_run(data, labels, weight, centers, run["sampled"], case.lr_of_step(LR), case.MARGINS,
+                              offsets=offsets)
+    ref.assert_close(run["losses"], want[0], RTOL)
+    ref.assert_close(run["fc_embed_weight"], want[1], RTOL)
+    ref.assert_close(run["bank_weight"], want[3], RTOL)
+    uncorrected = ref.partial_fc_run(data, labels, weight, centers, run["sampled"], case.lr_of_step(LR),
+                                     case.MARGINS)
+    assert np.all(np.abs(run["losses"] - uncorrected[0]) > 0.1)
 
 
 def test_allgather_strategies_agree(horovod_job, tmp_path):

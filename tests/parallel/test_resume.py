@@ -181,19 +181,21 @@ def test_pretrained_from_an_original_naming_model(tiny_data, tmp_path):
 
 
 def test_resume_in_the_middle_of_the_sampling_warmup_is_exact(tiny_data, tmp_path):
-    """Test that a run whose sample ratio warms up from 1.0 to 0.25 over 6 steps, stopped at
-    step 4 and resumed, ends at step 8 exactly as an uninterrupted run, and that the warm-up
-    changes the run (without it step 8 differs)."""
-    warm = ["--set", "sample_ratio=0.25", "--set", "sample_ratio_warmup_steps=6", "--set", "ckpt_period=4"]
+    """Test that a run whose sample ratio warms up from 1.0 to 0.25 over 6 steps, with the
+    sampled-softmax correction, stopped at step 4 and resumed, ends at step 8 exactly as an
+    uninterrupted run, and that the warm-up changes the run (without it step 8 differs)."""
+    warm = ["--set", "sample_ratio=0.25", "--set", "sample_ratio_warmup_steps=6", "--set", "ckpt_period=4",
+            "--set", "sample_correction=true"]
     straight, interrupted, plain = tmp_path / "straight", tmp_path / "interrupted", tmp_path / "plain"
     assert run_train(straight, tiny_data, "--set", "max_update=8", *warm).returncode == 0
     assert run_train(interrupted, tiny_data, "--set", "max_update=4", *warm).returncode == 0
     result = resume_only("--resume", interrupted, "--set", "max_update=8")
     assert result.returncode == 0, per_rank_tail(result.output)
-    assert json.loads((interrupted / "config.json").read_text())["sample_ratio_warmup_steps"] == 6
+    saved = json.loads((interrupted / "config.json").read_text())
+    assert saved["sample_ratio_warmup_steps"] == 6 and saved["sample_correction"] is True
     want = checkpoint_arrays(str(straight / "step-00000008"), 2)
     assert_same(checkpoint_arrays(str(interrupted / "step-00000008"), 2), want)
     assert run_train(plain, tiny_data, "--set", "max_update=8", "--set", "sample_ratio=0.25",
-                     "--set", "ckpt_period=4").returncode == 0
+                     "--set", "ckpt_period=4", "--set", "sample_correction=true").returncode == 0
     other = checkpoint_arrays(str(plain / "step-00000008"), 2)
     assert np.abs(other["bank_weight"] - want["bank_weight"]).max() > 1e-4
