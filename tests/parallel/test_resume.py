@@ -27,7 +27,7 @@ def resume_only(*args, num_proc=2, cwd=None):
 def one_error_line(result):
     lines = [line for line in result.output.splitlines() if "train.py: error:" in line]
     assert result.returncode == 2 and len(lines) == 1, per_rank_tail(result.output)
-    assert "Traceback" not in result.output and "Segmentation" not in result.output
+    assert "Traceback" not in result.output and "Segmentation" not in result.output, result.output[-4000:]
     return lines[0]
 
 
