@@ -191,7 +191,8 @@ def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max
 def schedule_case(classes, ratio, batch_size, embedding_size, warmup_steps, after_steps, sample_correction=True):
     """The head step through the sampling schedule on this rank: the ratio from 1.0 down to
     `ratio` over `warmup_steps` updates, then `after_steps` more. One record per step
-    (update, sampled rows, ms); the first step (oneDNN set-up) is timed but marked."""
+    (update, ratio, sampled rows, ms); the first step also builds oneDNN's primitives, which
+    the report's per-span medians absorb."""
     dist.init()
     rank, world = dist.rank(), dist.size()
     module = build_head_module(classes, ratio, batch_size, embedding_size, rank, world,

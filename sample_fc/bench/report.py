@@ -116,12 +116,17 @@ def schedule_table(record):
         return lines + [f"error: {_cell(record.get('error', 'not run'), 200)}"]
     lines += ["| steps | ratio | sampled rows | ms/step (median) | samples/s |", "|---|---|---|---|---|"]
     for span in record["spans"]:
-        ratios = f"{span['ratio_from']:.3g}" + (f" to {span['ratio_to']:.3g}" if span["ratio_to"] != span["ratio_from"] else "")
-        rows = f"{span['sampled_from']}" + (f" to {span['sampled_to']}" if span["sampled_to"] != span["sampled_from"] else "")
         lines.append(f"| {span['first_update']}-{span['last_update']}{' (after)' if span['after_warmup'] else ''} "
-                     f"| {ratios} | {rows} | {_num(span['ms_per_step'])} "
+                     f"| {_from_to(span, 'ratio', '{:.3g}')} | {_from_to(span, 'sampled', '{}')} "
+                     f"| {_num(span['ms_per_step'])} "
                      f"| {_num(record['batch_per_rank'] * 1e3 / span['ms_per_step'], 0)} |")
     return lines
+
+
+def _from_to(span, key, form):
+    """`first to last` of a span's key_from/key_to, or the one value when they are equal."""
+    first, last = span[f"{key}_from"], span[f"{key}_to"]
+    return form.format(first) + ("" if last == first else " to " + form.format(last))
 
 
 def targets(report):
