@@ -189,7 +189,8 @@ def test_resume_in_the_middle_of_the_sampling_warmup_is_exact(tiny_data, tmp_pat
     small = ["--set", "batch_size=2", "--set", "sample_ratio=0.5", "--set", "ckpt_period=4",
              "--set", "sample_correction=true"]
     warm = small + ["--set", "sample_ratio_warmup_steps=6"]
-    straight, interrupted, plain = tmp_path / "straight", tmp_path / "interrupted", tmp_path / "plain"
+    straight, interrupted, plain, uncorrected = (tmp_path / name for name in
+                                                 ("straight", "interrupted", "plain", "uncorrected"))
     assert run_train(straight, tiny_data, "--set", "max_update=8", *warm).returncode == 0
     assert run_train(interrupted, tiny_data, "--set", "max_update=4", *warm).returncode == 0
     result = resume_only("--resume", interrupted, "--set", "max_update=8")
@@ -198,10 +199,9 @@ def test_resume_in_the_middle_of_the_sampling_warmup_is_exact(tiny_data, tmp_pat
     assert saved["sample_ratio_warmup_steps"] == 6 and saved["sample_correction"] is True
     want = checkpoint_arrays(str(straight / "step-00000008"), 2)
     assert_same(checkpoint_arrays(str(interrupted / "step-00000008"), 2), want)
-    uncorrected = tmp_path / "uncorrected"
     assert run_train(plain, tiny_data, "--set", "max_update=8", *small).returncode == 0
     assert run_train(uncorrected, tiny_data, "--set", "max_update=8", *warm,
                      "--set", "sample_correction=false").returncode == 0
-    for other in (plain, uncorrected):
-        other = checkpoint_arrays(str(other / "step-00000008"), 2)
+    for root in (plain, uncorrected):
+        other = checkpoint_arrays(str(root / "step-00000008"), 2)
         assert np.abs(other["bank_weight"] - want["bank_weight"]).max() > 1e-4
