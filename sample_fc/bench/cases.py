@@ -45,8 +45,7 @@ def median_ms(seconds):
 def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, seed=0, lr=0.1, dtype="float32",
                       warmup_steps=0, sample_correction=False):
     """SampleDistributeModule over this rank's bank (of `dtype`) with an identity backbone (no
-    parameters); its sample ratio warms up from 1.0 over `warmup_steps` updates; with
-    `sample_correction` both of training's corrections (logits and weight decay)."""
+    parameters); its sample ratio warms up from 1.0 over `warmup_steps` updates."""
     schedule = WarmupMultiStepSchedule(lr)
     bank = MemoryBank.for_rank(classes, rank, world, embedding_size, mx.cpu(), seed=seed, dtype=dtype)
     backbone = mx.sym.identity(mx.sym.Variable("data"), name="embeddings")
@@ -56,7 +55,7 @@ def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, s
         backbone, bank=bank, sampler=ClassCenterSampler.for_bank(bank, ratio, seed=seed, warmup_steps=warmup_steps),
         margin=CombinedMargin(), bank_optimizer=MemoryBankSGDOptimizer(schedule),
         backbone_optimizer=backbone_optimizer, context=mx.cpu(), batch_size=batch_size,
-        data_shape=(embedding_size,), sample_correction=sample_correction, sample_wd_correction=sample_correction)
+        data_shape=(embedding_size,), sample_correction=sample_correction)
     module.init_params()
     return module
 
