@@ -1,0 +1,188 @@
+"""How far is the sampled softmax from the full one, at a trained checkpoint?
+
+    .venv/bin/python -m sample_fc.bench.sampling_fidelity --model MODELS_ROOT --rec train.rec
+        [--ratio 0.1] [--images 1024] [--draws 20]
+
+Embeds --images training images (eval mode, no mirror) with the checkpoint's backbone,
+scores them against every class center of its bank with the run's margin and scale, and
+prints, for global batches of the run's size:
+- the full softmax: loss, and how spread each row's negatives are (their effective count
+  1 / sum(p^2) over the negatives' normalised probabilities, and the hardest one's share):
+  what choosing negatives by hardness could win;
+- the sampled softmax at --ratio, drawn as training draws it (each rank's shard: the batch's
+  positives plus uniform negatives, the log(F/n) correction): the relative squared error and
+  the cosine of the loss's gradient w.r.t. each (normalised) embedding against the full
+  softmax's, and the bias left in the mean of --draws draws;
+- the centers' side: the share of the push on the centers that is common to all of them
+  (|mean_j P_j|^2 / mean_j |P_j|^2): the most a control variate shared by every center removes.
+"""
+import json
+import os
+
+import numpy as np
+
+from ..checkpoint.layout import bank_shard_files, find_checkpoint, models_root_of, read_state
+from ..bank_shard import read_shard
+from ..margin import CombinedMargin
+from ..sampler import class_center_sample, num_sample_for, sampled_logit_offsets
+from ..tools.cli import make_parser, run_or_exit
+
+
+def softmax_rows(logits):
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def embedding_gradient(probabilities, centers_hat, target_columns, target_slope, scale):
+    """d loss / d e of each row, e its normalised embedding, over the scored columns:
+    s * (sum_{j != y} p_j w_j + (p_y - 1) psi'(c_y) w_y), w the normalised centers."""
+    p_target = probabilities[np.arange(len(probabilities)), target_columns]
+    grad = probabilities @ centers_hat
+    grad += ((p_target - 1.0) * target_slope - p_target)[:, None] * centers_hat[target_columns]
+    return scale * grad
+
+
+def full_logits(embeddings_hat, centers_hat, labels, margin):
+    """(logits (N, C) with the margin on each row's target, psi'(c_y) (N,))."""
+    cosine = embeddings_hat @ centers_hat.T
+    rows = np.arange(len(labels))
+    psi, slope = margin.psi_and_derivative(cosine[rows, labels])
+    logits = margin.s * cosine
+    logits[rows, labels] = margin.s * psi
+    return logits, slope
+
+
+def negatives_spread(probabilities, labels):
+    """(effective count, hardest share) of each row's negatives' normalised probabilities."""
+    negative = probabilities.copy()
+    negative[np.arange(len(labels)), labels] = 0.0
+    negative /= negative.sum(axis=1, keepdims=True)
+    return 1.0 / np.sum(negative ** 2, axis=1), negative.max(axis=1)
+
+
+def sampled_columns(batch_labels, shards, ratio, rng):
+    """The columns one global batch scores and their logit offsets, each rank's shard sampled
+    as training samples it: [(class_start, num_local)] -> (global columns, offsets)."""
+    columns, offsets = [], []
+    for class_start, num_local in shards:
+        target, local = class_center_sample(batch_labels, num_local, num_sample_for(num_local, ratio),
+                                            class_start, rng)
+        offset = sampled_logit_offsets(target, len(local), num_local)
+        columns.append(class_start + local)
+        offsets.append(np.zeros(len(local)) if offset is None else offset.astype(np.float64))
+    return np.concatenate(columns), np.concatenate(offsets)
+
+
+def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, draws, rng):
+    """The statistics printed (see the module's doc) as a dict; embeddings (N, D), labels (N,)
+    global class ids, centers (C, D), shards [(class_start, num_local)] covering [0, C)."""
+    e = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    w = centers / np.linalg.norm(centers, axis=1, keepdims=True)
+    logits, slope = full_logits(e, w, labels, margin)
+    p_full = softmax_rows(logits)
+    g_full = embedding_gradient(p_full, w, labels, slope, margin.s)
+    rows = np.arange(len(labels))
+    effective, hardest = negatives_spread(p_full, labels)
+    common = []
+    batches = [np.arange(b, min(b + batch_size, len(labels))) for b in range(0, len(labels), batch_size)]
+    for batch in batches:
+        push = p_full[batch].copy()
+        push[np.arange(len(batch)), labels[batch]] = 0.0
+        push = push.T @ e[batch]                         # (C, D): each center's push
+        common.append(np.sum(push.mean(axis=0) ** 2) / np.mean(np.sum(push ** 2, axis=1)))
+    error, cosine, mean_grad = [], [], np.zeros_like(g_full)
+    for _ in range(draws):
+        g = np.empty_like(g_full)
+        for batch in batches:
+            columns, offsets = sampled_columns(labels[batch], shards, ratio, rng)
+            target = np.searchsorted(columns, labels[batch])     # columns ascend: ranks in order
+            p = softmax_rows(logits[np.ix_(batch, columns)] + offsets)
+            g[batch] = embedding_gradient(p, w[columns], target, slope[batch], margin.s)
+        mean_grad += g / draws
+        norm_full = np.sum(g_full ** 2, axis=1)
+        error.append(np.sum((g - g_full) ** 2, axis=1) / norm_full)
+        cosine.append(np.sum(g * g_full, axis=1) / np.sqrt(np.sum(g ** 2, axis=1) * norm_full))
+    bias = np.sum((mean_grad - g_full) ** 2, axis=1) / np.sum(g_full ** 2, axis=1)
+    return {"loss": float(-np.mean(np.log(p_full[rows, labels]))),
+            "effective_negatives": effective, "hardest_share": hardest,
+            "relative_error": np.concatenate(error), "cosine": np.concatenate(cosine),
+            "bias": bias, "common_push_share": float(np.mean(common))}
+
+
+def load_centers(checkpoint):
+    """(centers (C, D) float64, [(class_start, num_local)] of the ranks that saved them)."""
+    world_size = read_state(checkpoint)["world_size"]
+    parts, shards = [], []
+    for rank in range(world_size):
+        meta, weight, _ = read_shard(bank_shard_files(checkpoint, rank))
+        parts.append(np.asarray(weight, dtype=np.float64))
+        shards.append((meta["class_start"], meta["num_local"]))
+    return np.concatenate(parts), shards
+
+
+def read_images(rec, count, image_size, rng):
+    """(uint8 (count, S, S, 3), labels) of `count` records of `rec` drawn without replacement."""
+    import mxnet as mx
+    from ..data.images import decode_rgb
+    from ..data.recordio import label_to_int, open_record
+    reader, keys, _ = open_record(rec)
+    if count > len(keys):
+        raise ValueError(f"--images {count}: {rec} has only {len(keys)} images")
+    images, labels = [], []
+    for key in rng.choice(keys, count, replace=False):
+        header, payload = mx.recordio.unpack(reader.read_idx(int(key)))
+        labels.append(label_to_int(header, key))
+        images.append(decode_rgb(payload, image_size))
+    return np.stack(images), np.array(labels, dtype=np.int64)
+
+
+def describe(stats, ratio, draws):
+    q = lambda values, p: np.percentile(values, p)    # noqa: E731
+    eff, hard = stats["effective_negatives"], stats["hardest_share"]
+    err, cos = stats["relative_error"], stats["cosine"]
+    return "\n".join([
+        f"full softmax: loss {stats['loss']:.2f}; each row's negatives: effective count median "
+        f"{q(eff, 50):.1f} (p10 {q(eff, 10):.1f}, p90 {q(eff, 90):.1f}), the hardest one's share "
+        f"median {q(hard, 50):.3f} (p90 {q(hard, 90):.3f})",
+        f"sampled at ratio {ratio}: the embeddings' gradient has relative squared error mean "
+        f"{err.mean():.3f} (median {q(err, 50):.3f}, p90 {q(err, 90):.3f}), cosine to the full "
+        f"gradient mean {cos.mean():.3f}; bias of the mean of {draws} draws {stats['bias'].mean():.3f}",
+        f"centers: share of the push common to all of them {stats['common_push_share']:.3f}"])
+
+
+def main(argv=None):
+    parser = make_parser("sample_fc.bench.sampling_fidelity", __doc__)
+    parser.add_argument("--model", required=True, help="models root (its newest checkpoint) or a step-XXXXXXXX/ dir")
+    parser.add_argument("--rec", required=True, help="the training .rec the images come from")
+    parser.add_argument("--ratio", type=float, help="sample ratio (default: the run's sample_ratio)")
+    parser.add_argument("--images", type=int, default=1024, help="training images embedded (default 1024)")
+    parser.add_argument("--draws", type=int, default=20, help="samples drawn per batch (default 20)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    def work():
+        import mxnet as mx
+        from ..saved_model import load_model
+        from ..verification import Embedder, to_nchw
+        checkpoint = find_checkpoint(args.model, option="--model")
+        with open(os.path.join(models_root_of(checkpoint), "config.json")) as handle:
+            config = json.load(handle)
+        ratio = config["sample_ratio"] if args.ratio is None else args.ratio
+        centers, shards = load_centers(checkpoint)
+        margin = CombinedMargin(config["loss_m1"], config["loss_m2"], config["loss_m3"], config["loss_s"])
+        model = load_model(checkpoint)
+        rng = np.random.default_rng(args.seed)
+        images, labels = read_images(args.rec, args.images, model.image_size, rng)
+        embed = Embedder(model.symbol, model.arg_params, model.aux_params, mx.cpu(), model.image_size, flip=False)
+        embeddings = embed(to_nchw(images)).astype(np.float64)
+        batch_size = config["batch_size"] * len(shards)
+        print(f"{checkpoint}: {len(centers):,} centers on {len(shards)} ranks, {args.images} images, "
+              f"global batch {batch_size}, {margin}")
+        stats = fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, args.draws, rng)
+        print(describe(stats, ratio, args.draws))
+
+    run_or_exit(parser, work)
+
+
+if __name__ == "__main__":
+    main()

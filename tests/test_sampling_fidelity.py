@@ -1,0 +1,65 @@
+"""The sampling-fidelity benchmark's numbers against independent references."""
+import numpy as np
+
+from sample_fc.bench.sampling_fidelity import embedding_gradient, fidelity, full_logits, negatives_spread
+from sample_fc.margin import CombinedMargin
+from sample_fc.sampler import shard_range
+
+from reference import normalize, softmax_loss_rows
+
+M1, M2, M3, S = 1.0, 0.3, 0.1, 8.0
+
+
+def _case(rows=6, classes=40, dim=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(rows, dim)), rng.integers(0, classes, rows), rng.normal(size=(classes, dim))
+
+
+def test_full_gradient_is_the_finite_difference_of_the_loss():
+    embeddings, labels, centers = _case()
+    e, w = normalize(embeddings), normalize(centers)
+    margin = CombinedMargin(M1, M2, M3, S)
+    logits, slope = full_logits(e, w, labels, margin)
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    grad = embedding_gradient(p, w, labels, slope, S)
+    step, numeric = 1e-6, np.zeros_like(e)
+    for d in range(e.shape[1]):
+        shift = np.zeros_like(e)
+        shift[:, d] = step
+        up, _ = softmax_loss_rows((e + shift) @ w.T, labels, M1, M2, M3, S)
+        down, _ = softmax_loss_rows((e - shift) @ w.T, labels, M1, M2, M3, S)
+        numeric[:, d] = (up - down) / (2 * step)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
+
+
+def test_ratio_one_samples_every_center_and_matches_the_full_softmax():
+    embeddings, labels, centers = _case(rows=12)
+    shards = [shard_range(len(centers), r, 3) for r in range(3)]
+    stats = fidelity(embeddings, labels, centers, shards, CombinedMargin(M1, M2, M3, S), 1.0, 4, 2,
+                     np.random.default_rng(1))
+    assert np.max(stats["relative_error"]) < 1e-20
+    np.testing.assert_allclose(stats["cosine"], 1.0, rtol=1e-12)
+    expected, _ = softmax_loss_rows(normalize(embeddings) @ normalize(centers).T, labels, M1, M2, M3, S)
+    assert abs(stats["loss"] - expected.mean()) < 1e-10
+
+
+def test_sampled_gradient_differs_and_its_mean_over_draws_is_closer():
+    embeddings, labels, centers = _case(rows=8, classes=200)
+    shards = [shard_range(len(centers), r, 2) for r in range(2)]
+    stats = fidelity(embeddings, labels, centers, shards, CombinedMargin(M1, M2, M3, S), 0.2, 8, 400,
+                     np.random.default_rng(2))
+    assert np.mean(stats["relative_error"]) > 1e-3            # one draw is not the full softmax
+    assert np.mean(stats["bias"]) < 0.2 * np.mean(stats["relative_error"])
+
+
+def test_negatives_spread_of_uniform_and_one_hot_rows():
+    labels = np.array([0, 3])
+    uniform = np.full((2, 5), 0.2)
+    count, share = negatives_spread(uniform, labels)
+    np.testing.assert_allclose(count, 4.0)
+    np.testing.assert_allclose(share, 0.25)
+    peaked = np.array([[0.5, 0.5, 0, 0, 0], [0, 0, 0, 0.1, 0.9]])
+    count, share = negatives_spread(peaked, labels)
+    np.testing.assert_allclose(count, 1.0)
+    np.testing.assert_allclose(share, 1.0)
