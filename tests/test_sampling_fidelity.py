@@ -1,7 +1,8 @@
 """The sampling-fidelity benchmark's numbers against independent references."""
 import numpy as np
 
-from sample_fc.bench.sampling_fidelity import embedding_gradient, fidelity, full_logits, negatives_spread
+from sample_fc.bench.sampling_fidelity import (center_alignment, embedding_gradient, fidelity, full_logits,
+                                               negatives_spread)
 from sample_fc.margin import CombinedMargin
 from sample_fc.sampler import shard_range
 
@@ -63,3 +64,14 @@ def test_negatives_spread_of_uniform_and_one_hot_rows():
     count, share = negatives_spread(peaked, labels)
     np.testing.assert_allclose(count, 1.0)
     np.testing.assert_allclose(share, 1.0)
+
+
+def test_center_alignment_of_a_hand_computed_case():
+    embeddings = np.array([[1.0, 0.0], [0.0, 2.0], [-3.0, 0.0], [0.0, -1.0]])
+    labels = np.array([0, 0, 1, 1])
+    centers = np.array([[2.0, 0.0], [0.0, -1.0], [5.0, 5.0]])
+    aligned, accuracy, norm = center_alignment(embeddings, labels, centers, [0, 1])
+    # class means (normalised): (1, 1)/sqrt2 and (-1, -1)/sqrt2; centers (1, 0) and (0, -1)
+    np.testing.assert_allclose(aligned, np.sqrt(0.5))
+    assert accuracy == 1.0
+    np.testing.assert_allclose(norm, (2.0 + 1.0 + np.sqrt(50.0)) / 3)
