@@ -31,6 +31,7 @@ from ..bank_shard import read_shard
 from ..margin import CombinedMargin
 from ..sampler import class_center_sample, num_sample_for, sampled_logit_offsets
 from ..tools.cli import make_parser, run_or_exit
+from ..verification import Embedder, l2_normalize, to_nchw
 
 
 def softmax_rows(logits):
@@ -81,11 +82,11 @@ def sampled_columns(batch_labels, shards, ratio, rng):
 def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, draws, rng):
     """The statistics printed (see the module's doc) as a dict; embeddings (N, D), labels (N,)
     global class ids, centers (C, D), shards [(class_start, num_local)] covering [0, C)."""
-    e = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
-    w = centers / np.linalg.norm(centers, axis=1, keepdims=True)
+    e, w = l2_normalize(embeddings), l2_normalize(centers)
     logits, slope = full_logits(e, w, labels, margin)
     p_full = softmax_rows(logits)
     g_full = embedding_gradient(p_full, w, labels, slope, margin.s)
+    norm_full = np.sum(g_full ** 2, axis=1)
     rows = np.arange(len(labels))
     effective, hardest = negatives_spread(p_full, labels)
     common = []
@@ -104,10 +105,9 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
             p = softmax_rows(logits[np.ix_(batch, columns)] + offsets)
             g[batch] = embedding_gradient(p, w[columns], target, slope[batch], margin.s)
         mean_grad += g / draws
-        norm_full = np.sum(g_full ** 2, axis=1)
         error.append(np.sum((g - g_full) ** 2, axis=1) / norm_full)
         cosine.append(np.sum(g * g_full, axis=1) / np.sqrt(np.sum(g ** 2, axis=1) * norm_full))
-    bias = np.sum((mean_grad - g_full) ** 2, axis=1) / np.sum(g_full ** 2, axis=1)
+    bias = np.sum((mean_grad - g_full) ** 2, axis=1) / norm_full
     return {"loss": float(-np.mean(np.log(p_full[rows, labels]))),
             "effective_negatives": effective, "hardest_share": hardest,
             "relative_error": np.concatenate(error), "cosine": np.concatenate(cosine),
@@ -117,11 +117,10 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
 def center_alignment(embeddings, labels, centers, classes):
     """(mean cosine of each class's center with its mean normalised embedding, accuracy of the
     nearest class mean over `classes`, mean center norm); every label must be in `classes`."""
-    e = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    e = l2_normalize(embeddings)
     classes = np.asarray(classes)
-    means = np.stack([e[labels == c].mean(axis=0) for c in classes])
-    means /= np.linalg.norm(means, axis=1, keepdims=True)
-    w = centers[classes] / np.linalg.norm(centers[classes], axis=1, keepdims=True)
+    means = l2_normalize(np.stack([e[labels == c].mean(axis=0) for c in classes]))
+    w = l2_normalize(centers[classes])
     nearest = classes[np.argmax(e @ means.T, axis=1)]
     return (float(np.mean(np.sum(means * w, axis=1))), float(np.mean(nearest == labels)),
             float(np.mean(np.linalg.norm(centers, axis=1))))
@@ -187,7 +186,6 @@ def main(argv=None):
     def work():
         import mxnet as mx
         from ..saved_model import load_model
-        from ..verification import Embedder, to_nchw
         checkpoint = find_checkpoint(args.model, option="--model")
         with open(os.path.join(models_root_of(checkpoint), "config.json")) as handle:
             config = json.load(handle)
