@@ -75,3 +75,27 @@ def test_center_alignment_of_a_hand_computed_case():
     np.testing.assert_allclose(aligned, np.sqrt(0.5))
     assert accuracy == 1.0
     np.testing.assert_allclose(norm, (2.0 + 1.0 + np.sqrt(50.0)) / 3)
+
+
+def test_inclusion_variances_of_hand_computed_pools():
+    from sample_fc.bench.sampling_fidelity import inclusion_variances
+    # 2 of [3, 1, 1, 1]: uniform q 1/2 -> 12 * (2 - 1); best q (1, 1/3, 1/3, 1/3) -> 3 * 1 * (3 - 1)
+    best, uniform = inclusion_variances([3.0, 1.0, 1.0, 1.0], 2)
+    np.testing.assert_allclose([best, uniform], [6.0, 12.0])
+    # 2 of [10, 1, 1]: the 10 would get q 5/3, so it is in with certainty, the others q 1/2
+    best, uniform = inclusion_variances([1.0, 10.0, 1.0], 2)
+    np.testing.assert_allclose([best, uniform], [2.0, 102.0 * 0.5])
+    # equal pushes: the uniform draw is the best one
+    best, uniform = inclusion_variances(np.full(8, 0.5), 3)
+    np.testing.assert_allclose(best, uniform)
+    assert inclusion_variances([1.0, 2.0], 2) == (0.0, 0.0)
+    best, uniform = inclusion_variances([4.0, 0.0, 0.0], 1)             # the one push drawn surely
+    np.testing.assert_allclose([best, uniform], [0.0, 16.0 * 2])
+
+
+def test_best_draw_variance_share_is_below_one_when_pushes_differ():
+    embeddings, labels, centers = _case(rows=8, classes=200)
+    shards = [shard_range(len(centers), r, 2) for r in range(2)]
+    stats = fidelity(embeddings, labels, centers, shards, CombinedMargin(M1, M2, M3, S), 0.2, 8, 1,
+                     np.random.default_rng(2))
+    assert 0.0 < stats["best_draw_variance_share"] < 0.999

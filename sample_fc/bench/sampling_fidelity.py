@@ -15,6 +15,9 @@ prints, for global batches of the run's size:
   softmax's, and the bias left in the mean of --draws draws;
 - the centers' side: the share of the push on the centers that is common to all of them
   (|mean_j P_j|^2 / mean_j |P_j|^2): the most a control variate shared by every center removes;
+  and the variance of the sampled pushes if each rank drew its negatives with probability in
+  proportion to |P_j| (an oracle: the push known before the draw) as a share of the uniform
+  draw's: the most any choice of which centers to draw removes;
 - with --classes N (default 200; 0: skip), every training image of N classes: how well the
   centers follow their classes (the cosine of each center with its class's mean embedding),
   how well the backbone alone separates them (each image's nearest class mean among the N),
@@ -66,6 +69,26 @@ def negatives_spread(probabilities, labels):
     return 1.0 / np.sum(negative ** 2, axis=1), negative.max(axis=1)
 
 
+def inclusion_variances(magnitudes, drawn):
+    """(variance of the best draw, variance of the uniform draw) of the sampled estimate of the
+    pushes on a pool of centers, `drawn` of them drawn: sum_j |P_j|^2 (1/q_j - 1), |P_j| =
+    `magnitudes`. Uniform: q_j = drawn / pool; best: q_j proportional to |P_j|, capped at 1
+    (the capped ones in with certainty, the rest shared out again)."""
+    magnitudes = np.asarray(magnitudes, dtype=np.float64)
+    squares = magnitudes ** 2
+    if drawn >= len(magnitudes):
+        return 0.0, 0.0
+    uniform = float(np.sum(squares) * (len(magnitudes) / drawn - 1.0))
+    descending = np.sort(magnitudes)[::-1]
+    rest = np.cumsum(descending[::-1])[::-1]          # rest[k] = sum of descending[k:]
+    certain = 0
+    while descending[certain] * (drawn - certain) > rest[certain]:
+        certain += 1                                   # its q would exceed 1: in with certainty
+    left = descending[certain:][descending[certain:] > 0]      # a zero push costs no variance
+    best = float(np.sum(left * rest[certain] / (drawn - certain) - left ** 2)) if len(left) else 0.0
+    return best, uniform
+
+
 def sampled_columns(batch_labels, shards, ratio, rng):
     """The columns one global batch scores and their logit offsets, each rank's shard sampled
     as training samples it: [(class_start, num_local)] -> (global columns, offsets)."""
@@ -89,13 +112,22 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
     norm_full = np.sum(g_full ** 2, axis=1)
     rows = np.arange(len(labels))
     effective, hardest = negatives_spread(p_full, labels)
-    common = []
+    common, best_variance, uniform_variance = [], 0.0, 0.0
     batches = [np.arange(b, min(b + batch_size, len(labels))) for b in range(0, len(labels), batch_size)]
     for batch in batches:
         push = p_full[batch].copy()
         push[np.arange(len(batch)), labels[batch]] = 0.0
         push = push.T @ e[batch]                         # (C, D): each center's push
         common.append(np.sum(push.mean(axis=0) ** 2) / np.mean(np.sum(push ** 2, axis=1)))
+        magnitude = np.linalg.norm(push, axis=1)
+        for class_start, num_local in shards:            # each rank draws its negatives from its shard
+            negative = np.ones(num_local, dtype=bool)
+            positives = np.unique(labels[batch])
+            negative[positives[(positives >= class_start) & (positives < class_start + num_local)] - class_start] = False
+            positive_count = num_local - int(np.count_nonzero(negative))
+            drawn = max(0, num_sample_for(num_local, ratio) - positive_count)
+            best, uniform = inclusion_variances(magnitude[class_start:class_start + num_local][negative], drawn)
+            best_variance, uniform_variance = best_variance + best, uniform_variance + uniform
     error, cosine, mean_grad = [], [], np.zeros_like(g_full)
     for _ in range(draws):
         g = np.empty_like(g_full)
@@ -111,7 +143,8 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
     return {"loss": float(-np.mean(np.log(p_full[rows, labels]))),
             "effective_negatives": effective, "hardest_share": hardest,
             "relative_error": np.concatenate(error), "cosine": np.concatenate(cosine),
-            "bias": bias, "common_push_share": float(np.mean(common))}
+            "bias": bias, "common_push_share": float(np.mean(common)),
+            "best_draw_variance_share": best_variance / uniform_variance if uniform_variance else 1.0}
 
 
 def center_alignment(embeddings, labels, centers, classes):
@@ -168,7 +201,9 @@ def describe(stats, ratio, draws):
         f"sampled at ratio {ratio}: the embeddings' gradient has relative squared error mean "
         f"{err.mean():.3f} (median {q(err, 50):.3f}, p90 {q(err, 90):.3f}), cosine to the full "
         f"gradient mean {cos.mean():.3f}; bias of the mean of {draws} draws {stats['bias'].mean():.3f}",
-        f"centers: share of the push common to all of them {stats['common_push_share']:.3f}"])
+        f"centers: share of the push common to all of them {stats['common_push_share']:.3f}; drawing "
+        f"each negative with probability in proportion to its push (known exactly) leaves "
+        f"{stats['best_draw_variance_share']:.3f} of the uniform draw's variance of the pushes"])
 
 
 def main(argv=None):
