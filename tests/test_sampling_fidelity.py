@@ -43,6 +43,7 @@ def test_ratio_one_samples_every_center_and_matches_the_full_softmax():
     np.testing.assert_allclose(stats["cosine"], 1.0, rtol=1e-12)
     expected, _ = softmax_loss_rows(normalize(embeddings) @ normalize(centers).T, labels, M1, M2, M3, S)
     assert abs(stats["loss"] - expected.mean()) < 1e-10
+    assert stats["summed_relative_error"] < 1e-20
 
 
 def test_sampled_gradient_differs_and_its_mean_over_draws_is_closer():
@@ -99,3 +100,12 @@ def test_best_draw_variance_share_is_below_one_when_pushes_differ():
     stats = fidelity(embeddings, labels, centers, shards, CombinedMargin(M1, M2, M3, S), 0.2, 8, 1,
                      np.random.default_rng(2))
     assert 0.0 < stats["best_draw_variance_share"] < 0.999
+
+
+def test_summed_relative_error_of_a_hand_computed_batch():
+    from sample_fc.bench.sampling_fidelity import summed_relative_error
+    reference = np.array([[1.0, 0.0], [-1.0, 0.5]])
+    shared = reference + np.array([0.1, 0.0])                  # both rows off the same way
+    np.testing.assert_allclose(summed_relative_error(shared, reference), 0.2 ** 2 / 0.5 ** 2)
+    opposed = reference + np.array([[0.1, 0.0], [-0.1, 0.0]])  # the rows' errors cancel
+    assert summed_relative_error(opposed, reference) == 0.0

@@ -12,7 +12,9 @@ prints, for global batches of the run's size:
 - the sampled softmax at --ratio, drawn as training draws it (each rank's shard: the batch's
   positives plus uniform negatives, the log(F/n) correction): the relative squared error and
   the cosine of the loss's gradient w.r.t. each (normalised) embedding against the full
-  softmax's, and the bias left in the mean of --draws draws;
+  softmax's, and the bias left in the mean of --draws draws; and the same error of the batch's
+  summed gradient (sum over the batch's rows), which is larger where the rows' errors share a
+  direction (a step's sample is shared by every row of the batch);
 - the centers' side: the share of the push on the centers that is common to all of them
   (|mean_j P_j|^2 / mean_j |P_j|^2): the most a control variate shared by every center removes;
   and the variance of the sampled pushes if each rank drew its negatives with probability in
@@ -59,6 +61,11 @@ def full_logits(embeddings_hat, centers_hat, labels, margin):
     logits = margin.s * cosine
     logits[rows, labels] = margin.s * psi
     return logits, slope
+
+
+def summed_relative_error(gradient, reference):
+    """|sum_i (g_i - r_i)|^2 / |sum_i r_i|^2 over the rows of (B, D) gradients."""
+    return float(np.sum((gradient - reference).sum(axis=0) ** 2) / np.sum(reference.sum(axis=0) ** 2))
 
 
 def negatives_spread(probabilities, labels):
@@ -128,7 +135,7 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
             drawn = max(0, num_sample_for(num_local, ratio) - positive_count)
             best, uniform = inclusion_variances(magnitude[class_start:class_start + num_local][negative], drawn)
             best_variance, uniform_variance = best_variance + best, uniform_variance + uniform
-    error, cosine, mean_grad = [], [], np.zeros_like(g_full)
+    error, cosine, summed_error, mean_grad = [], [], [], np.zeros_like(g_full)
     for _ in range(draws):
         g = np.empty_like(g_full)
         for batch in batches:
@@ -136,6 +143,7 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
             target = np.searchsorted(columns, labels[batch])     # columns ascend: ranks in order
             p = softmax_rows(logits[np.ix_(batch, columns)] + offsets)
             g[batch] = embedding_gradient(p, w[columns], target, slope[batch], margin.s)
+            summed_error.append(summed_relative_error(g[batch], g_full[batch]))
         mean_grad += g / draws
         error.append(np.sum((g - g_full) ** 2, axis=1) / norm_full)
         cosine.append(np.sum(g * g_full, axis=1) / np.sqrt(np.sum(g ** 2, axis=1) * norm_full))
@@ -143,6 +151,7 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
     return {"loss": float(-np.mean(np.log(p_full[rows, labels]))),
             "effective_negatives": effective, "hardest_share": hardest,
             "relative_error": np.concatenate(error), "cosine": np.concatenate(cosine),
+            "summed_relative_error": float(np.mean(summed_error)),
             "bias": bias, "common_push_share": float(np.mean(common)),
             "best_draw_variance_share": best_variance / uniform_variance if uniform_variance else 1.0}
 
@@ -200,7 +209,9 @@ def describe(stats, ratio, draws):
         f"median {q(hard, 50):.3f} (p90 {q(hard, 90):.3f})",
         f"sampled at ratio {ratio}: the embeddings' gradient has relative squared error mean "
         f"{err.mean():.3f} (median {q(err, 50):.3f}, p90 {q(err, 90):.3f}), cosine to the full "
-        f"gradient mean {cos.mean():.3f}; bias of the mean of {draws} draws {stats['bias'].mean():.3f}",
+        f"gradient mean {cos.mean():.3f}; bias of the mean of {draws} draws {stats['bias'].mean():.3f}; "
+        f"the batch's summed gradient has relative squared error {stats['summed_relative_error']:.3f} "
+        f"(the rows' errors share a direction where this exceeds the rows' own)",
         f"centers: share of the push common to all of them {stats['common_push_share']:.3f}; drawing "
         f"each negative with probability in proportion to its push (known exactly) leaves "
         f"{stats['best_draw_variance_share']:.3f} of the uniform draw's variance of the pushes"])
