@@ -2,7 +2,7 @@
 import numpy as np
 
 from sample_fc.bench.sampling_fidelity import (center_alignment, embedding_gradient, fidelity, full_logits,
-                                               negatives_spread)
+                                               inclusion_variances, negatives_spread, summed_relative_error)
 from sample_fc.margin import CombinedMargin
 from sample_fc.sampler import shard_range
 
@@ -79,7 +79,6 @@ def test_center_alignment_of_a_hand_computed_case():
 
 
 def test_inclusion_variances_of_hand_computed_pools():
-    from sample_fc.bench.sampling_fidelity import inclusion_variances
     # 2 of [3, 1, 1, 1]: uniform q 1/2 -> 12 * (2 - 1); best q (1, 1/3, 1/3, 1/3) -> 3 * 1 * (3 - 1)
     best, uniform = inclusion_variances([3.0, 1.0, 1.0, 1.0], 2)
     np.testing.assert_allclose([best, uniform], [6.0, 12.0])
@@ -103,7 +102,6 @@ def test_best_draw_variance_share_is_below_one_when_pushes_differ():
 
 
 def test_summed_relative_error_of_a_hand_computed_batch():
-    from sample_fc.bench.sampling_fidelity import summed_relative_error
     reference = np.array([[1.0, 0.0], [-1.0, 0.5]])
     shared = reference + np.array([0.1, 0.0])                  # both rows off the same way
     np.testing.assert_allclose(summed_relative_error(shared, reference), 0.2 ** 2 / 0.5 ** 2)

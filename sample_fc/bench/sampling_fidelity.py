@@ -127,12 +127,13 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
         push = push.T @ e[batch]                         # (C, D): each center's push
         common.append(np.sum(push.mean(axis=0) ** 2) / np.mean(np.sum(push ** 2, axis=1)))
         magnitude = np.linalg.norm(push, axis=1)
+        positives = np.unique(labels[batch])
         for class_start, num_local in shards:            # each rank draws its negatives from its shard
+            local = positives - class_start
+            local = local[(local >= 0) & (local < num_local)]
             negative = np.ones(num_local, dtype=bool)
-            positives = np.unique(labels[batch])
-            negative[positives[(positives >= class_start) & (positives < class_start + num_local)] - class_start] = False
-            positive_count = num_local - int(np.count_nonzero(negative))
-            drawn = max(0, num_sample_for(num_local, ratio) - positive_count)
+            negative[local] = False
+            drawn = max(0, num_sample_for(num_local, ratio) - len(local))
             best, uniform = inclusion_variances(magnitude[class_start:class_start + num_local][negative], drawn)
             best_variance, uniform_variance = best_variance + best, uniform_variance + uniform
     error, cosine, summed_error, mean_grad = [], [], [], np.zeros_like(g_full)
