@@ -17,6 +17,10 @@ if [[ $(cat "$TEST_STAMP" 2>/dev/null) != "$TEST_WANT" ]]; then
   "$VENV/bin/python" -c 'import torch' || { echo "[test] ERROR: torch does not import" >&2; exit 1; }
   echo "$TEST_WANT" > "$TEST_STAMP"
 fi
+# A native crash in any process of the suite (a worker's rare start-up segfault) prints every
+# thread's Python stack and dies of its signal; MXNet's own handler, which prints only
+# "Segmentation fault: 11" and exits 255, stands aside when this one is installed first.
+export PYTHONFAULTHANDLER=1
 set +e
 "$VENV/bin/python" -m pytest tests --timeout=900 "$@"
 status=$?
