@@ -2,9 +2,9 @@
 
     python scripts/patch_horovod.py <extracted horovod-0.28.1 directory>
 
-Each fix replaces one exact piece of text that must occur exactly once (or is already
-fixed); anything else stops the build with the file and text named, so a different
-Horovod source never gets half-patched.
+Each fix replaces one exact piece of text that must occur exactly as often as in Horovod
+0.28.1 (once unless the fix says; or is already fixed); anything else stops the build with
+the file and text named, so a different Horovod source never gets half-patched.
 
 1. Stall shutdown under Gloo. GlooController::Initialize sizes the list of global ranks
    with reserve() instead of resize(), so the list stays empty. The stall inspector walks
@@ -24,6 +24,13 @@ Horovod source never gets half-patched.
    with a 10-line "Primary job terminated normally, but 1 process returned a non-zero exit
    code" banner; horovodrun now passes --quiet, which drops only such help texts (the
    workers' output and the exit code are unchanged).
+5. A freed name read after a broadcast is queued. EnqueueTensorBroadcast (also the
+   alltoall and join ones) logs "Enqueued <name>" after handing the entry to the queue,
+   reading `name` by reference from the caller's operation. The background thread can
+   finish that collective and MXNet can free the operation (and its name) before the log
+   line runs: on a loaded machine, rarely, a worker segfaulted at start-up while the
+   backbone's parameters were broadcast (a core dump showed the engine thread in that log
+   line, copying a freed string). The name is now copied before the entry is queued.
 """
 import sys
 from pathlib import Path
@@ -51,28 +58,42 @@ FIXES = [
             sys.stderr.write('horovodrun: process {name} exited first, with code {code}; the job '
                              'was stopped\\n'.format(name=name, code=exit_code))
             sys.exit(exit_code if 0 < exit_code < 256 else 1)"""),
+    ("horovod/common/operations.cc",
+     """  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
+  if (status.ok()) {
+    LOG(TRACE, horovod_global.global_controller->GetRank())
+        << "Enqueued " << name;
+  }""",
+     """  const std::string queued_name = name;  // `name` may be freed once the entry is queued
+  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
+  if (status.ok()) {
+    LOG(TRACE, horovod_global.global_controller->GetRank())
+        << "Enqueued " << queued_name;
+  }""", 3),
 ]
 
 
 def apply_fixes(source_root):
     """Check every fix against the source first, then write: all fixes or none."""
     writes = []
-    for relative, old, new in FIXES:
+    for relative, old, new, *times in FIXES:
+        times = times[0] if times else 1
         path = Path(source_root) / relative
         if not path.is_file():
             sys.exit(f"patch_horovod: {path} not found; expected a horovod-0.28.1 source tree")
         text = path.read_text()
         found = text.count(old)
-        if found == 0 and text.count(new) == 1:
+        if found == 0 and text.count(new) == times:
             print(f"patch_horovod: {relative}: already fixed")
             continue
-        if found != 1:
-            sys.exit(f"patch_horovod: {relative}: expected {old!r} exactly once, "
+        if found != times:
+            sys.exit(f"patch_horovod: {relative}: expected {old!r} exactly {times} time(s), "
                      f"found it {found} times; is this Horovod 0.28.1?")
-        writes.append((path, relative, text.replace(old, new), new))
-    for path, relative, text, new in writes:
+        changed = next(line for line in new.splitlines() if line not in old.splitlines())
+        writes.append((path, relative, text.replace(old, new), changed.strip()))
+    for path, relative, text, changed in writes:
         path.write_text(text)
-        print(f"patch_horovod: {relative}: fixed ({new.strip().splitlines()[-1].strip()})")
+        print(f"patch_horovod: {relative}: fixed ({changed})")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,14 @@ GLOO_CONTROLLER = "horovod/common/gloo/gloo_controller.cc"
 LAUNCH = "horovod/runner/launch.py"
 GLOO_RUN = "horovod/runner/gloo_run.py"
 MPI_RUN = "horovod/runner/mpi_run.py"
+OPERATIONS = "horovod/common/operations.cc"
+QUEUE_AND_LOG = ("  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);\n"
+                 "  if (status.ok()) {\n"
+                 "    LOG(TRACE, horovod_global.global_controller->GetRank())\n"
+                 "        << \"Enqueued \" << name;\n"
+                 "  }\n"
+                 "  return status;\n"
+                 "}\n")
 # The pieces of Horovod 0.28.1's source the fixes replace, with a line of context each.
 BUGGY = {
     GLOO_CONTROLLER: "  global_ranks_.reserve(size_);\n  {\n    auto this_global_rank = 0;\n",
@@ -24,6 +32,9 @@ BUGGY = {
         "                               'status, thus causing the job to be terminated. The first process '\n"
         "                               'to do so was:\\nProcess name: {name}\\nExit code: {code}\\n'\n"
         "                               .format(name=name, code=exit_code))\n"),
+    # broadcast, alltoall and join each log the caller's name after queueing the entry
+    OPERATIONS: "".join(f"Status Enqueue{op}(const std::string& name) {{\n" + QUEUE_AND_LOG
+                        for op in ("TensorBroadcast", "TensorAlltoall", "Join")),
 }
 
 
@@ -40,8 +51,8 @@ def _patch(tmp_path):
 
 def test_fixes_apply_once_and_are_idempotent(tmp_path):
     """Test that reserve() becomes resize(), horovodrun's parser loses abbreviations, mpirun
-    runs --quiet, the Gloo launcher exits with the worker's code instead of raising, and a
-    second run changes nothing."""
+    runs --quiet, the Gloo launcher exits with the worker's code instead of raising, every
+    queued name is copied before its entry is queued, and a second run changes nothing."""
     _tree(tmp_path)
     for _ in range(2):
         result = _patch(tmp_path)
@@ -54,6 +65,13 @@ def test_fixes_apply_once_and_are_idempotent(tmp_path):
             "--tag-output'", "--tag-output --quiet'")
         gloo_run = (tmp_path / GLOO_RUN).read_text()
         assert "raise RuntimeError" not in gloo_run and "sys.exit(exit_code" in gloo_run
+        operations = (tmp_path / OPERATIONS).read_text()
+        assert "<< name;" not in operations
+        for function in operations.split("Status Enqueue")[1:]:   # the copy comes before the queue
+            copy, queue, log = (function.index(text) for text in (
+                "const std::string queued_name = name;", "AddToTensorQueue(e, message)",
+                "<< \"Enqueued \" << queued_name;"))
+            assert copy < queue < log, function
 
 
 def test_patched_gloo_launcher_exits_with_the_workers_code(tmp_path, capsys):
@@ -85,6 +103,18 @@ def test_unexpected_source_stops_with_the_file_named(tmp_path):
     assert GLOO_CONTROLLER in result.stderr and "global_ranks_.reserve(size_);" in result.stderr
     assert (tmp_path / GLOO_CONTROLLER).read_text() == "  global_ranks_.assign(size_, 0);\n"
     assert (tmp_path / LAUNCH).read_text() == BUGGY[LAUNCH]        # all fixes or none
+
+
+def test_a_partly_fixed_source_stops(tmp_path):
+    """Test that a fix expected in several places (the queued names: 3) stops the build when
+    the source has it in fewer, and changes nothing."""
+    partly = BUGGY[OPERATIONS].replace("<< name;", "<< other;", 1)
+    _tree(tmp_path, dict(BUGGY, **{OPERATIONS: partly}))
+    result = _patch(tmp_path)
+    assert result.returncode != 0
+    assert OPERATIONS in result.stderr and "exactly 3 time(s), found it 2 times" in result.stderr
+    assert (tmp_path / OPERATIONS).read_text() == partly
+    assert (tmp_path / GLOO_CONTROLLER).read_text() == BUGGY[GLOO_CONTROLLER]
 
 
 def test_missing_file_is_reported(tmp_path):
