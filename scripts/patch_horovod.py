@@ -34,37 +34,47 @@ the file and text named, so a different Horovod source never gets half-patched.
 """
 import sys
 from pathlib import Path
+from typing import NamedTuple
+
+
+class Fix(NamedTuple):
+    """`old` -> `new` in `file`, where Horovod 0.28.1 has `old` exactly `times` times."""
+    file: str
+    old: str
+    new: str
+    times: int = 1
+
 
 FIXES = [
-    ("horovod/common/gloo/gloo_controller.cc",
-     "global_ranks_.reserve(size_);", "global_ranks_.resize(size_);"),
-    ("horovod/runner/launch.py",
-     "parser = argparse.ArgumentParser(description='Horovod Runner')",
-     "parser = argparse.ArgumentParser(description='Horovod Runner', allow_abbrev=False)"),
-    ("horovod/runner/mpi_run.py",
-     "basic_args = '-l' if impi_or_mpich else '--allow-run-as-root --tag-output'",
-     "basic_args = '-l' if impi_or_mpich else '--allow-run-as-root --tag-output --quiet'"),
-    ("horovod/runner/gloo_run.py",
-     """    for name, value in sorted(res.items(), key=lambda item: item[1][1]):
+    Fix("horovod/common/gloo/gloo_controller.cc",
+        "global_ranks_.reserve(size_);", "global_ranks_.resize(size_);"),
+    Fix("horovod/runner/launch.py",
+        "parser = argparse.ArgumentParser(description='Horovod Runner')",
+        "parser = argparse.ArgumentParser(description='Horovod Runner', allow_abbrev=False)"),
+    Fix("horovod/runner/mpi_run.py",
+        "basic_args = '-l' if impi_or_mpich else '--allow-run-as-root --tag-output'",
+        "basic_args = '-l' if impi_or_mpich else '--allow-run-as-root --tag-output --quiet'"),
+    Fix("horovod/runner/gloo_run.py",
+        """    for name, value in sorted(res.items(), key=lambda item: item[1][1]):
         exit_code, timestamp = value
         if exit_code != 0:
             raise RuntimeError('Horovod detected that one or more processes exited with non-zero '
                                'status, thus causing the job to be terminated. The first process '
                                'to do so was:\\nProcess name: {name}\\nExit code: {code}\\n'
                                .format(name=name, code=exit_code))""",
-     """    for name, value in sorted(res.items(), key=lambda item: item[1][1]):
+        """    for name, value in sorted(res.items(), key=lambda item: item[1][1]):
         exit_code, timestamp = value
         if exit_code != 0:
             sys.stderr.write('horovodrun: process {name} exited first, with code {code}; the job '
                              'was stopped\\n'.format(name=name, code=exit_code))
             sys.exit(exit_code if 0 < exit_code < 256 else 1)"""),
-    ("horovod/common/operations.cc",
-     """  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
+    Fix("horovod/common/operations.cc",
+        """  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
   if (status.ok()) {
     LOG(TRACE, horovod_global.global_controller->GetRank())
         << "Enqueued " << name;
   }""",
-     """  const std::string queued_name = name;  // `name` may be freed once the entry is queued
+        """  const std::string queued_name = name;  // `name` may be freed once the entry is queued
   Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
   if (status.ok()) {
     LOG(TRACE, horovod_global.global_controller->GetRank())
@@ -76,8 +86,7 @@ FIXES = [
 def apply_fixes(source_root):
     """Check every fix against the source first, then write: all fixes or none."""
     writes = []
-    for relative, old, new, *times in FIXES:
-        times = times[0] if times else 1
+    for relative, old, new, times in FIXES:
         path = Path(source_root) / relative
         if not path.is_file():
             sys.exit(f"patch_horovod: {path} not found; expected a horovod-0.28.1 source tree")
