@@ -110,7 +110,8 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
         backbone_optimizer=backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
         data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
         head_kernel=cfg.head_kernel, margin_warmup_steps=cfg.margin_warmup_steps,
-        sample_correction=cfg.sample_correction, max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
+        sample_correction=cfg.sample_correction, sample_wd_correction=cfg.sample_wd_correction,
+        max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
     arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights
     module.init_params(backbone_initializer(cfg.backbone_init), arg_params, aux_params)
     module.broadcast_parameters()

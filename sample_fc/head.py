@@ -79,14 +79,16 @@ class Head:
     context) and HostHead (host_head.py, NumPy BLAS on a float32 CPU bank), pinned to the same
     NumPy reference by tests/test_host_head.py and tests/test_module.py.
 
-    forward_backward(embeddings, target, index, total_rows, margin, logit_offsets=None)
-            -> (loss, grad_embeddings)
+    forward_backward(embeddings, target, index, total_rows, margin, logit_offsets=None,
+                     decay_scales=None) -> (loss, grad_embeddings)
         embeddings: (B, D) NDArray, the global batch; target: (B,) int64 NumPy, each row's
         position in `index`, or -1 where the class lives on another rank; index: sorted
         distinct rows of the bank (NumPy int64), the sample; total_rows: B, the rows the loss
         is averaged over; margin: this step's CombinedMargin (the module decides it);
         logit_offsets: None, or (K,) float32 NumPy added to each row's logits (the sampled-softmax
-        correction, sampler.sampled_logit_offsets; 0 on every target column).
+        correction, sampler.sampled_logit_offsets; 0 on every target column); decay_scales:
+        None, or (K,) float32 NumPy factors of each row's weight decay in the update (the
+        weight-decay correction, sampler.sampled_decay_scales; 1 on every target column).
         Returns the global mean loss ((1,) NDArray) and d loss / d embeddings ((B, D) NDArray
         on the embeddings' context, this rank's columns only: to be summed over ranks). What
         the bank update needs is kept until update() or discard().
@@ -104,7 +106,8 @@ class Head:
         self.allreduce_max, self.allreduce_sum, self.stage = allreduce_max, allreduce_sum, stage
         self.pending = None
 
-    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None):
+    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None,
+                         decay_scales=None):
         raise NotImplementedError
 
     def update(self, num_update):
@@ -118,7 +121,8 @@ class DeviceHead(Head):
     """The head on the bank's own context (any device, any dtype): the sampled rows are copied
     out, `head_forward_backward` runs with MXNet operators, and the update is written back."""
 
-    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None):
+    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None,
+                         decay_scales=None):
         with self.stage("gather_rows"):    # 4. read the sampled rows of the bank (math in float32)
             weight_rows, momentum_rows = (rows.astype("float32", copy=False) for rows in self.bank.get(index))
         target = mx.nd.array(target, ctx=self.bank.ctx, dtype="int64")
@@ -127,12 +131,12 @@ class DeviceHead(Head):
         loss, grad_embeddings, grad_weight_rows = head_forward_backward(
             embeddings, weight_rows, target, margin, total_rows, self.allreduce_max, self.allreduce_sum,
             self.stage, logit_offsets)
-        self.pending = (index, weight_rows, momentum_rows, grad_weight_rows)
+        self.pending = (index, weight_rows, momentum_rows, grad_weight_rows, decay_scales)
         return loss, grad_embeddings
 
     def update(self, num_update):
-        index, weight_rows, momentum_rows, grad_weight_rows = self.pending
-        self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update)
+        index, weight_rows, momentum_rows, grad_weight_rows, decay_scales = self.pending
+        self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update, decay_scales)
         if np.dtype(self.bank.dtype) == np.float16:      # unbiased rounding of the written rows, on the host
             classes = np.asarray(index) + self.bank.class_start
             weight_rows, momentum_rows = (

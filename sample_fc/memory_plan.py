@@ -4,8 +4,9 @@ Everything that grows with the class count is here, per worker, for the largest 
 (C_r = ceil(C / W)), D the embedding size, B the global batch, K the rows scored per step
 (K = min(C_r, max(ceil(ratio * C_r), B)): the sample, which grows to every positive):
     bank        2 * C_r * D * bank itemsize                 weights + momentum
-    sampler     9 * C_r + 4 K                               a bool mask and an int64 index; the
-                                                            correction's float32 logit offsets
+    sampler     9 * C_r + 8 K                               a bool mask and an int64 index; the
+                                                            corrections' float32 logit offsets
+                                                            and weight-decay scales
     head        host kernel: 4 (K D + 2 B K + 3 B D + 3 threads 512 D)   rows, cosine, gradient
                             (no K D when K = C_r on a one-block float32 shard: the bank is used)
                 device kernel: 4 (6 K D + 8 B K)            rows, momentum, gradients; B x K terms
@@ -84,7 +85,7 @@ def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_item
     else:
         head = 4 * (6 * k * d + 8 * b * k)
     return Plan(world=world, num_local=num_local, sampled=sampled, global_batch=global_batch,
-                bank=2 * num_local * d * bank_itemsize, sampler=9 * num_local + 4 * k, head=head,
+                bank=2 * num_local * d * bank_itemsize, sampler=9 * num_local + 8 * k, head=head,
                 backbone=4 * (3 * backbone_params + 2 * batch_size * activations_per_image),
                 runtime=RUNTIME_BYTES,
                 checkpoint=checkpoint_bytes(backbone_params, num_classes, d, bank_itemsize),

@@ -14,7 +14,7 @@ from .host_head import HostHead, default_threads
 from .initializers import backbone_initializer
 from .margin import MarginWarmup
 from .options import ALLGATHERS, HEAD_KERNELS
-from .sampler import as_int_labels, sampled_logit_offsets
+from .sampler import as_int_labels, sampled_decay_scales, sampled_logit_offsets
 
 
 @dataclass
@@ -56,7 +56,8 @@ class SampleDistributeModule:
     Options: `batch_size` per rank, `data_shape` of one sample, `allgather` strategy (dist.py),
     `head_kernel` (auto | host | device), `margin_warmup_steps` (margin.MarginWarmup: the module
     alone decides each step's margin, margin_at), `sample_correction` (add log(1/q) to each sampled
-    negative's logit, q its chance to be drawn: sampler.sampled_logit_offsets), `max_nonfinite_steps` in a row before
+    negative's logit, q its chance to be drawn: sampler.sampled_logit_offsets), `sample_wd_correction`
+    (decay each sampled negative's bank row with wd / q: sampler.sampled_decay_scales), `max_nonfinite_steps` in a row before
     NonFiniteError. `stage_hook(name)` -> context manager is told each stage of the step as it
     runs (the step watchdog; a benchmark's timer). Every rank must build the same module (same
     symbol and shapes): the steps are collectives.
@@ -64,7 +65,8 @@ class SampleDistributeModule:
 
     def __init__(self, symbol, *, bank, sampler, margin, bank_optimizer, backbone_optimizer, context,
                  batch_size, data_shape=(3, 112, 112), allgather="native", head_kernel="auto",
-                 margin_warmup_steps=0, sample_correction=False, max_nonfinite_steps=5, logger=None):
+                 margin_warmup_steps=0, sample_correction=False, sample_wd_correction=False,
+                 max_nonfinite_steps=5, logger=None):
         if allgather not in ALLGATHERS:
             raise ValueError(f"allgather must be one of {ALLGATHERS}, got {allgather!r}")
         self.contexts = list(context) if isinstance(context, (list, tuple)) else [context]
@@ -72,7 +74,7 @@ class SampleDistributeModule:
         self.margin_schedule = MarginWarmup(margin, margin_warmup_steps)   # update number -> margin
         self.bank_optimizer, self.backbone_optimizer = bank_optimizer, backbone_optimizer
         self.batch_size, self.allgather = batch_size, allgather
-        self.sample_correction = sample_correction
+        self.sample_correction, self.sample_wd_correction = sample_correction, sample_wd_correction
         self.max_nonfinite_steps = max_nonfinite_steps
         self.logger = logger or logging.getLogger("sample_fc")
         self.num_update = 0
@@ -158,9 +160,12 @@ class SampleDistributeModule:
             target, index = self.sampler(all_labels, self.num_update + 1)
             offsets = (sampled_logit_offsets(target, len(index), self.bank.num_local)
                        if self.sample_correction else None)
+            decay_scales = (sampled_decay_scales(target, len(index), self.bank.num_local)
+                            if self.sample_wd_correction else None)
         # 4-8. sampled rows, cosine, margin, exact distributed softmax (corrected for the sample), gradients
         loss, self._grad_all_embeddings = self.head.forward_backward(
-            all_embeddings, target, index, len(all_labels), self.margin_at(self.num_update + 1), offsets)
+            all_embeddings, target, index, len(all_labels), self.margin_at(self.num_update + 1), offsets,
+            decay_scales)
         with stage("reducescatter"):  # 9. this rank's rows of d loss / d embeddings, summed over ranks
             grad_embeddings = dist.reducescatter_sum(self._grad_all_embeddings, "embedding_grads")
         with stage("backbone_backward"):

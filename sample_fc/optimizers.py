@@ -235,7 +235,18 @@ class MemoryBankSGDOptimizer:
         else:
             weight_rows += momentum_rows * weight_scale
 
-    def update(self, weight_rows, momentum_rows, grad_rows, num_update):
-        """Update weight_rows and momentum_rows in place with their gradient grad_rows."""
+    def decay(self, decay_scales=None):
+        """The weight decay of each updated row: wd, or wd * decay_scales ((K,) NumPy, the
+        weight-decay correction of a sample: sampler.sampled_decay_scales) as a (K,) array."""
+        return self.wd if decay_scales is None else self.wd * np.asarray(decay_scales, dtype=np.float32)
+
+    def update(self, weight_rows, momentum_rows, grad_rows, num_update, decay_scales=None):
+        """Update weight_rows and momentum_rows in place with their gradient grad_rows; each
+        row decays with wd, times its entry of decay_scales if given."""
         step_scale, weight_scale = self.step_scales(num_update)
-        self.apply(weight_rows, momentum_rows, (grad_rows + self.wd * weight_rows) * step_scale, weight_scale)
+        decay = self.decay(decay_scales)
+        if decay_scales is not None:     # one factor per row
+            decay = decay.reshape(-1, 1)
+            if isinstance(weight_rows, mx.nd.NDArray):
+                decay = mx.nd.array(decay, ctx=weight_rows.context, dtype=weight_rows.dtype)
+        self.apply(weight_rows, momentum_rows, (grad_rows + decay * weight_rows) * step_scale, weight_scale)

@@ -82,26 +82,53 @@ def class_center_sample(labels, num_local, num_sample, class_start=0, rng=None):
     return remapped_labels, sampled_local_index
 
 
-def sampled_logit_offsets(target, num_sampled, num_local):
-    """The sampled-softmax correction of one shard's sample: per sampled column, log(1/q) with q
-    the probability that the column was in the sample.
-
-    The batch's positives are always in (q = 1, offset 0); each of the n negatives was drawn
-    uniformly from the F classes of the shard that are not positives (q = n / F, offset
-    log(F / n)). Added to the logits, the sampled softmax's normaliser becomes an unbiased
-    estimate of the full softmax's, and each negative's push on its center is as large in
-    expectation as when every center is scored. target: each row's column in the sample, -1
-    when the class is elsewhere; num_sampled: the sample's size; num_local: the shard's classes.
-    Returns float32 (num_sampled,), or None when there is nothing to correct (every class in).
-    """
+def _inverse_inclusion(target, num_sampled, num_local):
+    """(positive columns, F / n) of one shard's sample: the batch's positives are always in
+    (q = 1); each of the n negatives was drawn uniformly from the F classes of the shard that
+    are not positives (q = n / F). None when every class is in (nothing to correct)."""
     positive_columns = np.unique(target[target >= 0])
     num_negatives = num_sampled - len(positive_columns)
     num_free = num_local - len(positive_columns)
     if num_negatives <= 0 or num_negatives >= num_free:
         return None
-    offsets = np.full(num_sampled, math.log(num_free / num_negatives), dtype=np.float32)
+    return positive_columns, num_free / num_negatives
+
+
+def sampled_logit_offsets(target, num_sampled, num_local):
+    """The sampled-softmax correction of one shard's sample: per sampled column, log(1/q) with q
+    the probability that the column was in the sample (0 for the batch's positives, log(F / n)
+    for each negative: _inverse_inclusion).
+
+    Added to the logits, the sampled softmax's normaliser becomes an unbiased estimate of the
+    full softmax's, and each negative's push on its center is as large in expectation as when
+    every center is scored. target: each row's column in the sample, -1 when the class is
+    elsewhere; num_sampled: the sample's size; num_local: the shard's classes.
+    Returns float32 (num_sampled,), or None when there is nothing to correct (every class in).
+    """
+    inclusion = _inverse_inclusion(target, num_sampled, num_local)
+    if inclusion is None:
+        return None
+    positive_columns, inverse_q = inclusion
+    offsets = np.full(num_sampled, math.log(inverse_q), dtype=np.float32)
     offsets[positive_columns] = 0.0
     return offsets
+
+
+def sampled_decay_scales(target, num_sampled, num_local):
+    """The weight-decay correction of one shard's sample: per sampled column, 1/q (1 for the
+    batch's positives, F / n for each negative: _inverse_inclusion), the factor of the bank's
+    weight decay on that row. A center is updated, and so decayed, only in the steps it is
+    drawn in (about one in 1/q): decayed 1/q times as much each time, its expected decay per
+    update is the full softmax's, where every center decays at every update.
+    Returns float32 (num_sampled,), or None when there is nothing to correct (every class in).
+    """
+    inclusion = _inverse_inclusion(target, num_sampled, num_local)
+    if inclusion is None:
+        return None
+    positive_columns, inverse_q = inclusion
+    scales = np.full(num_sampled, inverse_q, dtype=np.float32)
+    scales[positive_columns] = 1.0
+    return scales
 
 
 def _mark_uniform_free(taken, count, rng):

@@ -85,11 +85,13 @@ def sgd_momentum_pytorch(weight, grad, mom, lr, momentum, wd):
 
 
 def partial_fc_run(data, labels, backbone_weight, centers, sampled, lr_of_step, margins,
-                   momentum=0.9, wd=5e-4, grad_norms=None, offsets=None):
+                   momentum=0.9, wd=5e-4, grad_norms=None, offsets=None, decay_scales=None):
     """Reference training of a linear backbone (embeddings = flat(data) W^T + b) + centers.
 
     sampled[t]: sorted global class ids scored at step t (all classes at ratio 1.0); only
-    those bank rows are updated; offsets[t] (if given): the logit offset of each of them. The bias has no weight decay (MXNet's wd_mult default).
+    those bank rows are updated; offsets[t] (if given): the logit offset of each of them;
+    decay_scales[t] (if given): the factor of each one's weight decay. The bias has no weight
+    decay (MXNet's wd_mult default).
     Returns (losses, backbone weight, bias, bank weight, bank momentum); appends each step's
     global L2 norm of the backbone gradients (weight and bias) to the list `grad_norms` if given.
     """
@@ -105,8 +107,9 @@ def partial_fc_run(data, labels, backbone_weight, centers, sampled, lr_of_step, 
         loss, grad_x, grad_w = head_loss_grads(flat @ weight.T + bias, bank_w[columns], positions, *margins,
                                                offsets=None if offsets is None else offsets[step])
         lr = lr_of_step(step + 1)
+        bank_wd = wd if decay_scales is None else wd * np.asarray(decay_scales[step])[:, None]
         bank_w[columns], bank_m[columns] = sgd_momentum(bank_w[columns], grad_w, bank_m[columns],
-                                                        lr, momentum, wd)
+                                                        lr, momentum, bank_wd)
         grad_weight, grad_bias = grad_x.T @ flat, grad_x.sum(0)
         if grad_norms is not None:
             grad_norms.append(np.sqrt(np.sum(grad_weight ** 2) + np.sum(grad_bias ** 2)))

@@ -116,14 +116,14 @@ def test_case_that_does_not_fit_is_skipped_without_running(tmp_path):
 def test_memory_model_is_the_memory_plan_of_the_case(monkeypatch):
     """Test that a head case's predicted memory is the memory plan's for its shard: weight +
     momentum for the bank (half for float16), and as buffers the sampler (9 bytes a class and the
-    correction's 4 bytes a sampled row) and the
+    corrections' 8 bytes a sampled row) and the
     host head (gathered K x D rows, 2 B x K arrays, B x D terms and three 512 x D update blocks
     per thread, float32); 4M classes over 2 ranks: 8.2 GB of float32 bank per rank."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     bank, buffers, predicted = bench.head_memory_mb(bench.FULL, 4_000_000, 0.1, 2, "float32")
     assert math.isclose(bank, 2 * 2_000_000 * 512 * 4 / 1e6)
     k, b = 200_000, 256
-    assert math.isclose(buffers, (9 * 2_000_000 + 4 * k + 4 * (k * 512 + 2 * b * k + 3 * b * 512 + 3 * 512 * 512)) / 1e6)
+    assert math.isclose(buffers, (9 * 2_000_000 + 8 * k + 4 * (k * 512 + 2 * b * k + 3 * b * 512 + 3 * 512 * 512)) / 1e6)
     assert predicted > bank + buffers
     half_bank, half_buffers, _ = bench.head_memory_mb(bench.FULL, 4_000_000, 0.1, 2, "float16")
     assert math.isclose(half_bank, bank / 2) and math.isclose(half_buffers, buffers)

@@ -438,15 +438,16 @@ def test_a_run_saved_before_the_sampling_warmup_resumes_without_it():
     assert default.get_config('synthetic_1m').sample_ratio_warmup_steps == 0
 
 
-def test_a_run_saved_before_the_sampling_correction_resumes_without_it():
-    """Test that a checkpoint whose config predates sample_correction resumes with the sampled
-    softmax it trained with (no correction), whatever today's default, and that a saved value
-    stands."""
+@pytest.mark.parametrize("key", ["sample_correction", "sample_wd_correction"])
+def test_a_run_saved_before_a_sampling_correction_resumes_without_it(key):
+    """Test that a checkpoint whose config predates sample_correction (or sample_wd_correction)
+    resumes with the sampled softmax it trained with (no correction), whatever today's default,
+    and that a saved value stands."""
     saved = dict(_saved_run(), sample_ratio=0.1)
-    older = {k: v for k, v in saved.items() if k != 'sample_correction'}
-    assert default.config_for_run(resumed=older).sample_correction is False
+    older = {k: v for k, v in saved.items() if k != key}
+    assert default.config_for_run(resumed=older)[key] is False
     for value in (True, False):
-        assert default.config_for_run(resumed=dict(saved, sample_correction=value)).sample_correction is value
+        assert default.config_for_run(resumed=dict(saved, **{key: value}))[key] is value
 
 
 def test_bank_dtype_is_checked_and_fixed_on_resume():

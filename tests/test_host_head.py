@@ -89,6 +89,31 @@ def test_host_head_with_logit_offsets_matches_numpy():
     ref.assert_close(bank.weight.asnumpy()[index], want_weight, 1e-5)
 
 
+@pytest.mark.parametrize("form", ["mxnet", "pytorch"])
+def test_host_head_decay_scales_multiply_each_rows_weight_decay(monkeypatch, form):
+    """Test that with decay scales (the weight-decay correction: 1 on the target columns, F / n
+    on the negatives) each updated row decays with wd times its scale, in blocks shared by two
+    threads: the rows equal the NumPy SGD with that per-row wd, and differ from a uniform wd."""
+    monkeypatch.setattr(host_head, "BLOCK_ROWS", 3)
+    bank = _bank(20, 5)
+    bank.weight[:] = mx.nd.array(np.random.default_rng(7).standard_normal((20, 5)))   # rows of norm ~2
+    weight0, momentum0 = bank.weight.asnumpy(), bank.momentum.asnumpy()
+    index = np.array([1, 2, 6, 7, 9, 13, 14, 19])
+    target = np.array([0, 7, 3, -1, 3, 5])
+    scales = np.where(np.isin(np.arange(8), target), 1.0, 15 / 4).astype(np.float32)
+    embeddings = np.random.default_rng(6).standard_normal((6, 5)).astype(np.float32)
+    head = _host_head(bank, MemoryBankSGDOptimizer(lambda step: 0.2, wd=0.05, momentum_form=form), threads=2)
+    head.forward_backward(mx.nd.array(embeddings), target, index, 6, CombinedMargin(*MARGINS), None, scales)
+    head.update(1)
+    _, _, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index], target, *MARGINS)
+    sgd = ref.sgd_momentum if form == "mxnet" else ref.sgd_momentum_pytorch
+    want_weight, want_momentum = sgd(weight0[index], want_w, momentum0[index], 0.2, 0.9, 0.05 * scales[:, None])
+    uniform_weight, _ = sgd(weight0[index], want_w, momentum0[index], 0.2, 0.9, 0.05)
+    ref.assert_close(bank.weight.asnumpy()[index], want_weight, 1e-5)
+    ref.assert_close(bank.momentum.asnumpy()[index], want_momentum, 1e-5)
+    assert np.abs(want_weight - uniform_weight).max() > 100 * 1e-5 * np.abs(want_weight).max()
+
+
 def test_host_head_whole_shard_updates_the_bank_in_place():
     """Test that when every row is sampled (ratio 1.0) the update lands in the bank and
     equals the NumPy reference."""

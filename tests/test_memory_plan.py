@@ -14,7 +14,7 @@ def test_plan_of_20m_classes_on_two_workers_by_hand():
                          activations_per_image=2_000_000, host_kernel=True, threads=1)
     assert (p.num_local, p.sampled, p.global_batch) == (10_000_000, 1_000_000, 256)
     assert p.bank == 2 * 10_000_000 * 512 * 4 == 40_960_000_000
-    assert p.sampler == 9 * 10_000_000 + 4 * 1_000_000 == 94_000_000
+    assert p.sampler == 9 * 10_000_000 + 8 * 1_000_000 == 98_000_000
     assert p.head == 4 * (1_000_000 * 512 + 2 * 256 * 1_000_000 + 3 * 256 * 512 + 3 * 512 * 512)
     assert p.backbone == 4 * (3 * 1_000_000 + 2 * 128 * 2_000_000)
     assert p.total == p.bank + p.sampler + p.head + p.backbone + memory_plan.RUNTIME_BYTES

@@ -67,20 +67,24 @@ def _bank_rows(seed, rows=5, dim=4):
 
 
 @pytest.mark.parametrize("kind", ["ndarray", "numpy"])
-def test_bank_update_matches_numpy_in_place(kind):
+@pytest.mark.parametrize("scaled", [False, True])
+def test_bank_update_matches_numpy_in_place(kind, scaled):
     """Test that MemoryBankSGDOptimizer.update rewrites the given weight and momentum rows in
     place (NDArrays for the device kernel, NumPy arrays as the host kernel's rows) exactly as
     MXNet's sgd_mom_update form of SGD-momentum with weight decay (reference.sgd_momentum),
-    with the lr of the schedule at num_update, over two successive updates."""
+    with the lr of the schedule at num_update, over two successive updates; with decay scales
+    (the weight-decay correction) each row's wd is wd times its scale."""
     schedule = WarmupMultiStepSchedule(0.2, warmup_steps=0, steps=[2], factor=0.1)
     opt = MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-3)
     weight, mom, grad = _bank_rows(1)
     array = mx.nd.array if kind == "ndarray" else (lambda a: a.astype(np.float32))
     weight_rows, mom_rows = array(weight), array(mom)
+    scales = np.array([1.0, 12.5, 1.0, 3.0, 40.0], dtype=np.float32) if scaled else None
+    wd = 5e-3 * scales[:, None] if scaled else 5e-3
     expected_w, expected_m = weight, mom
     for num_update, lr in ((1, 0.2), (2, 0.02)):
-        opt.update(weight_rows, mom_rows, array(grad), num_update)
-        expected_w, expected_m = ref.sgd_momentum(expected_w, grad, expected_m, lr, 0.9, 5e-3)
+        opt.update(weight_rows, mom_rows, array(grad), num_update, scales)
+        expected_w, expected_m = ref.sgd_momentum(expected_w, grad, expected_m, lr, 0.9, wd)
         as_numpy = (lambda a: a.asnumpy()) if kind == "ndarray" else np.asarray
         ref.assert_close(as_numpy(weight_rows), expected_w, 1e-6)
         ref.assert_close(as_numpy(mom_rows), expected_m, 1e-6)

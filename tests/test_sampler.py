@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from sample_fc.sampler import (ClassCenterSampler, SampleRatioWarmup, class_center_sample, num_sample_for,
-                               sampled_logit_offsets, shard_range)
+                               sampled_decay_scales, sampled_logit_offsets, shard_range)
 
 
 def test_positives_never_dropped_when_they_outnumber_num_sample():
@@ -150,19 +150,24 @@ def test_memory_plan_holds_the_warmups_peak_ratio():
 
 
 @pytest.mark.parametrize("num_sample", [20, 150])   # sparse and dense branches of the sampler
-def test_logit_offsets_are_the_log_inverse_inclusion_frequency(num_sample):
+def test_corrections_are_the_inverse_inclusion_frequency(num_sample):
     """Test that the sampled-softmax offsets are -log of how often each column's class is drawn,
     measured over 3,000 samples of one batch (0 for the positives, always in), and that with
     them the sampled softmax's normaliser is unbiased: its mean over the samples is the
-    normaliser over all 200 classes."""
+    normaliser over all 200 classes; and that the weight-decay scales are exp(offset), so each
+    class's decay summed over the samples that draw it is, per sample, 1: every class decays
+    once an update on average, as when every class is scored."""
     rng = np.random.default_rng(5)
     labels = np.array([3, 3, 17, 250, 40, 199, 17, 8])           # 250 lives on another shard
     logits = rng.normal(0.0, 2.0, size=200)
     positives = [3, 8, 17, 40, 199]
-    drawn, offset_of, estimates = np.zeros(200), np.full(200, np.nan), []
+    drawn, offset_of, estimates, decayed = np.zeros(200), np.full(200, np.nan), [], np.zeros(200)
     for _ in range(3000):
         target, index = class_center_sample(labels, 200, num_sample, rng=rng)
         offsets = sampled_logit_offsets(target, len(index), 200)
+        scales = sampled_decay_scales(target, len(index), 200)
+        np.testing.assert_allclose(scales, np.exp(offsets), rtol=1e-6)
+        decayed[index] += scales
         drawn[index] += 1
         offset_of[index] = offsets
         estimates.append(np.sum(np.exp(logits[index] + offsets)))
@@ -172,6 +177,8 @@ def test_logit_offsets_are_the_log_inverse_inclusion_frequency(num_sample):
     np.testing.assert_allclose(np.exp(-offset_of[negatives]), frequency[negatives].mean(), rtol=0.01)
     assert frequency[negatives].std() < 4 * np.sqrt(frequency[negatives].mean() / 3000)    # and uniform
     assert abs(np.mean(estimates) / np.sum(np.exp(logits)) - 1.0) < 0.03
+    assert np.all(decayed[positives] == 3000)
+    assert abs(decayed[negatives].mean() / 3000 - 1.0) < 0.01
 
 
 def test_logit_offsets_are_none_when_every_class_is_scored():
@@ -181,3 +188,5 @@ def test_logit_offsets_are_none_when_every_class_is_scored():
     assert sampled_logit_offsets(target, 10, 10) is None
     assert sampled_logit_offsets(target, 2, 10) is None
     np.testing.assert_allclose(sampled_logit_offsets(target, 4, 10), [0, np.log(4), 0, np.log(4)], rtol=1e-6)
+    assert sampled_decay_scales(target, 10, 10) is None and sampled_decay_scales(target, 2, 10) is None
+    np.testing.assert_allclose(sampled_decay_scales(target, 4, 10), [1, 4, 1, 4], rtol=1e-6)   # F / n = 8 / 2

@@ -68,15 +68,16 @@ def test_two_workers_sampled_softmax_matches_numpy(horovod_job, tmp_path):
 
 
 @pytest.mark.parametrize("kernel", ["host", "device"])
-def test_sampled_softmax_correction_on_two_workers_matches_numpy(horovod_job, tmp_path, kernel):
+def test_sampled_softmax_corrections_on_two_workers_match_numpy(horovod_job, tmp_path, kernel):
     """Test that with the sampled-softmax correction each rank's sampled negatives enter the
     softmax with logit + log(F_r / n_r) (F_r: the rank's classes that are not positives of the
-    batch, n_r: its negatives drawn), its positives unchanged, on both head kernels: losses,
-    backbone and bank after 2 steps equal the NumPy reference given those offsets, and differ
+    batch, n_r: its negatives drawn), its positives unchanged, and with the weight-decay
+    correction their bank rows decay with wd F_r / n_r, on both head kernels: losses, backbone
+    and bank after 2 steps equal the NumPy reference given those offsets and scales, and differ
     from the reference without them."""
     classes = 400
     run = _two_workers(horovod_job, tmp_path / "corrected", global_batch=8, classes=classes, steps=2,
-                       ratio=0.1, head_kernel=kernel, sample_correction=True)
+                       ratio=0.1, head_kernel=kernel, sample_correction=True, sample_wd_correction=True)
     weight, data, labels, centers = case.inputs(8, classes, 6, 2)
     offsets = []
     for step in range(2):
@@ -90,14 +91,20 @@ def test_sampled_softmax_correction_on_two_workers_matches_numpy(horovod_job, tm
                         for c in sampled]
         offsets.append(np.array([offset for _, offset in sorted(columns)]))
     assert all(o.max() > 2.0 for o in offsets)       # about log(10): a real correction
+    scales = [np.exp(o) for o in offsets]             # F_r / n_r on the negatives, 1 on the positives
     want = ref.partial_fc_run(data, labels, weight, centers, run["sampled"], case.lr_of_step(LR), case.MARGINS,
-                              offsets=offsets)
+                              offsets=offsets, decay_scales=scales)
     ref.assert_close(run["losses"], want[0], RTOL)
     ref.assert_close(run["fc_embed_weight"], want[1], RTOL)
     ref.assert_close(run["bank_weight"], want[3], RTOL)
+    ref.assert_close(run["bank_momentum"], want[4], RTOL)
     uncorrected = ref.partial_fc_run(data, labels, weight, centers, run["sampled"], case.lr_of_step(LR),
                                      case.MARGINS)
     assert np.all(np.abs(run["losses"] - uncorrected[0]) > 0.1)
+    undecayed = ref.partial_fc_run(data, labels, weight, centers, run["sampled"], case.lr_of_step(LR),
+                                   case.MARGINS, offsets=offsets)    # the logits corrected, the decay not
+    with pytest.raises(AssertionError):               # the check above tells the two apart
+        ref.assert_close(run["bank_weight"], undecayed[3], RTOL)
 
 
 def test_allgather_strategies_agree(horovod_job, tmp_path):

@@ -31,6 +31,7 @@ parser.add_argument("--nan-step", type=int, default=-1, help="put a NaN into thi
 parser.add_argument("--nan-rank", type=int, default=0, help="... of this rank")
 parser.add_argument("--max-nonfinite", type=int, default=5)
 parser.add_argument("--sample-correction", action="store_true", help="the sampled-softmax logit correction")
+parser.add_argument("--sample-wd-correction", action="store_true", help="the bank's weight-decay correction")
 args = parser.parse_args()
 
 dist.init()
@@ -56,7 +57,8 @@ module = SampleDistributeModule(embeddings, bank=bank, sampler=sampler,
                                 backbone_optimizer=backbone_opt, context=contexts, batch_size=b,
                                 data_shape=data_shape, allgather=args.allgather,
                                 max_nonfinite_steps=args.max_nonfinite, head_kernel=args.head_kernel,
-                                sample_correction=args.sample_correction)
+                                sample_correction=args.sample_correction,
+                                sample_wd_correction=args.sample_wd_correction)
 module.init_params(arg_params={"fc_embed_weight": mx.nd.array(init_weight),
                                "fc_embed_bias": mx.nd.zeros(args.embedding)}, aux_params={})
 module.broadcast_parameters()
