@@ -138,7 +138,8 @@ class HostHead(Head):
 
         The rows' gradient is g = G^T x_hat - w r (r = <d w_hat, w_hat> / |w|^2, G the scaled
         d loss / d cosine). The optimizer's scaled step a (g + wd w) is formed as
-        G^T (a x_hat) + w a (wd - r) (wd per row with the weight-decay correction): one GEMM and one pass per block; its `apply` does the rest.
+        G^T (a x_hat) + w a (wd - r), wd per row with the weight-decay correction: one GEMM and
+        one pass per block; its `apply` does the rest.
         Blocks hold distinct rows: `threads` threads take every threads-th block, each with
         one BLAS thread (the blocks are memory-bound; measured 219 -> 166 ms at K = 100k on 2 cores).
         """
