@@ -2,7 +2,8 @@
 import numpy as np
 
 from sample_fc.bench.sampling_fidelity import (center_alignment, embedding_gradient, fidelity, full_logits,
-                                               inclusion_variances, negatives_spread, summed_relative_error)
+                                               history_residual_share, inclusion_variances, negatives_spread,
+                                               summed_relative_error, top_energy_share)
 from sample_fc.margin import CombinedMargin
 from sample_fc.sampler import shard_range
 
@@ -107,3 +108,35 @@ def test_summed_relative_error_of_a_hand_computed_batch():
     np.testing.assert_allclose(summed_relative_error(shared, reference), 0.2 ** 2 / 0.5 ** 2)
     opposed = reference + np.array([[0.1, 0.0], [-0.1, 0.0]])  # the rows' errors cancel
     assert summed_relative_error(opposed, reference) == 0.0
+
+
+def test_history_residual_share_of_hand_computed_and_random_pushes():
+    # one center, pushes [1, 0] then [0, 1]: each predicted by the other, residual 2 + 2 of energy 2
+    pushes = np.array([[[1.0, 0.0]], [[0.0, 1.0]]])
+    np.testing.assert_allclose(history_residual_share(pushes.sum(0), np.sum(pushes ** 2), 2), 2.0)
+    same = np.array([[[1.0, 2.0]], [[1.0, 2.0]], [[1.0, 2.0]]])
+    np.testing.assert_allclose(history_residual_share(same.sum(0), np.sum(same ** 2), 3), 0.0, atol=1e-12)
+    pushes = np.random.default_rng(3).normal(size=(5, 7, 3))          # 5 batches, 7 centers
+    loop = sum(np.sum((pushes[t] - np.delete(pushes, t, axis=0).mean(axis=0)) ** 2) for t in range(5))
+    np.testing.assert_allclose(history_residual_share(pushes.sum(0), np.sum(pushes ** 2), 5),
+                               loop / np.sum(pushes ** 2))
+    assert np.isnan(history_residual_share(pushes[0], np.sum(pushes[0] ** 2), 1))
+
+
+def test_top_energy_share_of_a_hand_computed_pool():
+    np.testing.assert_allclose(top_energy_share([10.0] + [1.0] * 99), 100.0 / 199.0)
+    np.testing.assert_allclose(top_energy_share([3.0, 4.0]), 16.0 / 25.0)     # at least one center
+    np.testing.assert_allclose(top_energy_share(np.ones(300), 0.01), 3.0 / 300.0)
+
+
+def test_pushes_repeated_batch_for_batch_are_predicted_exactly():
+    embeddings, labels, centers = _case(rows=4, classes=30)
+    embeddings, labels = np.concatenate([embeddings] * 3), np.concatenate([labels] * 3)   # 3 equal batches
+    shards = [shard_range(len(centers), r, 2) for r in range(2)]
+    stats = fidelity(embeddings, labels, centers, shards, CombinedMargin(M1, M2, M3, S), 0.5, 4, 1,
+                     np.random.default_rng(2))
+    np.testing.assert_allclose(stats["history_residual_share"], 0.0, atol=1e-9)
+    embeddings[4:8] *= -1.0                                               # the second batch differs
+    stats = fidelity(embeddings, labels, centers, shards, CombinedMargin(M1, M2, M3, S), 0.5, 4, 1,
+                     np.random.default_rng(2))
+    assert stats["history_residual_share"] > 0.1

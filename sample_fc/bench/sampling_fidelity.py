@@ -19,7 +19,10 @@ prints, for global batches of the run's size:
   (|mean_j P_j|^2 / mean_j |P_j|^2): the most a control variate shared by every center removes;
   and the variance of the sampled pushes if each rank drew its negatives with probability in
   proportion to |P_j| (an oracle: the push known before the draw) as a share of the uniform
-  draw's: the most any choice of which centers to draw removes;
+  draw's: the most any choice of which centers to draw removes; the share of the pushes' energy
+  (sum of |P_j|^2) that each center's own push in the other batches does not predict (the
+  most a control variate kept per center, at this fixed checkpoint, removes), and the share
+  carried by the top 1% of centers;
 - with --classes N (default 200; 0: skip), every training image of N classes: how well the
   centers follow their classes (the cosine of each center with its class's mean embedding),
   how well the backbone alone separates them (each image's nearest class mean among the N),
@@ -96,6 +99,23 @@ def inclusion_variances(magnitudes, drawn):
     return best, uniform
 
 
+def history_residual_share(push_sum, push_squares, batches):
+    """Share of the pushes' energy sum_t sum_j |P_tj|^2 left when each P_tj is predicted by the
+    mean of P_sj over the other `batches` - 1 batches, from push_sum = sum_t P_t (C, D) and
+    push_squares = sum_t sum_j |P_tj|^2: sum_t |n P_t - S|^2 = n^2 Q - n |S|^2, over (n - 1)^2."""
+    if batches < 2 or push_squares == 0:
+        return float("nan")
+    residual = batches ** 2 * push_squares - batches * float(np.sum(push_sum ** 2))
+    return residual / (batches - 1) ** 2 / push_squares
+
+
+def top_energy_share(magnitudes, fraction=0.01):
+    """Share of sum |P_j|^2 carried by the ceil(fraction * n) largest |P_j| (at least one)."""
+    squares = np.sort(np.asarray(magnitudes, dtype=np.float64) ** 2)
+    total = squares.sum()
+    return float(squares[-max(1, int(np.ceil(fraction * len(squares)))):].sum() / total) if total else float("nan")
+
+
 def sampled_columns(batch_labels, shards, ratio, rng):
     """The columns one global batch scores and their logit offsets, each rank's shard sampled
     as training samples it: [(class_start, num_local)] -> (global columns, offsets)."""
@@ -119,7 +139,8 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
     norm_full = np.sum(g_full ** 2, axis=1)
     rows = np.arange(len(labels))
     effective, hardest = negatives_spread(p_full, labels)
-    common, best_variance, uniform_variance = [], 0.0, 0.0
+    common, best_variance, uniform_variance, top_share = [], 0.0, 0.0, []
+    push_sum, push_squares = np.zeros_like(w), 0.0
     batches = [np.arange(b, min(b + batch_size, len(labels))) for b in range(0, len(labels), batch_size)]
     for batch in batches:
         push = p_full[batch].copy()
@@ -127,6 +148,9 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
         push = push.T @ e[batch]                         # (C, D): each center's push
         common.append(np.sum(push.mean(axis=0) ** 2) / np.mean(np.sum(push ** 2, axis=1)))
         magnitude = np.linalg.norm(push, axis=1)
+        push_sum += push
+        push_squares += float(np.sum(magnitude ** 2))
+        top_share.append(top_energy_share(magnitude))
         positives = np.unique(labels[batch])
         for class_start, num_local in shards:            # each rank draws its negatives from its shard
             local = positives - class_start
@@ -154,7 +178,9 @@ def fidelity(embeddings, labels, centers, shards, margin, ratio, batch_size, dra
             "relative_error": np.concatenate(error), "cosine": np.concatenate(cosine),
             "summed_relative_error": float(np.mean(summed_error)),
             "bias": bias, "common_push_share": float(np.mean(common)),
-            "best_draw_variance_share": best_variance / uniform_variance if uniform_variance else 1.0}
+            "best_draw_variance_share": best_variance / uniform_variance if uniform_variance else 1.0,
+            "history_residual_share": history_residual_share(push_sum, push_squares, len(batches)),
+            "top_push_energy_share": float(np.mean(top_share))}
 
 
 def center_alignment(embeddings, labels, centers, classes):
@@ -215,7 +241,10 @@ def describe(stats, ratio, draws):
         f"(the rows' errors share a direction where this exceeds the rows' own)",
         f"centers: share of the push common to all of them {stats['common_push_share']:.3f}; drawing "
         f"each negative with probability in proportion to its push (known exactly) leaves "
-        f"{stats['best_draw_variance_share']:.3f} of the uniform draw's variance of the pushes"])
+        f"{stats['best_draw_variance_share']:.3f} of the uniform draw's variance of the pushes; "
+        f"a center's push predicted by its mean over the other batches leaves "
+        f"{stats['history_residual_share']:.3f} of their energy; the top 1% of centers carry "
+        f"{stats['top_push_energy_share']:.3f} of it"])
 
 
 def main(argv=None):
