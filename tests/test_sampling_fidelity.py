@@ -1,9 +1,9 @@
 """The sampling-fidelity benchmark's numbers against independent references."""
 import numpy as np
 
-from sample_fc.bench.sampling_fidelity import (center_alignment, embedding_gradient, fidelity, full_logits,
-                                               history_residual_share, inclusion_variances, negatives_spread,
-                                               summed_relative_error, top_energy_share)
+from sample_fc.bench.sampling_fidelity import (center_alignment, describe, embedding_gradient, fidelity,
+                                               full_logits, history_residual_share, inclusion_variances,
+                                               negatives_spread, summed_relative_error, top_energy_share)
 from sample_fc.margin import CombinedMargin
 from sample_fc.sampler import shard_range
 
@@ -140,3 +140,15 @@ def test_pushes_repeated_batch_for_batch_are_predicted_exactly():
     stats = fidelity(embeddings, labels, centers, shards, CombinedMargin(M1, M2, M3, S), 0.5, 4, 1,
                      np.random.default_rng(2))
     assert stats["history_residual_share"] > 0.1
+
+
+def test_one_batch_says_history_needs_two():
+    embeddings, labels, centers = _case(rows=4, classes=30)
+    shards = [shard_range(len(centers), r, 2) for r in range(2)]
+    margin = CombinedMargin(M1, M2, M3, S)
+    one = fidelity(embeddings, labels, centers, shards, margin, 0.5, 4, 1, np.random.default_rng(2))
+    assert np.isnan(one["history_residual_share"])
+    assert "needs two batches" in describe(one, 0.5, 1)
+    two = fidelity(np.concatenate([embeddings] * 2), np.concatenate([labels] * 2), centers, shards, margin,
+                   0.5, 4, 1, np.random.default_rng(2))
+    assert "other batches leaves 0.000 of their energy" in describe(two, 0.5, 1)

@@ -106,7 +106,7 @@ def history_residual_share(push_sum, push_squares, batches):
     if batches < 2 or push_squares == 0:
         return float("nan")
     residual = batches ** 2 * push_squares - batches * float(np.sum(push_sum ** 2))
-    return residual / (batches - 1) ** 2 / push_squares
+    return max(0.0, residual) / (batches - 1) ** 2 / push_squares      # >= 0 but for rounding
 
 
 def top_energy_share(magnitudes, fraction=0.01):
@@ -230,6 +230,7 @@ def describe(stats, ratio, draws):
     q = lambda values, p: np.percentile(values, p)    # noqa: E731
     eff, hard = stats["effective_negatives"], stats["hardest_share"]
     err, cos = stats["relative_error"], stats["cosine"]
+    history = stats["history_residual_share"]
     return "\n".join([
         f"full softmax: loss {stats['loss']:.2f}; each row's negatives: effective count median "
         f"{q(eff, 50):.1f} (p10 {q(eff, 10):.1f}, p90 {q(eff, 90):.1f}), the hardest one's share "
@@ -242,8 +243,10 @@ def describe(stats, ratio, draws):
         f"centers: share of the push common to all of them {stats['common_push_share']:.3f}; drawing "
         f"each negative with probability in proportion to its push (known exactly) leaves "
         f"{stats['best_draw_variance_share']:.3f} of the uniform draw's variance of the pushes; "
-        f"a center's push predicted by its mean over the other batches leaves "
-        f"{stats['history_residual_share']:.3f} of their energy; the top 1% of centers carry "
+        + (f"a center's push predicted by its mean over the other batches leaves "
+           f"{history:.3f} of their energy" if np.isfinite(history) else
+           "(its own history needs two batches or more: --images of at least twice the global batch)")
+        + f"; the top 1% of centers carry "
         f"{stats['top_push_energy_share']:.3f} of it"])
 
 
