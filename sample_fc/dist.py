@@ -25,6 +25,7 @@ if "torch" not in sys.modules:
     sys.modules["torch"] = None
 
 from .options import ALLGATHERS
+from .ranks import launched
 
 _started = False          # init() ran in this process
 
@@ -56,7 +57,6 @@ def _alone_on_gloo():
     daemon from Horovod's background thread while MXNet's engine threads run (MXNet stops and
     restarts its engine around every fork). The environment is as it was afterwards, so
     no job this process launches inherits the choice; settings given in it are kept."""
-    from .launch import launched
     chosen = {} if launched() else {k: v for k, v in ALONE_CONTROLLER.items() if k not in os.environ}
     os.environ.update(chosen)
     try:

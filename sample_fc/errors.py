@@ -16,3 +16,9 @@ class UsageError(ValueError):
 
 class MissingFileError(UsageError, FileNotFoundError):
     """A file or directory the user named does not exist (a UsageError and a FileNotFoundError)."""
+
+
+def mxnet_reason(error):
+    """The line of an MXNetError that says what went wrong: its last (MXNet puts its C++
+    traceback first), without the 'MXNetError: ' prefix."""
+    return str(error).strip().splitlines()[-1].replace("MXNetError: ", "")

@@ -1,6 +1,6 @@
 """The user's launcher: `python -m sample_fc.launch ARGS` is horovodrun ARGS (what
-./horovodrun.sh runs), with restarts on request; and the launcher's rank, readable before
-Horovod starts. The tests' and benchmarks' bounded jobs are harness.py's.
+./horovodrun.sh runs), with restarts on request. The launcher's rank, readable before Horovod
+starts, is ranks.py's; the tests' and benchmarks' bounded jobs are harness.py's.
 """
 import os
 import sys
@@ -30,24 +30,6 @@ def horovodrun_main():
     from horovod.runner.launch import run_commandline
     sys.argv[0:] = ["horovodrun"] + args
     return run_commandline()
-
-
-LAUNCHER_RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
-
-
-def launcher_rank():
-    """This process's rank as its launcher set it (horovodrun under Gloo or MPI, mpirun,
-    srun), readable before Horovod starts; 0 when there is no launcher."""
-    for variable in LAUNCHER_RANK_VARIABLES:
-        value = os.environ.get(variable, "")
-        if value.isdigit():
-            return int(value)
-    return 0
-
-
-def launched():
-    """Whether a launcher (horovodrun, mpirun, srun) started this process."""
-    return any(os.environ.get(variable, "").isdigit() for variable in LAUNCHER_RANK_VARIABLES)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A trained backbone on disk: find it, load it for the tools (verify, embed, export), load
-its weights alone for fine-tuning (train.py --pretrained), and compare saved parameters with
-a network.
+its weights alone for fine-tuning (train.py --pretrained); saved parameters are compared with
+a network by checkpoint/layout.py's param_differences.
 
 A model spec `PREFIX[,EPOCH]` names what mx.model.load_checkpoint(PREFIX, EPOCH) reads:
 PREFIX-symbol.json and PREFIX-EPOCH.params (EPOCH printed with at least 4 digits). PREFIX
@@ -30,7 +30,7 @@ from typing import Optional
 import mxnet as mx
 
 from . import checkpoint
-from .errors import MissingFileError, UsageError
+from .errors import MissingFileError, UsageError, mxnet_reason
 
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
 EMBEDDING_OUTPUTS = ("embeddings_output", "fc1_output")   # sample_fc's, insightface's MXNet models'
@@ -156,7 +156,7 @@ def params_fit(symbol, arg_params, aux_params, side):
 
 def infer_image_size(symbol, arg_params, aux_params):
     """The one side in IMAGE_SIZES at which the params fit `symbol` (the embedding FC's input
-    width fixes it for the project's backbones); ValueError if none or several do."""
+    width fixes it for the project's backbones); UsageError if none or several do."""
     fits = [side for side in IMAGE_SIZES if params_fit(symbol, arg_params, aux_params, side)]
     if len(fits) != 1:
         raise UsageError(f"cannot infer the input size from the params (sides that fit among "
@@ -180,9 +180,9 @@ def load_model(spec, image_size=None, output=None, normalize="auto"):
                                 f"(epochs there: {available_epochs(prefix) or 'none'})")
     try:
         symbol, arg_params, aux_params = mx.model.load_checkpoint(prefix, epoch)
-    except mx.base.MXNetError as err:
+    except mx.base.MXNetError as err:       # MXNet's reason is the last line, after its C++ traceback
         raise UsageError(f"--model {spec}: cannot load {prefix}-symbol.json / {params_file}: "
-                         f"{str(err).splitlines()[0]}") from err
+                         f"{mxnet_reason(err)}") from None
     symbol, output = embedding_output(symbol, prefix + "-symbol.json", output)
     symbol, input_note = fed_raw_pixels(symbol, normalize)
     missing = [n for n in symbol.list_arguments() if n != "data" and n not in arg_params]
@@ -217,8 +217,8 @@ def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
         loaded = mx.nd.load(params)
     except mx.base.MXNetError as err:
         raise UsageError(f"--pretrained {spec}: {params} cannot be read "
-                         f"({str(err).strip().splitlines()[-1]})") from None
-    differences = param_differences(loaded, symbol, image_size)
+                         f"({mxnet_reason(err)})") from None
+    differences = checkpoint.param_differences(loaded, symbol, image_size)
     if any(line.endswith(" is missing") for line in differences):      # named otherwise
         return structural_map(spec, loaded, mx.sym.load(prefix + "-symbol.json"), symbol, image_size, network, note)
     if differences:
@@ -226,20 +226,6 @@ def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
                          f"{image_size} px: {differences[0]} ({len(differences)} differences)")
     return ({k[4:]: v for k, v in loaded.items() if k.startswith("arg:")},
             {k[4:]: v for k, v in loaded.items() if k.startswith("aux:")})
-
-
-def param_differences(loaded, symbol, image_size):
-    """How saved params ({"arg:name"/"aux:name": NDArray}, as mx.nd.load gives them) differ
-    from what `symbol` needs at this input size: a list of "layer ..." sentences."""
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, image_size, image_size))
-    want = {f"arg:{n}": tuple(s) for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data"}
-    want.update({f"aux:{n}": tuple(s) for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)})
-    have = {name: tuple(array.shape) for name, array in loaded.items()}
-    differences = [f"{name[4:]} is missing" for name in sorted(set(want) - set(have))]
-    differences += [f"{name[4:]} has shape {have[name]}, this run needs {want[name]}"
-                    for name in sorted(set(want) & set(have)) if have[name] != want[name]]
-    differences += [f"{name[4:]} is not in this run's network" for name in sorted(set(have) - set(want))]
-    return differences
 
 
 # The role of a variable by the op that consumes it and its position among that op's inputs.

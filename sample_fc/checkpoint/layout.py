@@ -1,5 +1,6 @@
-"""The on-disk layout of a training checkpoint: every file name, the COMPLETE test, and
-reading and checking a checkpoint, with no Horovod (the tools and resume use this as is).
+"""The on-disk layout of a training checkpoint: every file name, its estimated size, the
+COMPLETE test, and reading and checking a checkpoint (param_differences: saved backbone
+parameters against a network), with no Horovod (the tools and resume use this as is).
 
 One checkpoint, `<models_root>/step-00000300/`:
     model-symbol.json, model-0300.params   backbone, loadable by mx.model.load_checkpoint
@@ -12,7 +13,8 @@ One checkpoint, `<models_root>/step-00000300/`:
     rank<r>.json                            every rank's sampler RNG and data position
     aux-rank<r>.params                      every rank's own BatchNorm statistics (the model
                                             holds their average over ranks)
-    state.json                              step, world size, class count, embedding size, config
+    state.json                              step, world size, class count, embedding size, config,
+                                            the Partial FC layer's options (partial_fc)
     COMPLETE                                written last
 It is written as `step-00000300.partial/` and renamed once COMPLETE is in it (save_restore.py),
 so a directory named step-XXXXXXXX with a COMPLETE file is a finished checkpoint; nothing
@@ -24,9 +26,8 @@ import re
 
 import mxnet as mx
 
-from .. import saved_model
 from ..bank_shard import SavedRows
-from ..errors import MissingFileError, UsageError
+from ..errors import MissingFileError, UsageError, mxnet_reason
 from ..sampler import shard_range
 
 PATTERN = re.compile(r"^step-(\d{8})$")
@@ -87,6 +88,12 @@ def aux_path(checkpoint, rank):
     return os.path.join(checkpoint, f"aux-rank{rank}.params")
 
 
+def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4):
+    """Estimated size of one checkpoint: the backbone's parameters and their momentum (float32),
+    and every class center with its momentum (all ranks' shards), plus 1 MB of small files."""
+    return 8 * backbone_values + 2 * itemsize * num_classes * embedding_size + 2 ** 20
+
+
 # ---- finding -------------------------------------------------------------------------------
 def is_complete(path):
     """Whether `path` is a finished checkpoint directory (it holds COMPLETE)."""
@@ -109,7 +116,7 @@ def list_checkpoints(models_root):
 def find_checkpoint(path, step=None, option="--resume"):
     """A complete checkpoint directory: `path` itself when it is one (and step is None), else
     the newest complete checkpoint under the models root `path`, or the one of `step`.
-    FileNotFoundError names `option`."""
+    MissingFileError (a UsageError) names `option`."""
     if step is None and is_complete(path):
         return path
     found = dict(list_checkpoints(path))
@@ -136,7 +143,7 @@ def _read_json(path):
 
 
 def read_state(checkpoint, needs=("step", "world_size")):
-    """state.json of a checkpoint, holding the keys `needs` (ValueError naming the file when
+    """state.json of a checkpoint, holding the keys `needs` (UsageError naming the file when
     it cannot be read or lacks one)."""
     try:
         state = _read_json(state_path(checkpoint))
@@ -169,9 +176,23 @@ def _check_shard_size(checkpoint, files, num_local, embedding_size):
                              f"({os.path.getsize(path)} bytes for {num_local} classes)")
 
 
+def param_differences(loaded, symbol, image_size):
+    """How saved params ({"arg:name"/"aux:name": NDArray}, as mx.nd.load gives them) differ
+    from what `symbol` needs at this input size: a list of "layer ..." sentences."""
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, image_size, image_size))
+    want = {f"arg:{n}": tuple(s) for n, s in zip(symbol.list_arguments(), arg_shapes) if n != "data"}
+    want.update({f"aux:{n}": tuple(s) for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)})
+    have = {name: tuple(array.shape) for name, array in loaded.items()}
+    differences = [f"{name[4:]} is missing" for name in sorted(set(want) - set(have))]
+    differences += [f"{name[4:]} has shape {have[name]}, this run needs {want[name]}"
+                    for name in sorted(set(want) & set(have)) if have[name] != want[name]]
+    differences += [f"{name[4:]} is not in this run's network" for name in sorted(set(have) - set(want))]
+    return differences
+
+
 def check_sound(checkpoint, symbol, image_size, network):
     """The checkpoint's state (with its config) when everything a restore reads is there and
-    sound: ValueError naming the missing, empty, truncated or unreadable file, or how the
+    sound: UsageError naming the missing, empty, truncated or unreadable file, or how the
     checkpoint's backbone differs from this run's (`symbol` of `network`). Restoring then never
     meets a missing file (MXNet can crash on one) or a shape it cannot load."""
     state = read_state(checkpoint, needs=("step", "world_size", "config"))
@@ -196,8 +217,8 @@ def check_sound(checkpoint, symbol, image_size, network):
         loaded = mx.nd.load(params)
     except mx.base.MXNetError as err:
         raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(params)} cannot be read "
-                         f"({str(err).strip().splitlines()[-1]})") from None
-    differences = saved_model.param_differences(loaded, symbol, image_size)
+                         f"({mxnet_reason(err)})") from None
+    differences = param_differences(loaded, symbol, image_size)
     if differences:
         raise OtherNetworkError(f"checkpoint {checkpoint} holds network {saved.get('network')!r} and this run builds "
                          f"{network!r}: {differences[0]} ({len(differences)} differences)")
