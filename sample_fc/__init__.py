@@ -1,7 +1,7 @@
 """sample_fc: Partial FC for MXNet + Horovod.
 
 The modules at this level are the training step and its runtime (README "Layout"):
-dist, sampler, margin, softmax, memory_bank, head, host_head, module, optimizers, options,
+dist, sampler, margin, softmax, memory_bank, head, host_head, partial_fc, module, optimizers, options,
 config, checkpoint, callbacks, verification, builder, launch. Subpackages: data/ (iterators,
 RecordIO, .bin, images), tools/ (command-line tools), bench/ (benchmarks).
 
@@ -19,6 +19,9 @@ _EXPORTS = {
     "CombinedMargin": "margin",
     "MemoryBank": "memory_bank",
     "SampleDistributeModule": "module",
+    "PartialFC": "partial_fc",
+    "PartialFCOptions": "partial_fc",
+    "Sample": "sampler",
     "FaceRecordIter": "data",
     "SyntheticIter": "data",
     "BackboneOptimizer": "optimizers",

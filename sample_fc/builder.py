@@ -24,12 +24,10 @@ from .data.bin_format import load_bin
 from .data.recordio import read_property
 from .errors import UsageError
 from .initializers import backbone_initializer
-from .margin import CombinedMargin
-from .memory_bank import MemoryBank
 from .host_head import default_threads
-from .module import SampleDistributeModule, uses_host_kernel
-from .optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, make_schedule
-from .sampler import ClassCenterSampler, SampleRatioWarmup
+from .module import SampleDistributeModule
+from .optimizers import BackboneOptimizer, make_schedule
+from .partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
 from .saved_model import load_pretrained
 from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
@@ -87,7 +85,7 @@ def build_symbol(cfg):
                               "float16" if cfg.fp16 else "float32", cfg.dropout)
 
 
-def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=None):
+def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     """The SampleDistributeModule of this rank, parameters initialised (or `pretrained`
     (arg, aux) weights, with a fresh bank and optimizer) and equal on all ranks.
 
@@ -99,19 +97,11 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, logger, pretrained=Non
     backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(
         learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
         multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form)
-    bank = MemoryBank.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx, seed=cfg.seed,
-                               dtype=cfg.bank_dtype)
-    module = SampleDistributeModule(
-        symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, cfg.sample_ratio, seed=cfg.seed,
-                                                               warmup_steps=cfg.sample_ratio_warmup_steps,
-                                                               warmup_start=cfg.sample_ratio_warmup_start),
-        margin=CombinedMargin(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3, cfg.loss_s),
-        bank_optimizer=MemoryBankSGDOptimizer(schedule, cfg.momentum, cfg.wd, momentum_form=cfg.momentum_form),
-        backbone_optimizer=backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
-        data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
-        head_kernel=cfg.head_kernel, margin_warmup_steps=cfg.margin_warmup_steps,
-        sample_correction=cfg.sample_correction, sample_wd_correction=cfg.sample_wd_correction,
-        max_nonfinite_steps=cfg.max_nonfinite_steps, logger=logger)
+    partial_fc = PartialFC.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx,
+                                    PartialFCOptions.from_config(cfg), schedule)
+    module = SampleDistributeModule(symbol, partial_fc, backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
+                                    data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
+                                    max_nonfinite_steps=cfg.max_nonfinite_steps)
     arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights
     module.init_params(backbone_initializer(cfg.backbone_init), arg_params, aux_params)
     module.broadcast_parameters()
@@ -177,7 +167,7 @@ def fill_from_property(cfg, explicit):
 
 
 def check_world(cfg, world):
-    """Config checks that need the world size (ValueError naming the values and the fix)."""
+    """Config checks that need the world size (UsageError naming the values and the fix)."""
     if cfg.num_classes < world:
         raise UsageError(f"num_classes={cfg.num_classes} is less than the {world} workers: every "
                          f"worker needs at least one class center; use at most {cfg.num_classes} "
@@ -192,19 +182,14 @@ def tensorboard_writer(cfg, rank, models_root):
     return SummaryWriter(os.path.join(models_root, "tensorboard"))
 
 
-def peak_sample_ratio(cfg):
-    """The largest sample ratio of the run's schedule (its warm-up's start, if larger): the one
-    the memory plan must hold."""
-    return SampleRatioWarmup(cfg.sample_ratio, cfg.sample_ratio_warmup_steps, cfg.sample_ratio_warmup_start).peak()
-
-
 def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
     """(host memory plan, GPU memory plan or None) of one worker (memory_plan.plan): on a CPU
     run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
     sampler's and the head's memory where the bank is."""
     params, activations = memory_plan.backbone_sizes(symbol, cfg.image_size)
     host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype)
-    whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_sample_ratio(cfg),
+    peak_ratio = PartialFCOptions.from_config(cfg).peak_ratio()      # the warm-up's start, if larger
+    whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_ratio,
                              np.dtype(cfg.bank_dtype).itemsize, params, activations, host_kernel, threads)
     if not on_gpu:
         return whole, None
@@ -226,31 +211,31 @@ def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size):
     return host, device
 
 
-def open_run(cfg, models_root, resume_path, pretrained, rank, world, local_rank, logger,
-             continued_run=None, start_over=False, lock_token="", local_size=1):
+def open_run(cfg, models_root, request, rank, world, local_rank, logger, local_size=1):
     """Everything of a run that can be checked before anything is written (no collectives,
-    no writes): UsageError naming the problem. The models root must not be in use by another
-    job (rank 0 checks its lock), and a fresh start must not overwrite a run's checkpoints
-    unless `start_over`; a resume takes only checkpoints of `continued_run` (a run id; None:
-    any); the run's memory plan must fit this node (check_memory, before anything is
-    allocated). Returns a namespace of models_root, resume_from (a checkpoint or None) and
-    resumed_at (its step), run_id (the
-    continued run's, else a new one), pretrained ((arg, aux) params or None), train_iter,
+    no writes): UsageError naming the problem. `request` is the job's run_request.RunRequest.
+    The models root must not be in use by another job (rank 0 checks its lock), and a fresh
+    start must not overwrite a run's checkpoints unless --start-over; a resume takes only
+    checkpoints of the continued run (request.continued_run; None: any); the run's memory plan
+    must fit this node (check_memory, before anything is allocated). Returns a namespace of
+    models_root, resume_from (a checkpoint or None) and resumed_at (its step), run_id
+    (request.run_id), pretrained ((arg, aux) params or None), train_iter,
     symbol, targets, ctx, bank_ctx."""
+    resume_path, pretrained = request.resume, request.pretrained
     if os.path.exists(models_root) and not os.path.isdir(models_root):
         raise UsageError(f"--models-root {models_root} is a file, not a directory")
     if rank == 0:
-        run_root.check_not_in_use(models_root, lock_token)
-    if not resume_path and not start_over:
+        run_root.check_not_in_use(models_root, request.lock_token)
+    if not resume_path and not request.start_over:
         run_root.check_fresh_start(models_root)
     check_world(cfg, world)
     warn = logger.warning if rank == 0 else (lambda message: None)
     ctx, bank_ctx = resolve_contexts(cfg, local_rank, warn)
     symbol = build_symbol(cfg)
     plan, _ = check_memory(cfg, world, symbol, ctx, bank_ctx, local_size)
-    resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn, continued_run) \
-        if resume_path else (None, {})
-    run_id = state.get("run_id") or continued_run or os.environ.get(run_root.RUN_ID_ENV) or run_root.new_run_id()
+    resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn,
+                                       request.continued_run) if resume_path else (None, {})
+    run_id = request.run_id(state)
     resumed_at = state.get("step")
     checkpoint.check_space(models_root, plan.checkpoint)
     if pretrained and resume_path:
@@ -277,7 +262,8 @@ class RunEvents:
         module.stage_hook = watchdog.stage
         self.saved_steps = set()
         self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
-                            "embedding_size": cfg.embedding_size, "config": cfg}
+                            "embedding_size": cfg.embedding_size, "config": cfg,
+                            "partial_fc": dataclasses.asdict(module.partial_fc.options)}
         writer = tensorboard_writer(cfg, rank, run.models_root)
         self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
         self.callbacks = [lambda info: watchdog.step_done(info.step, info.seconds),

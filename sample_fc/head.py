@@ -79,22 +79,20 @@ class Head:
     context) and HostHead (host_head.py, NumPy BLAS on a float32 CPU bank), pinned to the same
     NumPy reference by tests/test_host_head.py and tests/test_module.py.
 
-    forward_backward(embeddings, target, index, total_rows, margin, logit_offsets=None,
-                     decay_scales=None) -> (loss, grad_embeddings)
-        embeddings: (B, D) NDArray, the global batch; target: (B,) int64 NumPy, each row's
-        position in `index`, or -1 where the class lives on another rank; index: sorted
-        distinct rows of the bank (NumPy int64), the sample; total_rows: B, the rows the loss
-        is averaged over; margin: this step's CombinedMargin (the module decides it);
-        logit_offsets: None, or (K,) float32 NumPy added to each row's logits (the sampled-softmax
-        correction, sampler.sampled_logit_offsets; 0 on every target column); decay_scales:
-        None, or (K,) float32 NumPy factors of each row's weight decay in the update (the
-        weight-decay correction, sampler.sampled_decay_scales; 1 on every target column).
+    forward_backward(embeddings, sample, total_rows, margin) -> (loss, grad_embeddings)
+        embeddings: (B, D) NDArray, the global batch; sample: this shard's sampler.Sample (the
+        sorted rows `index`, each row's position `targets`, and the sampling policy's
+        logit_offsets and decay_scales, each None when off); total_rows: B, the rows the loss is
+        averaged over; margin: this step's CombinedMargin (PartialFC decides it).
         Returns the global mean loss ((1,) NDArray) and d loss / d embeddings ((B, D) NDArray
         on the embeddings' context, this rank's columns only: to be summed over ranks). What
         the bank update needs is kept until update() or discard().
-    update(num_update): 10. `optimizer`'s update (MemoryBankSGDOptimizer) on rows `index`
-        only, written back to the bank; num_update is 1-based.
+    update(num_update): 10. `optimizer`'s update (MemoryBankSGDOptimizer) on rows sample.index
+        only, each row decayed as sample.decay_scales says, written back to the bank;
+        num_update is 1-based.
     discard(): forget the kept update (a skipped step).
+    workspace_bytes(num_sampled, global_batch, embedding_size, ...): the step's temporaries
+        (the memory plan's `head` term).
 
     allreduce_max / allreduce_sum(array, name) are the softmax's two collectives over the
     ranks (dist's, or identities in one process); stage(name) -> context manager names each
@@ -106,8 +104,7 @@ class Head:
         self.allreduce_max, self.allreduce_sum, self.stage = allreduce_max, allreduce_sum, stage
         self.pending = None
 
-    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None,
-                         decay_scales=None):
+    def forward_backward(self, embeddings, sample, total_rows, margin):
         raise NotImplementedError
 
     def update(self, num_update):
@@ -121,27 +118,31 @@ class DeviceHead(Head):
     """The head on the bank's own context (any device, any dtype): the sampled rows are copied
     out, `head_forward_backward` runs with MXNet operators, and the update is written back."""
 
-    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None,
-                         decay_scales=None):
+    @staticmethod
+    def workspace_bytes(num_sampled, global_batch, embedding_size):
+        """Rows, momentum and their gradients (K x D), and the B x K terms of the softmax."""
+        return 4 * (6 * num_sampled * embedding_size + 8 * global_batch * num_sampled)
+
+    def forward_backward(self, embeddings, sample, total_rows, margin):
         with self.stage("gather_rows"):    # 4. read the sampled rows of the bank (math in float32)
-            weight_rows, momentum_rows = (rows.astype("float32", copy=False) for rows in self.bank.get(index))
-        target = mx.nd.array(target, ctx=self.bank.ctx, dtype="int64")
-        if logit_offsets is not None:
-            logit_offsets = mx.nd.array(logit_offsets, ctx=self.bank.ctx, dtype="float32")
+            weight_rows, momentum_rows = (rows.astype("float32", copy=False) for rows in self.bank.get(sample.index))
+        target = mx.nd.array(sample.targets, ctx=self.bank.ctx, dtype="int64")
+        logit_offsets = (None if sample.logit_offsets is None else
+                         mx.nd.array(sample.logit_offsets, ctx=self.bank.ctx, dtype="float32"))
         loss, grad_embeddings, grad_weight_rows = head_forward_backward(
             embeddings, weight_rows, target, margin, total_rows, self.allreduce_max, self.allreduce_sum,
             self.stage, logit_offsets)
-        self.pending = (index, weight_rows, momentum_rows, grad_weight_rows, decay_scales)
+        self.pending = (sample, weight_rows, momentum_rows, grad_weight_rows)
         return loss, grad_embeddings
 
     def update(self, num_update):
-        index, weight_rows, momentum_rows, grad_weight_rows, decay_scales = self.pending
-        self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update, decay_scales)
+        sample, weight_rows, momentum_rows, grad_weight_rows = self.pending
+        self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update, sample.decay_scales)
         if np.dtype(self.bank.dtype) == np.float16:      # unbiased rounding of the written rows, on the host
-            classes = np.asarray(index) + self.bank.class_start
+            classes = np.asarray(sample.index) + self.bank.class_start
             weight_rows, momentum_rows = (
                 mx.nd.array(round_rows(rows.asnumpy(), classes, rounding_key(self.bank.seed, num_update, stream)),
                             ctx=rows.context, dtype="float16")
                 for stream, rows in enumerate((weight_rows, momentum_rows)))
-        self.bank.set(index, weight_rows, momentum_rows)
+        self.bank.set(sample.index, weight_rows, momentum_rows)
         self.pending = None

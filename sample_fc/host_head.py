@@ -78,9 +78,16 @@ class HostHead(Head):
         self.numpy_blas = numpy_blas() if threads > 1 else None
         self.half = np.dtype(bank.dtype) == np.float16
 
-    def forward_backward(self, embeddings, target, index, total_rows, margin, logit_offsets=None,
-                         decay_scales=None):
-        stage = self.stage
+    @staticmethod
+    def workspace_bytes(num_sampled, global_batch, embedding_size, threads, rows_are_bank):
+        """The float32 sampled rows (none when `rows_are_bank`: every row of a one-block float32
+        shard, read in place), cosine and gradient (B x K), B x D terms, and each thread's update
+        buffers."""
+        k, b, d = num_sampled, global_batch, embedding_size
+        return 4 * ((0 if rows_are_bank else k * d) + 2 * b * k + 3 * b * d + 3 * threads * BLOCK_ROWS * d)
+
+    def forward_backward(self, embeddings, sample, total_rows, margin):
+        stage, index, target = self.stage, sample.index, sample.targets
         x = embeddings.asnumpy()
         for block in self.bank.weights + self.bank.momenta:
             block.wait_to_read()             # MXNet writes to the bank (a load) must have landed
@@ -97,14 +104,14 @@ class HostHead(Head):
             cosine = np.dot(x_hat, rows.T, out=self.workspace.get("cosine", (len(x), len(index))))
             cosine *= inv_w
         with stage("softmax"):       # 6-8. margin on the targets, exact softmax, d loss / d cosine
-            loss, grad = self._margin_softmax(cosine, target, total_rows, margin, logit_offsets)
+            loss, grad = self._margin_softmax(cosine, target, total_rows, margin, sample.logit_offsets)
         with stage("gradients"):     # through both normalisations; the rows' part waits for `update`
             grad *= inv_w                                        # now d loss / d (x_hat . w^T)
             grad_x_hat = np.dot(grad, rows)
             radial = np.einsum("ij,ij->i", grad_x_hat, x_hat)
             grad_x = (grad_x_hat - x_hat * radial[:, None]) / x_norms[:, None]
             row_radial = np.einsum("bk,bk->k", grad, cosine) * inv_w   # <d w_hat, w_hat> / |w|^2
-        self.pending = (index, whole_shard, rows, grad, x_hat, row_radial, self.optimizer.decay(decay_scales))
+        self.pending = (index, whole_shard, rows, grad, x_hat, row_radial, self.optimizer.decay(sample.decay_scales))
         return mx.nd.array([loss], ctx=embeddings.context), mx.nd.array(grad_x, ctx=embeddings.context)
 
     def _margin_softmax(self, cosine, target, total_rows, margin, logit_offsets=None):

@@ -87,6 +87,11 @@ class MemoryBank:
             self.weights.append(weight)
             self.momenta.append(mx.nd.zeros((rows, embedding_size), ctx=ctx, dtype=dtype))
 
+    @staticmethod
+    def bytes_needed(num_local, embedding_size, itemsize=4):
+        """Bytes of a shard: weights and momentum of `num_local` rows."""
+        return 2 * num_local * embedding_size * itemsize
+
     @classmethod
     def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0, dtype="float32"):
         """The bank of `rank` in a balanced split of `num_classes` over `world_size` ranks."""

@@ -13,19 +13,19 @@ Everything that grows with the class count is here, per worker, for the largest 
     backbone    4 (3 P + 2 b A)                             P parameters (weight, gradient,
                                                             momentum), A activations per image
     runtime     RUNTIME_BYTES                               MXNet, Horovod, Python
-and, for the user, the checkpoint's size and what a step moves between workers. `plan` is pure
-arithmetic (tests check it by hand); `available_bytes` reads what this machine has;
+and, for the user, the checkpoint's size and what a step moves between workers. The parts say
+their own bytes (PartialFC.memory_bytes: MemoryBank, ClassCenterSampler and the head kernel's
+workspace_bytes); `plan` adds them up, pure arithmetic (tests check it by hand); `available_bytes` reads what this machine has;
 train.py refuses a run whose plan does not fit (`check_fits`) before allocating anything,
 and `python -m sample_fc.tools.plan` prints it for any world.
 """
-import math
 from dataclasses import dataclass
 
 from symbols.cost import backbone_cost
 
+from .checkpoint.layout import checkpoint_bytes
 from .errors import UsageError
-from .host_head import BLOCK_ROWS
-from .memory_bank import MAX_BLOCK_ELEMENTS
+from .partial_fc import PartialFC
 
 GB = 1e9
 RUNTIME_BYTES = int(0.6 * GB)       # one worker's MXNet + Horovod + Python, measured here ~0.4 GB
@@ -77,25 +77,14 @@ def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_item
         raise ValueError(f"need 1 <= world <= num_classes, got world={world}, num_classes={num_classes}")
     num_local = -(-num_classes // world)
     global_batch = batch_size * world
-    sampled = min(num_local, max(math.ceil(sample_ratio * num_local), global_batch))
-    d, k, b = embedding_size, sampled, global_batch
-    if host_kernel:   # the sampled rows in float32 (none when they are a whole one-block float32 shard)
-        whole_shard = k == num_local and bank_itemsize == 4 and num_local * d <= MAX_BLOCK_ELEMENTS
-        head = 4 * ((0 if whole_shard else k * d) + 2 * b * k + 3 * b * d + 3 * threads * BLOCK_ROWS * d)
-    else:
-        head = 4 * (6 * k * d + 8 * b * k)
-    return Plan(world=world, num_local=num_local, sampled=sampled, global_batch=global_batch,
-                bank=2 * num_local * d * bank_itemsize, sampler=9 * num_local + 8 * k, head=head,
+    layer = PartialFC.memory_bytes(num_local, global_batch, embedding_size, sample_ratio, bank_itemsize,
+                                   host_kernel, threads)
+    return Plan(world=world, num_local=num_local, sampled=layer["sampled"], global_batch=global_batch,
+                bank=layer["bank"], sampler=layer["sampler"], head=layer["head"],
                 backbone=4 * (3 * backbone_params + 2 * batch_size * activations_per_image),
                 runtime=RUNTIME_BYTES,
-                checkpoint=checkpoint_bytes(backbone_params, num_classes, d, bank_itemsize),
-                allgather_per_step=b * (4 * d + 8))
-
-
-def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4):
-    """Estimated size of one checkpoint: the backbone's parameters and their momentum (float32),
-    and every class center with its momentum (all ranks' shards), plus 1 MB of small files."""
-    return 8 * backbone_values + 2 * itemsize * num_classes * embedding_size + 2 ** 20
+                checkpoint=checkpoint_bytes(backbone_params, num_classes, embedding_size, bank_itemsize),
+                allgather_per_step=global_batch * (4 * embedding_size + 8))
 
 
 def backbone_sizes(symbol, image_size):

@@ -9,12 +9,10 @@ import mxnet as mx
 import numpy as np
 
 from . import dist
-from .head import DeviceHead, no_stage
-from .host_head import HostHead, default_threads
+from .head import no_stage
 from .initializers import backbone_initializer
-from .margin import MarginWarmup
-from .options import ALLGATHERS, HEAD_KERNELS
-from .sampler import as_int_labels, sampled_decay_scales, sampled_logit_offsets
+from .options import ALLGATHERS
+from .sampler import as_int_labels
 
 
 @dataclass
@@ -34,49 +32,38 @@ class NonFiniteError(RuntimeError):
 
 
 class SampleDistributeModule:
-    """A data-parallel backbone, this rank's shard of class centers, and an exact softmax
-    over a sample of every rank's centers: one rank's part of a Partial FC run.
+    """A data-parallel backbone, this rank's Partial FC layer and the collectives between them:
+    one rank's part of a Partial FC run.
 
     `step(batch)` runs, in this order (rank r of W, b = batch_size, B = b * W):
       forward_backbone       1. the backbone on this rank's batch -> embeddings (b x D)
       loss_and_gradients     2. allgather the global batch: embeddings (B x D), integer labels
-                             3. sampler: every local positive + uniform negatives -> index I
-                             4-8. head (head.Head): rows I of the bank, cosine, this step's
-                                margin, exact distributed softmax, loss and gradients
+                             3-8. partial_fc (partial_fc.PartialFC): sample this rank's centers,
+                                rows of the bank, cosine, margin, exact distributed softmax,
+                                loss and gradients
                              9. reducescatter d loss / d embeddings to this rank's b rows,
                                 then the backbone's backward
       all_ranks_finite       skip the step everywhere when any rank saw NaN/Inf
-      apply_updates          10. SGD-momentum on bank rows I only; 11. the backbone's update
-                                (its optimizer sums the gradients over ranks)
+      apply_updates          10. partial_fc's update of the sampled bank rows; 11. the backbone's
+                                update (its optimizer sums the gradients over ranks)
 
-    Collaborators: `symbol` (input `data`, one output: the embeddings), `bank` (this rank's
-    MemoryBank), `sampler` (this rank's ClassCenterSampler), `margin` (the CombinedMargin to
-    train with), `bank_optimizer` (MemoryBankSGDOptimizer), `backbone_optimizer` (a
-    BackboneOptimizer), `context` (one mx.Context or a list: the backbone's devices).
-    Options: `batch_size` per rank, `data_shape` of one sample, `allgather` strategy (dist.py),
-    `head_kernel` (auto | host | device), `margin_warmup_steps` (margin.MarginWarmup: the module
-    alone decides each step's margin, margin_at), `sample_correction` (add log(1/q) to each sampled
-    negative's logit, q its chance to be drawn: sampler.sampled_logit_offsets), `sample_wd_correction`
-    (decay each sampled negative's bank row with wd / q: sampler.sampled_decay_scales), `max_nonfinite_steps` in a row before
-    NonFiniteError. `stage_hook(name)` -> context manager is told each stage of the step as it
-    runs (the step watchdog; a benchmark's timer). Every rank must build the same module (same
-    symbol and shapes): the steps are collectives.
+    `symbol`: the backbone (input `data`, one output: the embeddings); `partial_fc`: this rank's
+    PartialFC; `backbone_optimizer`: a BackboneOptimizer; `context`: one mx.Context or a list (the
+    backbone's devices); `batch_size` per rank; `data_shape` of one sample; `allgather` strategy
+    (dist.py); `max_nonfinite_steps` in a row before NonFiniteError. `stage_hook(name)` -> context
+    manager is told each stage of the step as it runs (the step watchdog; a benchmark's timer).
+    Every rank must build the same module (same symbol and shapes): the steps are collectives.
     """
 
-    def __init__(self, symbol, *, bank, sampler, margin, bank_optimizer, backbone_optimizer, context,
-                 batch_size, data_shape=(3, 112, 112), allgather="native", head_kernel="auto",
-                 margin_warmup_steps=0, sample_correction=False, sample_wd_correction=False,
-                 max_nonfinite_steps=5, logger=None):
+    def __init__(self, symbol, partial_fc, backbone_optimizer, *, context, batch_size, data_shape=(3, 112, 112),
+                 allgather="native", max_nonfinite_steps=5):
         if allgather not in ALLGATHERS:
             raise ValueError(f"allgather must be one of {ALLGATHERS}, got {allgather!r}")
         self.contexts = list(context) if isinstance(context, (list, tuple)) else [context]
-        self.bank, self.sampler = bank, sampler
-        self.margin_schedule = MarginWarmup(margin, margin_warmup_steps)   # update number -> margin
-        self.bank_optimizer, self.backbone_optimizer = bank_optimizer, backbone_optimizer
+        self.partial_fc, self.backbone_optimizer = partial_fc, backbone_optimizer
         self.batch_size, self.allgather = batch_size, allgather
-        self.sample_correction, self.sample_wd_correction = sample_correction, sample_wd_correction
         self.max_nonfinite_steps = max_nonfinite_steps
-        self.logger = logger or logging.getLogger("sample_fc")
+        self.logger = logging.getLogger("sample_fc")
         self.num_update = 0
         self.nonfinite_in_a_row = self.nonfinite_total = 0
         self.last_grad_norm = math.nan    # of the last applied update (StepInfo.grad_norm)
@@ -84,17 +71,13 @@ class SampleDistributeModule:
                                       context=self.contexts)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
         self.stage_hook = no_stage
-        self.head = make_head(head_kernel, bank, bank_optimizer, self.stage)
+        partial_fc.stage_hook = self.stage
         self._labels = None                 # this rank's integer labels of the current batch
         self._grad_all_embeddings = None    # this step's d loss / d (global embeddings), partial
 
     def stage(self, name):
         """The stage hook's context for the block `name` of the step."""
         return self.stage_hook(name)
-
-    def margin_at(self, num_update):
-        """The margin of update `num_update` (1-based): the target after the warm-up."""
-        return self.margin_schedule(num_update)
 
     # ---- set-up -----------------------------------------------------------------------
     def init_params(self, initializer=None, arg_params=None, aux_params=None):
@@ -151,21 +134,15 @@ class SampleDistributeModule:
 
     def loss_and_gradients(self):
         """2-9 after forward_backbone: returns the global mean loss ((1,) NDArray)."""
-        stage, bank_ctx = self.stage, self.bank.ctx
+        stage = self.stage
         embeddings = self.backbone.get_outputs(merge_multi_context=True)[0]
         with stage("allgather"):      # 2. the global batch: embeddings (B x D), integer labels (B)
-            all_embeddings = dist.allgather(embeddings.as_in_context(bank_ctx), "embeddings", self.allgather)
+            all_embeddings = dist.allgather(embeddings.as_in_context(self.partial_fc.ctx), "embeddings",
+                                            self.allgather)
             all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
-        with stage("sample"):         # 3. this rank's centers: all local positives + uniform negatives
-            target, index = self.sampler(all_labels, self.num_update + 1)
-            offsets = (sampled_logit_offsets(target, len(index), self.bank.num_local)
-                       if self.sample_correction else None)
-            decay_scales = (sampled_decay_scales(target, len(index), self.bank.num_local)
-                            if self.sample_wd_correction else None)
-        # 4-8. sampled rows, cosine, margin, exact distributed softmax (corrected for the sample), gradients
-        loss, self._grad_all_embeddings = self.head.forward_backward(
-            all_embeddings, target, index, len(all_labels), self.margin_at(self.num_update + 1), offsets,
-            decay_scales)
+        # 3-8. sample (all local positives + negatives), sampled rows, cosine, margin, exact softmax, gradients
+        loss, self._grad_all_embeddings = self.partial_fc.forward_backward(all_embeddings, all_labels,
+                                                                           self.num_update + 1)
         with stage("reducescatter"):  # 9. this rank's rows of d loss / d embeddings, summed over ranks
             grad_embeddings = dist.reducescatter_sum(self._grad_all_embeddings, "embedding_grads")
         with stage("backbone_backward"):
@@ -195,7 +172,7 @@ class SampleDistributeModule:
         the ranks (one fused collective) and clipped to the optimizer's global norm, then its update."""
         self.num_update += 1
         with self.stage("bank_update"):
-            self.head.update(self.num_update)
+            self.partial_fc.update(self.num_update)
         with self.stage("backbone_update"):
             self.last_grad_norm = self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays,
                                                                         self.num_update)
@@ -222,7 +199,7 @@ class SampleDistributeModule:
         for saved, live in zip(aux_before, self.backbone._exec_group.aux_arrays):
             for source, target in zip(saved, live):
                 source.copyto(target)
-        self.head.discard()
+        self.partial_fc.discard()
         self.nonfinite_in_a_row += 1
         self.nonfinite_total += 1
         self.logger.warning("non-finite loss or gradients after update %d: step skipped "
@@ -249,28 +226,10 @@ class SampleDistributeModule:
                 continue
             start = time.perf_counter()
             loss, skipped = self.step(batch)
-            info = StepInfo(self.num_update, loss, self.bank_optimizer.lr_schedule(self.num_update),
+            info = StepInfo(self.num_update, loss, self.partial_fc.optimizer.lr_schedule(self.num_update),
                             global_batch, time.perf_counter() - start, skipped,
                             math.nan if skipped else self.last_grad_norm)
             for callback in batch_end_callbacks:
                 callback(info)
         return self
 
-
-def uses_host_kernel(kernel, bank_device_type, bank_dtype):
-    """Whether head_kernel `kernel` runs the head on the host (NumPy BLAS): `host`, or `auto` for
-    a CPU bank of float32 or float16."""
-    on_host = bank_device_type == "cpu" and np.dtype(bank_dtype) in (np.float32, np.float16)
-    return kernel == "host" or (kernel == "auto" and on_host)
-
-
-def make_head(kernel, bank, bank_optimizer, stage=no_stage):
-    """The head.Head of this rank: `host` (NumPy BLAS, float32/float16 CPU banks), `device` (MXNet
-    operators on the bank's context), or `auto` = host where it applies; its softmax
-    collectives are dist's."""
-    if kernel not in HEAD_KERNELS:
-        raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, got {kernel!r}")
-    collectives = {"allreduce_max": dist.allreduce_max, "allreduce_sum": dist.allreduce_sum, "stage": stage}
-    if uses_host_kernel(kernel, bank.ctx.device_type, bank.dtype):
-        return HostHead(bank, bank_optimizer, threads=default_threads(dist.local_size()), **collectives)
-    return DeviceHead(bank, bank_optimizer, **collectives)

@@ -8,7 +8,7 @@ import numbers
 CONTEXTS = ("auto", "cpu", "gpu")           # backbone device: auto = gpu when MXNet sees one
 BANK_CONTEXTS = ("same", "cpu")             # memory bank device: the backbone's, or host memory
 ALLGATHERS = ("native", "allreduce")        # dist.allgather strategies
-HEAD_KERNELS = ("auto", "host", "device")   # module.make_head kernels
+HEAD_KERNELS = ("auto", "host", "device")   # partial_fc.make_head kernels
 LR_SCHEDULES = ("step", "poly", "cosine")   # optimizers.make_schedule kinds
 BACKBONE_INITS = ("pytorch", "xavier")      # initializers.backbone_initializer kinds
 MOMENTUM_FORMS = ("pytorch", "mxnet")       # optimizers: what SGD momentum accumulates

@@ -9,8 +9,28 @@ fraction first, down to sample_ratio), a pure function like the lr schedule, so 
 samples as an uninterrupted one.
 """
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One shard's sample for one global batch: everything the head kernels need of it.
+
+    index: sorted distinct local rows of the bank (int64, the sampled centers);
+    targets: (B,) int64, each row's position in `index`, -1 where the class is on another rank;
+    logit_offsets: None, or (K,) float32 added to each column's logits (the sampled-softmax
+        correction: sampled_logit_offsets; 0 on every target column);
+    decay_scales: None, or (K,) float32 factors of each row's weight decay in the update (the
+        weight-decay correction: sampled_decay_scales; 1 on every target column).
+    A new sampling option is a field here and its use in the kernels (head.Head).
+    """
+    index: np.ndarray
+    targets: np.ndarray
+    logit_offsets: Optional[np.ndarray] = None
+    decay_scales: Optional[np.ndarray] = None
 
 
 def shard_range(num_classes, rank, world_size):
@@ -170,27 +190,33 @@ class SampleRatioWarmup:
 
 
 class ClassCenterSampler:
-    """The sampler of one rank's shard, with its own seeded random stream.
+    """The sampler of one rank's shard, with its own seeded random stream, and its policy.
 
     Seeded from (seed, rank) so ranks draw different negatives and a rerun draws the same.
     With a `schedule` (update number -> sample ratio, e.g. SampleRatioWarmup) the size of the
-    sampled set follows it; else it is `num_sample` at every update.
+    sampled set follows it; else it is `num_sample` at every update. `logit_correction` and
+    `decay_correction` add their vectors (sampled_logit_offsets, sampled_decay_scales) to each
+    Sample.
     """
 
-    def __init__(self, class_start, num_local, num_sample, seed=0, rank=0, schedule=None):
+    def __init__(self, class_start, num_local, num_sample, seed=0, rank=0, schedule=None,
+                 logit_correction=False, decay_correction=False):
         if not 1 <= num_sample <= num_local:
             raise ValueError(f"num_sample must be in [1, num_local={num_local}], got {num_sample}")
         self.class_start, self.num_local, self.num_sample = class_start, num_local, num_sample
         self.seed, self.rank, self.schedule = seed, rank, schedule
+        self.logit_correction, self.decay_correction = logit_correction, decay_correction
         self.rng = np.random.default_rng([seed, rank])
 
     @classmethod
-    def for_bank(cls, bank, sample_ratio, seed=0, warmup_steps=0, warmup_start=1.0):
+    def for_bank(cls, bank, sample_ratio, seed=0, warmup_steps=0, warmup_start=1.0, logit_correction=False,
+                 decay_correction=False):
         """The sampler of a MemoryBank's shard: ceil(ratio * its classes) per step, the ratio
         sample_ratio after a warm-up of `warmup_steps` updates from `warmup_start`."""
         schedule = SampleRatioWarmup(sample_ratio, warmup_steps, warmup_start) if warmup_steps else None
-        return cls(bank.class_start, bank.num_local, num_sample_for(bank.num_local, sample_ratio),
-                   seed=seed, rank=bank.rank, schedule=schedule)
+        return cls(bank.class_start, bank.num_local, num_sample_for(bank.num_local, sample_ratio), seed=seed,
+                   rank=bank.rank, schedule=schedule, logit_correction=logit_correction,
+                   decay_correction=decay_correction)
 
     def num_sample_at(self, num_update):
         """The sampled set's size (before positives beyond it) at update `num_update`."""
@@ -199,10 +225,19 @@ class ClassCenterSampler:
         return num_sample_for(self.num_local, self.schedule(num_update))
 
     def __call__(self, labels, num_update=None):
-        """(remapped labels, sorted local index) for the global batch's integer labels, at
-        update `num_update` (1-based; None: no schedule)."""
-        return class_center_sample(labels, self.num_local, self.num_sample_at(num_update),
-                                   self.class_start, self.rng)
+        """The Sample for the global batch's integer labels at update `num_update` (1-based;
+        None: no schedule)."""
+        targets, index = class_center_sample(labels, self.num_local, self.num_sample_at(num_update),
+                                             self.class_start, self.rng)
+        return Sample(index, targets,
+                      sampled_logit_offsets(targets, len(index), self.num_local) if self.logit_correction else None,
+                      sampled_decay_scales(targets, len(index), self.num_local) if self.decay_correction else None)
+
+    @staticmethod
+    def bytes_needed(num_local, num_sampled):
+        """Bytes of one step's sampling: a bool mask of the shard and the int64 index, plus the
+        corrections' float32 logit offsets and decay scales (charged whether on or off)."""
+        return 9 * num_local + 8 * num_sampled
 
     def state_dict(self):
         return {"bit_generator": self.rng.bit_generator.state}

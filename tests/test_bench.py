@@ -85,7 +85,7 @@ stepped, staged = (build_head_module(3000, 0.1, 16, 32, 0, 1) for _ in range(2))
 for batch in make_batches(3, 3000, 16, 32, 0):
     stepped.step(batch)
     staged_step(staged, batch, StageTimer())
-np.savez(sys.argv[1], **{f"{name}_{part}": getattr(module.bank, part).asnumpy()
+np.savez(sys.argv[1], **{f"{name}_{part}": getattr(module.partial_fc.bank, part).asnumpy()
                          for name, module in (("stepped", stepped), ("staged", staged))
                          for part in ("weight", "momentum")})
 dist.shutdown()

@@ -11,11 +11,9 @@ from sample_fc import dist
 from sample_fc.checkpoint import (find_checkpoint, list_checkpoints, read_rank_state, read_state,
                                   restore_checkpoint, save_checkpoint)
 from sample_fc.data import SyntheticIter
-from sample_fc.margin import CombinedMargin
-from sample_fc.memory_bank import MemoryBank
 from sample_fc.module import SampleDistributeModule
-from sample_fc.optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
-from sample_fc.sampler import ClassCenterSampler
+from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
+from sample_fc.partial_fc import PartialFC, PartialFCOptions
 
 CLASSES, EMBEDDING, BATCH, DATA_SHAPE = 20, 6, 4, (3, 4, 4)
 
@@ -93,11 +91,9 @@ def build(seed, num_classes=CLASSES):
     schedule = WarmupMultiStepSchedule(0.05, warmup_steps=0, steps=[3], factor=0.5)
     backbone_opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=0.05, momentum=0.9, wd=5e-4,
                                                          rescale_grad=1.0, lr_scheduler=schedule))
-    bank = MemoryBank.for_rank(num_classes, 0, 1, EMBEDDING, mx.cpu(), seed=seed)
-    module = SampleDistributeModule(symbol, bank=bank, sampler=ClassCenterSampler.for_bank(bank, 0.5, seed=seed),
-                                    margin=CombinedMargin(1.0, 0.5, 0.0, 8.0),
-                                    bank_optimizer=MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-4),
-                                    backbone_optimizer=backbone_opt, context=mx.cpu(), batch_size=BATCH,
+    options = PartialFCOptions(sample_ratio=0.5, loss_s=8.0, seed=seed)
+    partial_fc = PartialFC.for_rank(num_classes, 0, 1, EMBEDDING, mx.cpu(), options, schedule)
+    module = SampleDistributeModule(symbol, partial_fc, backbone_opt, context=mx.cpu(), batch_size=BATCH,
                                     data_shape=DATA_SHAPE)
     rng = np.random.default_rng(seed)
     features = int(np.prod(DATA_SHAPE))
@@ -120,7 +116,7 @@ def snapshot(module):
     arg_params, aux_params = module.backbone.get_params()
     state = {f"arg:{k}": v.asnumpy() for k, v in arg_params.items()}
     state.update({f"aux:{k}": v.asnumpy() for k, v in aux_params.items()})
-    state["bank_weight"], state["bank_momentum"] = module.bank.weight.asnumpy(), module.bank.momentum.asnumpy()
+    state["bank_weight"], state["bank_momentum"] = module.partial_fc.bank.weight.asnumpy(), module.partial_fc.bank.momentum.asnumpy()
     return state
 
 

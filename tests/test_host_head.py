@@ -11,6 +11,7 @@ from sample_fc import host_head
 from sample_fc.host_head import HostHead
 from sample_fc.margin import CombinedMargin
 from sample_fc.memory_bank import MemoryBank, host_view
+from sample_fc.sampler import Sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sample_fc.optimizers import MemoryBankSGDOptimizer  # noqa: E402
@@ -50,7 +51,7 @@ def test_host_head_step_matches_numpy(monkeypatch, threads, form):
     optimizer = MemoryBankSGDOptimizer(lambda step: 0.3 * step, momentum=0.9, wd=0.01, momentum_form=form)
     sgd = ref.sgd_momentum if form == "mxnet" else ref.sgd_momentum_pytorch
     head = _host_head(bank, optimizer, threads=threads)
-    loss, grad_x = head.forward_backward(mx.nd.array(embeddings), target, index, 6, CombinedMargin(*MARGINS))
+    loss, grad_x = head.forward_backward(mx.nd.array(embeddings), Sample(index, target), 6, CombinedMargin(*MARGINS))
     head.update(2)
 
     want_loss, want_x, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index],
@@ -76,8 +77,8 @@ def test_host_head_with_logit_offsets_matches_numpy():
     offsets = np.where(np.isin(np.arange(8), target), 0.0, np.log(15 / 4)).astype(np.float32)
     embeddings = np.random.default_rng(4).standard_normal((6, 5)).astype(np.float32)
     head = _host_head(bank, MemoryBankSGDOptimizer(lambda step: 0.2))
-    loss, grad_x = head.forward_backward(mx.nd.array(embeddings), target, index, 6, CombinedMargin(*MARGINS),
-                                         offsets)
+    loss, grad_x = head.forward_backward(mx.nd.array(embeddings), Sample(index, target, logit_offsets=offsets), 6,
+                                         CombinedMargin(*MARGINS))
     head.update(1)
     want_loss, want_x, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index], target,
                                                     *MARGINS, offsets=offsets)
@@ -103,7 +104,7 @@ def test_host_head_decay_scales_multiply_each_rows_weight_decay(monkeypatch, for
     scales = np.where(np.isin(np.arange(8), target), 1.0, 15 / 4).astype(np.float32)
     embeddings = np.random.default_rng(6).standard_normal((6, 5)).astype(np.float32)
     head = _host_head(bank, MemoryBankSGDOptimizer(lambda step: 0.2, wd=0.05, momentum_form=form), threads=2)
-    head.forward_backward(mx.nd.array(embeddings), target, index, 6, CombinedMargin(*MARGINS), None, scales)
+    head.forward_backward(mx.nd.array(embeddings), Sample(index, target, decay_scales=scales), 6, CombinedMargin(*MARGINS))
     head.update(1)
     _, _, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index], target, *MARGINS)
     sgd = ref.sgd_momentum if form == "mxnet" else ref.sgd_momentum_pytorch
@@ -122,7 +123,7 @@ def test_host_head_whole_shard_updates_the_bank_in_place():
     embeddings = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32)
     target = np.array([0, 6, 2, 2, 5])
     head = _host_head(bank, MemoryBankSGDOptimizer(lambda step: 0.1))
-    loss, _ = head.forward_backward(mx.nd.array(embeddings), target, np.arange(7), 5, CombinedMargin(*MARGINS))
+    loss, _ = head.forward_backward(mx.nd.array(embeddings), Sample(np.arange(7), target), 5, CombinedMargin(*MARGINS))
     head.update(1)
     want_loss, _, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0, target, *MARGINS)
     want_weight, want_momentum = ref.sgd_momentum(weight0, want_w, momentum0, 0.1, 0.9, 5e-4)
@@ -137,7 +138,7 @@ def test_host_head_rejects_a_bad_index():
     head = _host_head(_bank(5, 3), MemoryBankSGDOptimizer(lambda step: 0.1))
     for index in (np.array([0, 5]), np.array([3, 1])):
         with pytest.raises(ValueError, match=r"sorted distinct rows in \[0, 5\)"):
-            head.forward_backward(mx.nd.ones((2, 3)), np.array([0, 1]), index, 2, CombinedMargin())
+            head.forward_backward(mx.nd.ones((2, 3)), Sample(index, np.array([0, 1])), 2, CombinedMargin())
 
 
 def test_host_view_shares_memory_and_keeps_the_array_alive():

@@ -13,6 +13,7 @@ from sample_fc.host_head import HostHead
 from sample_fc.margin import CombinedMargin
 from sample_fc.memory_bank import MemoryBank, fill_initial_centers
 from sample_fc.optimizers import MemoryBankSGDOptimizer
+from sample_fc.sampler import Sample
 
 
 def _identity(array, name):
@@ -89,7 +90,7 @@ def test_a_head_step_on_several_blocks_equals_one_block(small_blocks, kernel, dt
         embeddings = mx.nd.array(np.random.default_rng(1).standard_normal((5, 8)))
         index = np.array([1, 6, 7, 8, 20, 27, 33, 39])
         for step in (1, 2):
-            loss, grad = head.forward_backward(embeddings, np.array([0, 3, -1, 7, 4]), index, 5,
+            loss, grad = head.forward_backward(embeddings, Sample(index, np.array([0, 3, -1, 7, 4])), 5,
                                                CombinedMargin(1.0, 0.5, 0.0, 8.0))
             head.update(step)
         results.append((loss.asnumpy(), grad.asnumpy()) + bank.to_numpy())

@@ -12,6 +12,7 @@ from sample_fc.margin import CombinedMargin
 from sample_fc.memory_bank import MemoryBank
 from sample_fc.optimizers import MemoryBankSGDOptimizer
 from sample_fc.rounding import noise, round_rows, rounding_key, stochastic_round_to_float16
+from sample_fc.sampler import Sample
 
 
 def _identity(array, name):
@@ -113,7 +114,7 @@ def test_a_float16_bank_moves_as_the_float32_bank_under_tiny_updates(kernel):
                                                               allreduce_sum=_identity)
         embeddings = mx.nd.array(np.random.default_rng(0).standard_normal((64, 16)))
         for step in range(1, 101):
-            head.forward_backward(embeddings, np.arange(64) * 4, np.arange(256), 64, CombinedMargin(1.0, 0.0, 0.0, 16.0))
+            head.forward_backward(embeddings, Sample(np.arange(256), np.arange(64) * 4), 64, CombinedMargin(1.0, 0.0, 0.0, 16.0))
             head.update(step)
         moved[dtype] = bank.to_numpy()[0].astype(np.float64) - start
         steps[dtype] = np.abs(moved[dtype]) / 100

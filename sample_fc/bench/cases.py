@@ -17,11 +17,11 @@ import numpy as np
 
 from .. import dist
 from ..head import no_stage
-from ..margin import CombinedMargin
-from ..memory_bank import MemoryBank, host_view
+from ..memory_bank import host_view
 from ..module import SampleDistributeModule
-from ..optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
-from ..sampler import ClassCenterSampler, class_center_sample, num_sample_for, shard_range
+from ..optimizers import BackboneOptimizer, WarmupMultiStepSchedule
+from ..partial_fc import PartialFC, PartialFCOptions
+from ..sampler import class_center_sample, num_sample_for, shard_range
 
 STAGES = ("forward", "allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "reducescatter",
           "backbone_backward", "finite_check", "bank_update", "backbone_update")   # module.step's, in order
@@ -47,15 +47,13 @@ def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, s
     """SampleDistributeModule over this rank's bank (of `dtype`) with an identity backbone (no
     parameters); its sample ratio warms up from 1.0 over `warmup_steps` updates."""
     schedule = WarmupMultiStepSchedule(lr)
-    bank = MemoryBank.for_rank(classes, rank, world, embedding_size, mx.cpu(), seed=seed, dtype=dtype)
+    options = PartialFCOptions(sample_ratio=ratio, sample_ratio_warmup_steps=warmup_steps,
+                               sample_correction=sample_correction, bank_dtype=dtype, seed=seed)
+    partial_fc = PartialFC.for_rank(classes, rank, world, embedding_size, mx.cpu(), options, schedule)
     backbone = mx.sym.identity(mx.sym.Variable("data"), name="embeddings")
-    backbone_optimizer = BackboneOptimizer(
-        mx.optimizer.SGD(learning_rate=lr, lr_scheduler=schedule))
-    module = SampleDistributeModule(
-        backbone, bank=bank, sampler=ClassCenterSampler.for_bank(bank, ratio, seed=seed, warmup_steps=warmup_steps),
-        margin=CombinedMargin(), bank_optimizer=MemoryBankSGDOptimizer(schedule),
-        backbone_optimizer=backbone_optimizer, context=mx.cpu(), batch_size=batch_size,
-        data_shape=(embedding_size,), sample_correction=sample_correction)
+    backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(learning_rate=lr, lr_scheduler=schedule))
+    module = SampleDistributeModule(backbone, partial_fc, backbone_optimizer, context=mx.cpu(),
+                                    batch_size=batch_size, data_shape=(embedding_size,))
     module.init_params()
     return module
 
@@ -177,7 +175,7 @@ def head_case(classes, ratio, batch_size, embedding_size, warmup, min_steps, max
             stage_seconds[name].append(timer.seconds[name])
     _, index = class_center_sample(np.asarray([0]), num_local, num_sampled, rng=np.random.default_rng(0))
     dist.barrier("bench.rows_bound")
-    bound["rows_take_put"] = rows_traffic_ms(module.bank, index, bound_repeats)
+    bound["rows_take_put"] = rows_traffic_ms(module.partial_fc.bank, index, bound_repeats)
     current_mb, peak_mb = rss_mb()
     return {"rank": rank, "world": world, "classes": classes, "ratio": ratio, "dtype": dtype,
             "batch_per_rank": batch_size, "embedding_size": embedding_size,
@@ -199,14 +197,14 @@ def schedule_case(classes, ratio, batch_size, embedding_size, warmup_steps, afte
                                warmup_steps=warmup_steps, sample_correction=sample_correction)
     batches = make_batches(warmup_steps + after_steps, classes, batch_size, embedding_size, rank)
     sampled = []
-    sampler = module.sampler
+    sampler = module.partial_fc.sampler
 
     def recording_sampler(labels, num_update=None):
-        target, index = sampler(labels, num_update)
-        sampled.append(len(index))
-        return target, index
+        sample = sampler(labels, num_update)
+        sampled.append(len(sample.index))
+        return sample
 
-    module.sampler = recording_sampler
+    module.partial_fc.sampler = recording_sampler
     steps = []
     for batch in batches:
         seconds = _timed_step(module, batch)

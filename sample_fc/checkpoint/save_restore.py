@@ -13,10 +13,9 @@ import shutil
 import mxnet as mx
 
 from ..config import write_json
-from ..errors import UsageError
-from ..memory_plan import checkpoint_bytes
+from ..errors import UsageError, mxnet_reason
 from ..bank_shard import restore_resharded, restore_shard, write_shard
-from .layout import (PARTIAL_SUFFIX, aux_path, bank_shard_files, checkpoint_path, complete_path,
+from .layout import (PARTIAL_SUFFIX, aux_path, bank_shard_files, checkpoint_bytes, checkpoint_path, complete_path,
                      list_checkpoints, model_prefix, optimizer_path, rank_state_path, read_rank_state,
                      read_state, state_path)
 
@@ -46,7 +45,7 @@ def load_optimizer_states(module, path):
     try:
         saved = mx.nd.load(path)
     except mx.base.MXNetError as err:
-        raise UsageError(f"cannot read optimizer state {path}: {str(err).splitlines()[0]}") from None
+        raise UsageError(f"cannot read optimizer state {path}: {mxnet_reason(err)}") from None
     parts = {}
     for key, array in (saved.items() if isinstance(saved, dict) else ()):
         index, k, count = (int(x) for x in key.split("."))
@@ -112,14 +111,13 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
             work()
             problem = None
         except (OSError, mx.base.MXNetError) as error:     # MXNet's writers raise MXNetError
-            last_line = str(error).strip().splitlines()[-1]    # MXNet's: after its C++ traceback
-            problem = f"rank {rank}: {last_line.replace('MXNetError: ', '')}"
+            problem = f"rank {rank}: {mxnet_reason(error)}"
         problems = [p for p in dist.allgather_object(problem, f"checkpoint.{step}.{stage}") if p]
         if problems:
             if rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
             values = sum(v.size for v in list(arg_params.values()) + list(aux_params.values()))
-            needed = checkpoint_bytes(values, module.bank.num_classes, module.bank.embedding_size)
+            needed = checkpoint_bytes(values, module.partial_fc.bank.num_classes, module.partial_fc.bank.embedding_size)
             previous = list_checkpoints(models_root)
             raise CheckpointError(f"cannot write checkpoint {final} ({problems[0]}); "
                                   f"{_space_note(models_root, needed)}; the partial checkpoint was "
@@ -132,10 +130,10 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
             os.makedirs(partial)
 
     def write_files():
-        write_shard(module.bank, bank_shard_files(partial, rank))
+        write_shard(module.partial_fc.bank, bank_shard_files(partial, rank))
         mx.nd.save(aux_path(partial, rank), module.backbone.get_params()[1])
         write_json(rank_state_path(partial, rank),
-                   {"sampler": module.sampler.state_dict(), "data": data_iter.state_dict()})
+                   {"sampler": module.partial_fc.sampler.state_dict(), "data": data_iter.state_dict()})
         if rank == 0:
             mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
                                      remove_amp_cast=False)
@@ -188,12 +186,12 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     load_optimizer_states(module, optimizer_path(checkpoint))
     module.set_num_update(step)
     if old_world == dist.size():
-        restore_shard(module.bank, bank_shard_files(checkpoint, rank))
+        restore_shard(module.partial_fc.bank, bank_shard_files(checkpoint, rank))
         rank_state = read_rank_state(checkpoint, rank)
-        module.sampler.load_state_dict(rank_state["sampler"])
+        module.partial_fc.sampler.load_state_dict(rank_state["sampler"])
         data_state = rank_state["data"]
     else:
-        restore_resharded(module.bank, [bank_shard_files(checkpoint, r) for r in range(old_world)])
+        restore_resharded(module.partial_fc.bank, [bank_shard_files(checkpoint, r) for r in range(old_world)])
         data_state = dict(read_rank_state(checkpoint, 0)["data"])
         data_state["batch_in_epoch"] = data_state["batch_in_epoch"] * old_world // dist.size()
     data_iter.load_state_dict(data_state)

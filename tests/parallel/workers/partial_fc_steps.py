@@ -10,11 +10,9 @@ import mxnet as mx
 import numpy as np
 
 from sample_fc import dist
-from sample_fc.margin import CombinedMargin
-from sample_fc.memory_bank import MemoryBank
 from sample_fc.module import SampleDistributeModule
-from sample_fc.optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
-from sample_fc.sampler import ClassCenterSampler
+from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
+from sample_fc.partial_fc import PartialFC, PartialFCOptions
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -48,17 +46,15 @@ embeddings = mx.sym.FullyConnected(mx.sym.Flatten(mx.sym.var("data")), num_hidde
 schedule = WarmupMultiStepSchedule(args.lr, warmup_steps=0, steps=[2], factor=0.5)
 backbone_opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=args.lr, momentum=0.9, wd=5e-4,
                                                      rescale_grad=1.0, lr_scheduler=schedule))
-bank = MemoryBank.for_rank(args.classes, rank, world, args.embedding, mx.cpu(), seed=7)
-sampler = ClassCenterSampler.for_bank(bank, args.ratio, seed=7)
+options = PartialFCOptions(sample_ratio=args.ratio, sample_correction=args.sample_correction,
+                           sample_wd_correction=args.sample_wd_correction, loss_s=8.0, head_kernel=args.head_kernel,
+                           seed=7)                        # margin (1, 0.5, 0), the bank's SGD (0.9, 5e-4)
+partial_fc = PartialFC.for_rank(args.classes, rank, world, args.embedding, mx.cpu(), options, schedule)
+bank, sampler = partial_fc.bank, partial_fc.sampler
 contexts = [mx.cpu(i) for i in range(args.contexts)]
-module = SampleDistributeModule(embeddings, bank=bank, sampler=sampler,
-                                margin=CombinedMargin(1.0, 0.5, 0.0, 8.0),
-                                bank_optimizer=MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-4),
-                                backbone_optimizer=backbone_opt, context=contexts, batch_size=b,
+module = SampleDistributeModule(embeddings, partial_fc, backbone_opt, context=contexts, batch_size=b,
                                 data_shape=data_shape, allgather=args.allgather,
-                                max_nonfinite_steps=args.max_nonfinite, head_kernel=args.head_kernel,
-                                sample_correction=args.sample_correction,
-                                sample_wd_correction=args.sample_wd_correction)
+                                max_nonfinite_steps=args.max_nonfinite)
 module.init_params(arg_params={"fc_embed_weight": mx.nd.array(init_weight),
                                "fc_embed_bias": mx.nd.zeros(args.embedding)}, aux_params={})
 module.broadcast_parameters()
@@ -75,12 +71,12 @@ losses, sampled, grad_norms = [], [], []
 
 
 def recording_sampler(all_labels, num_update=None):
-    target, index = sampler(all_labels, num_update)
-    sampled.append(index + bank.class_start)
-    return target, index
+    sample = sampler(all_labels, num_update)
+    sampled.append(sample.index + bank.class_start)
+    return sample
 
 
-module.sampler = recording_sampler
+partial_fc.sampler = recording_sampler
 for step in range(args.steps):
     rows = slice(rank * b, (rank + 1) * b)
     rank_data = data[step, rows].copy()
