@@ -22,11 +22,12 @@ import default
 from symbols.cost import backbone_cost, network_table
 from sample_fc import builder, checkpoint, dist, resume, run_root
 from sample_fc.checkpoint import CheckpointError
-from sample_fc.config import format_config, save_config, write_json
+from sample_fc.config import format_config, save_config
 from sample_fc.data.demo import ensure_demo
-from sample_fc.errors import ERROR_PREFIX, FAILURE_EXIT, USAGE_EXIT, UsageError
-from sample_fc.launch import launcher_rank
+from sample_fc.errors import ERROR_PREFIX, FAILURE_EXIT, USAGE_EXIT, UsageError, mxnet_reason
 from sample_fc.module import NonFiniteError
+from sample_fc.ranks import launcher_rank
+from sample_fc.run_request import RunRequest, RunStatus
 from sample_fc.watchdog import StepWatchdog
 
 SHUTDOWN_GRACE_S = 3    # a rank stopped by another's failure exits this much later, so the
@@ -46,15 +47,16 @@ class OneLineParser(argparse.ArgumentParser):
         return super().format_help()
 
 
-def fail(message, code, print_it=True):
+def fail(message, code, print_it=True, status=None):
     """Exit with one error line. Only the rank that prints exits non-zero; the others exit 0
     right away, so the launcher (mpirun, horovodrun) never stops the job on a silent rank
     before the printing rank's line has reached the terminal, and reports the printer's code.
     Once Horovod runs, the exit skips interpreter teardown (os._exit): MXNet's engine, the
     decode threads and Horovod's thread may still be busy, and tearing down under them can
-    crash ("corrupted size vs. prev_size") and replace the exit code. Rank 0 of a started run
-    records the failure in the run's status."""
-    record_failure(message)
+    crash ("corrupted size vs. prev_size") and replace the exit code. `status`, the job's
+    RunStatus once the run may have started: rank 0 of a started run records the failure there."""
+    if status is not None:
+        status.failed(message)
     if print_it:
         print(f"{ERROR_PREFIX}{message}", file=sys.stderr, flush=True)
     code = code if print_it else 0
@@ -100,46 +102,25 @@ def say(line):
         print(f"train.py: {line}", file=sys.stderr, flush=True)
 
 
-RUN_STATUS = {}         # {"root": models root} once rank 0 keeps the run's status (record_failure)
+def read_request(args):
+    """The job's RunRequest: the command line and the restart supervisor's environment, read
+    once; an automatic restart continues its run from the root's newest checkpoint of it."""
+    request = RunRequest.read(args)
+    if request.auto_resume:                          # restarted by restart.py
+        typed = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
+        request = request.restarted(request.models_root_for(typed))
+    return request
 
 
-def record_failure(message):
-    """Mark the run failed in its status.json with `message` (rank 0 of a started run)."""
-    if RUN_STATUS.get("root"):
-        run_root.write_status(RUN_STATUS.pop("root"), state="failed", error=message)
-
-
-def models_root_for(args, cfg):
-    """--models-root; else, resuming, that run's own root; else models/<dataset>_<network>."""
-    if args.models_root:
-        return args.models_root
-    if args.resume:
-        return checkpoint.models_root_of(args.resume)
-    return os.path.join("models", f"{cfg.dataset}_{cfg.network}")
-
-
-def continued_run(path):
-    """The run a --resume PATH continues: the restart supervisor's (run_root.RUN_ID_ENV), else
-    the models root's own; None for a checkpoint named directly (it is the one taken)."""
-    if path is None or checkpoint.is_complete(path):
-        return None
-    return os.environ.get(run_root.RUN_ID_ENV) or run_root.run_id_of(path)
-
-
-def build_config(args):
+def build_config(args, request):
     """The run's config (default.config_for_run); the demo data built on first use; the
     dataset's own class count and image size (its property file) unless --set names them."""
-    if args.start_over and args.resume:
-        raise UsageError("--start-over begins a new run; --resume continues one: give one of them")
-    if not args.resume and os.environ.get(run_root.AUTO_RESUME_ENV) == "1":     # restarted (restart.py)
-        root = models_root_for(args, default.config_for_run(args.dataset, args.network, args.loss, args.overrides))
-        args.resume = root if run_root.checkpoints_of_run(root, continued_run(root)) else None
-    resumed = resume.saved_config(args.resume, continued_run(args.resume), note=say) if args.resume else None
+    resumed = resume.saved_config(request.resume, request.continued_run, note=say) if request.resume else None
     cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed, note=say)
     if cfg.dataset == "demo" and cfg.rec == default.get_config("demo").rec:
         ensure_demo(os.path.dirname(cfg.rec),                # ranks and jobs wait on its lock; the
                     log=lambda line: print(f"train.py: {line}", file=sys.stderr, flush=True))  # builder says so
-    if not args.resume:
+    if not request.resume:
         explicit = {text.split("=", 1)[0].strip() for text in default.renamed_overrides(args.overrides)}
         for note in builder.fill_from_property(cfg, explicit):
             say(note)
@@ -151,29 +132,33 @@ def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
     try:
-        cfg = build_config(args)
+        request = read_request(args)     # the only reader of the restart supervisor's environment
+        cfg = build_config(args, request)
     except UsageError as error:
         parser.error(str(error))
     if args.print_config:
         print(json.dumps(cfg, indent=2, sort_keys=True))
         return 0
     dist.init(stall_shutdown_s=cfg.collective_timeout_s)
+    status = RunStatus(request)          # rank 0 records in the run's status.json from start_run on
     try:
-        return train(cfg, args)
+        return train(cfg, request, status)
     except (NonFiniteError, CheckpointError) as error:     # every rank raises it at the same step
-        fail(str(error), FAILURE_EXIT, print_it=dist.rank() == 0)
+        fail(str(error), FAILURE_EXIT, print_it=dist.rank() == 0, status=status)
     except UsageError as error:          # found by this rank (its data reader); horovodrun stops the others
-        fail(f"{error} (rank {dist.rank()})", USAGE_EXIT)
+        fail(f"{error} (rank {dist.rank()})", USAGE_EXIT, status=status)
     except mx.base.MXNetError as error:
         if dist.is_shutdown_error(error):
             time.sleep(SHUTDOWN_GRACE_S)   # the launcher should see the causing rank's exit first
-            fail(f"Horovod shut the job down while rank {dist.rank()} waited in a collective: another "
-                 f"rank failed or stalled for more than collective_timeout_s={cfg.collective_timeout_s} s "
-                 f"(rank 0's 'Missing ranks' report names it)", FAILURE_EXIT)
-        record_failure(f"MXNetError: {str(error).strip().splitlines()[-1]}")
+            message = (f"Horovod shut the job down while rank {dist.rank()} waited in a collective: another "
+                       f"rank failed or stalled for more than collective_timeout_s={cfg.collective_timeout_s} s "
+                       f"(rank 0's 'Missing ranks' report names it)")
+            status.failed(message, is_cause=False)     # the cause is another rank's (its own line)
+            fail(message, FAILURE_EXIT)
+        status.failed(f"MXNetError: {mxnet_reason(error)}")
         raise
     except Exception as error:           # a bug or an unforeseen failure: its traceback follows
-        record_failure(f"{type(error).__name__}: {error}")
+        status.failed(f"{type(error).__name__}: {error}")
         raise
 
 
@@ -200,57 +185,52 @@ def take_root(models_root, start_over, token):
     return lock, moved
 
 
-def start_run(cfg, models_root, run, run_id, world, logger):
+def start_run(cfg, models_root, run, run_id, world, logger, status):
     """Rank 0, the root taken: its log, config.json, the status (running) and, for a restart
-    supervisor, where the run lives. From here a failure is recorded in the status."""
+    supervisor, where the run lives (RunStatus.start). From here a failure is recorded in the status."""
     builder.log_to_file(logger, os.path.join(models_root, "train.log"))
     save_config(dict(cfg, run_id=run_id), os.path.join(models_root, "config.json"))
-    run_root.write_status(models_root, run_id=run_id, state="running", step=run.resumed_at or 0,
-                          checkpoint=run.resume_from, checkpoint_step=run.resumed_at, error=None,
-                          world_size=world, pid=os.getpid())
-    RUN_STATUS["root"] = models_root
-    if os.environ.get(run_root.RUN_FILE_ENV):
-        write_json(os.environ[run_root.RUN_FILE_ENV], {"models_root": os.path.abspath(models_root), "run_id": run_id})
+    status.start(models_root, run_id, step=run.resumed_at or 0, checkpoint=run.resume_from,
+                 checkpoint_step=run.resumed_at, world_size=world, pid=os.getpid())
     logger.info("world size %d; run %s in %s; config:\n%s", world, run_id, models_root, format_config(cfg))
 
 
-def train(cfg, args):
-    """The training job on this rank, Horovod initialised; returns the exit code (0)."""
+def train(cfg, request, status):
+    """The training job on this rank, Horovod initialised, as `request` (RunRequest) asks;
+    rank 0 keeps the run's `status` (RunStatus). Returns the exit code (0)."""
     rank, world = dist.rank(), dist.size()
     logger = builder.setup_logger(rank)
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    models_root, token = models_root_for(args, cfg), os.environ.get(run_root.LOCK_TOKEN_ENV, "")
+    models_root = request.models_root_for(cfg)
     # every rank checks the models root, config, data and checkpoint before anything is written
-    run = on_every_rank(lambda: builder.open_run(
-        cfg, models_root, args.resume, args.pretrained, rank, world, dist.local_rank(), logger,
-        continued_run(args.resume), args.start_over, token, dist.local_size()), "setup.problems")
-    lock, moved = on_every_rank(lambda: take_root(models_root, args.start_over, token) if rank == 0 else
-                                (None, None), "setup.root")      # rank 0 owns the root from here
+    run = on_every_rank(lambda: builder.open_run(cfg, models_root, request, rank, world, dist.local_rank(), logger,
+                                                 dist.local_size()), "setup.problems")
+    lock, moved = on_every_rank(lambda: take_root(models_root, request.start_over, request.lock_token)
+                                if rank == 0 else (None, None), "setup.root")      # rank 0 owns the root from here
     run_id = dist.allgather_object(run.run_id, "setup.run_id")[0]
 
     os.makedirs(models_root, exist_ok=True)
     if rank == 0:
-        start_run(cfg, models_root, run, run_id, world, logger)
+        start_run(cfg, models_root, run, run_id, world, logger, status)
         if moved:
             logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
         logger.info("memory plan: %s", run.plan.summary())
         cost = backbone_cost(run.symbol, cfg.image_size)
         logger.info("backbone %s at %d px: %.2fM parameters, %.3f G multiply-adds per image",
                     cfg.network, cfg.image_size, cost.params / 1e6, cost.multiply_adds / 1e9)
-    module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, logger, run.pretrained)
+    module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, run.pretrained)
     if run.resume_from:
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,
                                              cfg.embedding_size)
         logger.info("resumed from %s at step %d", run.resume_from, step)
-    watchdog = StepWatchdog(cfg.step_timeout_s, rank, on_timeout=lambda line: fail(line, FAILURE_EXIT)).start()
+    watchdog = StepWatchdog(cfg.step_timeout_s, rank, on_timeout=lambda line: fail(line, FAILURE_EXIT, status=status)).start()
     events = builder.RunEvents(cfg, run, module, rank, world, logger, watchdog, run_id)
     module.fit(run.train_iter, cfg.max_update, events.callbacks)
     events.end_of_run(module.num_update)
     watchdog.stop()
     if rank == 0:
-        run_root.write_status(models_root, state="done", step=module.num_update)
-        RUN_STATUS.clear()
+        status.done(module.num_update)
         lock.release()
     logger.info("done: %d steps, checkpoints in %s", module.num_update, models_root)
     mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod

@@ -9,11 +9,15 @@ step reached and the last complete checkpoint. Between attempts the supervisor h
 models root's lock, and each attempt gets its token (LOCK_TOKEN_ENV), so no other job can
 take the root; a restart continues that run only (RUN_ID_ENV, AUTO_RESUME_ENV: train.py
 resumes from the run's newest complete checkpoint, or starts it afresh when it has none).
-Each restart is logged with its cause (exit code, the failing rank's error line) and the step
-it resumes from. It re-reads the hosts (-H or --hostfile) and keeps those still reachable
-(ssh); fewer workers resume with the bank resharded; fewer than --min-workers stops. Not
-retried: a mistake (exit code errors.USAGE_EXIT), or the same error line twice in a row from
-the same checkpoint (a rank that is killed or hangs says nothing deterministic and is retried).
+Each attempt has its id (ATTEMPT_ENV), which rank 0 writes into the status: the supervisor
+reads the cause of a failure from the status of that attempt only (failure_cause: the error
+rank 0 recorded there, or none) and the exit code; it never reads the job's output, which it
+passes through untouched. Each restart is logged with its cause and the step it resumes from.
+It re-reads the hosts (-H or --hostfile) and keeps those still reachable (ssh); fewer workers
+resume with the bank resharded; fewer than --min-workers stops. Not retried: a mistake (exit
+code errors.USAGE_EXIT), or the same error recorded twice in a row from the same checkpoint
+(an attempt without a recorded error, or with only rank 0's view of another rank's failure,
+says nothing deterministic and is retried).
 """
 import json
 import os
@@ -24,10 +28,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import deque
 
 from . import run_root
-from .errors import ERROR_PREFIX, USAGE_EXIT, UsageError
+from .errors import USAGE_EXIT, UsageError
 
 LOCK_WAIT_S = 30        # a failed job's processes may take this long to let go of the root's lock
 LOCAL_HOSTS = {"localhost", "127.0.0.1", socket.gethostname()}
@@ -105,40 +108,37 @@ def current_hosts(args, reachable=ssh_reachable):
     return [(name, slots) for name, slots in hosts if reachable(name, args)], hosts
 
 
-def run_streaming(command, env):
-    """Run command, passing its output through; returns (exit code, its last 400 lines)."""
-    tail = deque(maxlen=400)
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=env, bufsize=1) as proc:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            tail.append(line.rstrip("\n"))
-    return proc.returncode, list(tail)
+def run_attempt(command, env):
+    """Run command, its output going straight to ours; returns its exit code."""
+    sys.stdout.flush()
+    return subprocess.run(command, env=env).returncode
 
 
-def cause_of(code, lines, status):
-    """(what ended the job, whether it said so itself): the first rank's error line, else the
-    run's status error, else the launcher's line naming the first process to exit (a killed
-    rank says nothing)."""
-    said = [line.split(ERROR_PREFIX, 1)[1].strip() for line in lines if ERROR_PREFIX in line]
-    if not said and status and status.get("state") == "failed" and status.get("error"):
-        said = [status["error"]]
-    if said:
-        return f"exit code {code}, {said[0]}", True
-    launcher = [line.strip() for line in lines if "exited first" in line or "exit with status code" in line]
-    return f"exit code {code}" + (f" ({launcher[-1]})" if launcher else ""), False
+def failure_cause(code, status):
+    """(what ended an attempt that exited with `code`, whether seeing it again from the same
+    checkpoint means it repeats), from `status`: that attempt's status.json, None when the
+    attempt wrote none (it ended before its run started, or rank 0 runs on another host). The
+    error rank 0 recorded (state failed) is the cause; it repeats unless rank 0 only saw
+    another rank's failure shut the job down (error_is_cause false). Without one, a rank was
+    killed or hung, or failed on another rank than 0 (its own output says how)."""
+    if status and status.get("state") == "failed" and status.get("error"):
+        return f"exit code {code}, {status['error']}", status.get("error_is_cause") is not False
+    if status is None:
+        return f"exit code {code} (no status from this attempt: it ended before its run started)", False
+    return f"exit code {code} (no error recorded: a rank was killed or hung, or failed on a rank other than 0)", False
 
 
-def read_run(run_file):
-    """(models root, run id, status) the job reported, each None when it did not say."""
+def read_run(run_file, attempt):
+    """(models root, run id, the root's status, the status if attempt `attempt` wrote it) the
+    job reported, each None when it did not say."""
     try:
         with open(run_file) as handle:
             run = json.load(handle)
     except (OSError, ValueError):
-        return None, None, None
+        return None, None, None, None
     root = run.get("models_root")
-    return root, run.get("run_id"), run_root.read_status(root) if root else None
+    status = run_root.read_status(root) if root else None
+    return root, run.get("run_id"), status, status if status and status.get("attempt") == attempt else None
 
 
 def hold_root(root, token):
@@ -162,26 +162,29 @@ def supervise(horovodrun_argv, max_restarts, min_workers=1):
     with tempfile.TemporaryDirectory(prefix="sample_fc-restart-") as folder:
         run_file = os.path.join(folder, "run.json")
         env = dict(os.environ, **{run_root.LOCK_TOKEN_ENV: token, run_root.RUN_FILE_ENV: run_file})
-        env.pop(run_root.AUTO_RESUME_ENV, None)        # the first attempt is the command as typed
+        for variable in (run_root.AUTO_RESUME_ENV, run_root.RUN_ID_ENV):
+            env.pop(variable, None)                    # the first attempt is the command as typed
         args, previous, restarts, redone, lost_s, lock = list(horovodrun_argv), None, 0, 0, 0.0, None
         try:
             while True:
-                start = time.monotonic()
-                code, lines = run_streaming(args, env)
+                start, attempt = time.monotonic(), f"{restarts + 1}-{uuid.uuid4().hex[:8]}"
+                env[run_root.ATTEMPT_ENV] = attempt
+                code = run_attempt(args, env)
                 if code == 0:
                     if restarts:
                         log(f"done after {restarts} restart(s): {redone} steps redone, "
                             f"{lost_s:.0f} s spent in failed attempts")
                     return 0
                 lost_s += time.monotonic() - start
-                root, run_id, status = read_run(run_file)
-                step = (status or {}).get("checkpoint_step")
-                cause, said = cause_of(code, lines, status)
+                root, run_id, status, attempt_status = read_run(run_file, attempt)
+                step = (status or {}).get("checkpoint_step")     # where the run stands, whichever attempt said it
+                cause, repeats = failure_cause(code, attempt_status)
                 if code == USAGE_EXIT:
-                    log(f"not restarted: {cause} is a mistake in the command, config or data; fix it and run again")
+                    log(f"not restarted: exit code {code} is a mistake in the command, config or data (the "
+                        f"job's error line above names it); fix it and run again")
                     return code
-                if said and previous == (cause, step):
-                    log(f"not restarted: the same error twice at the same step ({cause})")
+                if repeats and previous == (cause, step):
+                    log(f"not restarted: the same error twice in a row from the same checkpoint ({cause})")
                     return code
                 if restarts >= max_restarts:
                     log(f"giving up after {restarts} restart(s): {cause}")
@@ -204,8 +207,8 @@ def supervise(horovodrun_argv, max_restarts, min_workers=1):
                 if run_id:
                     env[run_root.RUN_ID_ENV] = run_id
                 env[run_root.AUTO_RESUME_ENV] = "1"
-                redone += max(0, (status or {}).get("step", 0) - (step or 0))
-                previous, restarts = (cause, step), restarts + 1
+                redone += max(0, (attempt_status or {}).get("step", 0) - (step or 0))
+                previous, restarts = (cause, step) if repeats else None, restarts + 1
                 log(f"restart {restarts}/{max_restarts} after {cause}; resuming from "
                     f"{f'step {step} in {root}' if step is not None else 'the start (no checkpoint yet)'}")
         finally:

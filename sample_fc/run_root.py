@@ -5,7 +5,9 @@
                              process. Its text names the holder: host, pid, start time, token.
     <root>/status.json       written atomically by rank 0: the run id, state (running | failed |
                              done), the last step reached, the last complete checkpoint and its
-                             step, the last verification, the error line when it failed.
+                             step, the last verification, the error line when it failed (and
+                             error_is_cause: false when rank 0 only saw another rank's failure
+                             shut the job down), the restart supervisor's attempt id.
     <root>/progress.jsonl    one JSON line per progress line of the log (rank 0): step, loss, lr,
                              samples/s, gradient norm. restart.py, bench and the tests read these
                              two files; nothing parses log lines for progress.
@@ -33,6 +35,8 @@ AUTO_RESUME_ENV = "SAMPLE_FC_AUTO_RESUME"   # "1": continue the root's run from 
 RUN_ID_ENV = "SAMPLE_FC_RUN_ID"             # the run being continued (a fresh attempt takes this id)
 LOCK_TOKEN_ENV = "SAMPLE_FC_LOCK_TOKEN"     # the token of the lock the supervisor holds for the job
 RUN_FILE_ENV = "SAMPLE_FC_RUN_FILE"         # where rank 0 writes {"models_root", "run_id"} at start
+ATTEMPT_ENV = "SAMPLE_FC_ATTEMPT"           # this attempt's id, which rank 0 writes into status.json
+# (train.py reads them once, into run_request.RunRequest)
 
 
 def lock_path(models_root):

@@ -148,15 +148,19 @@ def _script(tmp_path, body):
 
 
 def test_supervise_restarts_until_success_and_stops_on_a_repeated_error(tmp_path, capsys):
-    """Test the restart loop alone: a job failing twice (killed, no error line) then succeeding
-    ends 0 after 2 restarts; a job printing the same error line every time stops after one
-    restart; a limit of 1 restart is respected."""
+    """Test the restart loop alone: a job failing twice (killed, no error recorded) then
+    succeeding ends 0 after 2 restarts; a job recording the same error in its status.json every
+    time stops after one restart; a limit of 1 restart is respected."""
     from sample_fc.restart import supervise
     flaky = _script(tmp_path, "sys.exit(0 if n >= 3 else 137)\n")
     assert supervise(flaky, max_restarts=5) == 0
     assert (tmp_path / "attempts").read_text() == "3"
     (tmp_path / "attempts").unlink()
-    stuck = _script(tmp_path, "print('[0]<stderr>:train.py: error: rank 0 is out of luck')\nsys.exit(1)\n")
+    stuck = _script(tmp_path, "import json, os\nroot = count.parent / 'root'\nroot.mkdir(exist_ok=True)\n"
+                              "(root / 'status.json').write_text(json.dumps({'state': 'failed', 'error': 'rank 0 is "
+                              "out of luck', 'attempt': os.environ['SAMPLE_FC_ATTEMPT']}))\n"
+                              "pathlib.Path(os.environ['SAMPLE_FC_RUN_FILE']).write_text(json.dumps("
+                              "{'models_root': str(root), 'run_id': 'r1'}))\nsys.exit(1)\n")
     assert supervise(stuck, max_restarts=5) == 1
     assert (tmp_path / "attempts").read_text() == "2"
     assert "the same error twice" in capsys.readouterr().err
