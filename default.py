@@ -298,7 +298,7 @@ def get_config(dataset='demo', network=None, loss=None):
         network: one of NETWORKS, or None for the dataset's (default_network).
         loss: one of LOSSES (its published margins), or None for the dataset's own recipe.
     Raises:
-        ValueError: an unknown preset name (the message lists the choices).
+        UsageError: an unknown preset name (the message lists the choices).
     """
     cfg = _base_config()
     network = network or default_network(dataset)
@@ -358,7 +358,7 @@ def config_from_checkpoint(saved, note=lambda line: None):
     """The config of a saved run (the `config` of a checkpoint's state.json): the defaults of
     its presets for keys added since it was written (VALUE_BEFORE_KEY where the default would
     change how it trains), then every saved value (under its current name: RENAMED_KEYS).
-    Raises ValueError for a preset name this version does not know."""
+    Raises UsageError for a preset name this version does not know."""
     saved = {_renamed(key, note): value for key, value in saved.items()}
     cfg = get_config(saved.get('dataset'), saved.get('network'), saved.get('loss'))
     for key in cfg:
@@ -370,7 +370,7 @@ def config_from_checkpoint(saved, note=lambda line: None):
 
 
 def resume_changes(saved, cfg):
-    """ValueError naming the first fixed key whose value differs between the resumed run's
+    """UsageError naming the first fixed key whose value differs between the resumed run's
     config `saved` and `cfg` (the same run with this command line's settings)."""
     for key in cfg:
         if key not in RESUME_MUTABLE and cfg[key] != saved[key]:
@@ -383,7 +383,7 @@ def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=
     """The config of a run from its command line: presets (the demo's by default) and
     `key=value` overrides; or, resuming, the run's saved config (`resumed`: the `config` of
     its checkpoint), which presets and overrides may change only in RESUME_MUTABLE keys.
-    note(line) is told of old key names read (RENAMED_KEYS). Raises ValueError naming the
+    note(line) is told of old key names read (RENAMED_KEYS). Raises UsageError naming the
     bad key or value."""
     overrides = renamed_overrides(overrides, note)
     for text in overrides:
@@ -411,7 +411,7 @@ def _fail(key, value, expected):
 def check_config(cfg):
     """Check the values a type check cannot: choices, ranges, schedule order.
 
-    Call after applying overrides. Raises ValueError naming the key, the bad value and
+    Call after applying overrides. Raises UsageError naming the key, the bad value and
     what is allowed. World-size checks (num_classes >= workers) belong to train.py.
     """
     for key, choices in (('dataset', DATASETS), ('network', NETWORKS), ('loss', LOSSES),
@@ -426,6 +426,9 @@ def check_config(cfg):
                 'collective_timeout_s'):
         if cfg[key] < 1:
             _fail(key, cfg[key], "an integer >= 1")
+    if cfg.image_size % 16:
+        _fail('image_size', cfg.image_size, "a multiple of 16 (every backbone downsamples by 16: 112 -> 7x7; "
+              "a dataset's images are resized to it)")
     for key in ('num_images', 'warmup_steps', 'verify_period', 'step_timeout_s', 'margin_warmup_steps',
                 'sample_ratio_warmup_steps'):
         if cfg[key] < 0:

@@ -21,7 +21,7 @@ _FALSE = ('false', '0', 'no')
 def parse_override(text):
     """Split "key=value" at the first '=' into (key, raw_value); the value may be empty.
 
-    Raises ValueError naming the text when there is no '=' or the key is empty.
+    Raises UsageError naming the text when there is no '=' or the key is empty.
     """
     key, sep, raw = text.partition('=')
     key = key.strip()
@@ -43,7 +43,7 @@ def _bad(key, raw, expected):
 
 
 def _to_scalar(key, raw, kind):
-    """Convert the string raw to bool, int, float or str; ValueError on mismatch."""
+    """Convert the string raw to bool, int, float or str; UsageError on mismatch."""
     text = raw.strip()
     if kind is bool:
         if text.lower() in _TRUE:
@@ -132,7 +132,7 @@ def apply_overrides(cfg, overrides):
 
     Each key must exist (the config is flat); the value is converted to the existing value's
     type. All overrides are checked before any is applied, so on error
-    cfg is unchanged. Raises ValueError naming the key, the bad value and the type.
+    cfg is unchanged. Raises UsageError naming the key, the bad value and the type.
     """
     updates = []
     for text in overrides:

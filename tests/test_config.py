@@ -143,7 +143,7 @@ def test_preset_cannot_add_a_key_or_change_a_type(monkeypatch):
     ('sample_ratio=1.5', 'sample_ratio'), ('batch_size=0', 'batch_size'),
     ('lr_steps=300,200', 'lr_steps'), ('lr=-0.1', 'lr'), ('dataset=nope', 'dataset'),
     ('rec=', 'rec'), ('clip_grad_norm=-1', 'clip_grad_norm'), ('clip_grad_norm=nan', 'clip_grad_norm'),
-    ('backbone_init=kaiming', 'backbone_init')])
+    ('backbone_init=kaiming', 'backbone_init'), ('image_size=100', 'image_size')])
 def test_check_config_rejects_bad_values(override, key):
     """Test that check_config names the key and the bad value for out-of-range settings."""
     cfg = apply_overrides(default.get_config(), [override])

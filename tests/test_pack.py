@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from sample_fc.data import FaceRecordIter
+from sample_fc.errors import UsageError
 from sample_fc.tools.pack import main, pack_folder
 
 NAMES = ["alice", "bob", "carol"]  # sorted -> ids 0, 1, 2
@@ -88,7 +89,7 @@ def test_unreadable_image_error_or_skip(image_folder, tmp_path, capsys):
     images, _ = image_folder
     bad = images / "bob" / "1.png"
     bad.write_bytes(b"definitely not a png")
-    with pytest.raises(OSError, match="bob/1.png"):
+    with pytest.raises(UsageError, match="bob/1.png"):
         pack_folder(str(images), str(tmp_path / "fail" / "train"), image_size=32, progress=False)
     assert not (tmp_path / "fail" / "train.rec").exists()  # no partial dataset left behind
     main(["--images", str(images), "--out", str(tmp_path / "skip" / "train"), "--image-size", "32",

@@ -1,4 +1,4 @@
-"""Tests for the command-line tools sample_fc.tools.make_bin, .verify, .embed and model_io."""
+"""Tests for the command-line tools sample_fc.tools.make_bin, .verify, .embed, model_io and cli."""
 import io
 import json
 import os
@@ -13,8 +13,9 @@ import pytest
 from PIL import Image
 
 import symbols
-from sample_fc.tools import embed, make_bin, model_io
+from sample_fc.tools import cli, embed, make_bin, model_io
 from sample_fc.data.bin_format import load_bin
+from sample_fc.errors import MissingFileError, UsageError
 from sample_fc.harness import single_thread_env
 from sample_fc.verification import Embedder, evaluate
 
@@ -227,6 +228,51 @@ def test_embed_errors_name_the_bad_path(workspace, tmp_path, capsys):
                         "--out", str(tmp_path / "e.npy")])
         assert stop.value.code == 1
         assert wanted in capsys.readouterr().err
+
+
+def test_a_bug_in_a_tool_keeps_its_traceback(capsys):
+    """Test that a bug in a tool keeps its traceback: run_or_exit lets a plain ValueError or
+    OSError out of work() as it is, and turns only a UsageError into one line and exit 1."""
+    parser = cli.make_parser("sample_fc.tools.some_tool", "a tool")
+
+    def raising(error):
+        def work():
+            raise error
+        return work
+
+    for bug in (ValueError("a programming mistake"), FileNotFoundError(2, "No such file", "x.txt")):
+        with pytest.raises(type(bug)) as raised:
+            cli.run_or_exit(parser, raising(bug))
+        assert raised.value is bug
+    for mistake in (UsageError("--model m: no such thing"), MissingFileError("--bin b.bin: no such file")):
+        with pytest.raises(SystemExit) as stop:
+            cli.run_or_exit(parser, raising(mistake))
+        assert stop.value.code == 1
+        assert capsys.readouterr().err == f"python -m sample_fc.tools.some_tool: error: {mistake}\n"
+    assert cli.run_or_exit(parser, lambda: 7) == 7
+
+
+def test_unloadable_params_and_missing_inputs_are_usage_errors(workspace, tmp_path):
+    """Test that a .params MXNet refuses to load is a UsageError carrying MXNet's reason (the
+    last line of its message, not its C++ traceback), and that a missing pairs file, an output
+    folder that does not exist and a GPU MXNet does not see are UsageErrors naming them."""
+    prefix = tmp_path / "model"
+    (tmp_path / "model-symbol.json").write_bytes((workspace["checkpoint"] / "model-symbol.json").read_bytes())
+    (tmp_path / f"model-{STEP:04d}.params").write_bytes(b"not an NDArray file" * 10)
+    with pytest.raises(UsageError) as raised:
+        model_io.load_model(str(prefix))
+    message = str(raised.value)
+    assert "\n" not in message and "Traceback" not in message and str(prefix) in message
+    assert "Invalid NDArray file format" in message, message
+    with pytest.raises(MissingFileError, match="no_pairs.txt"):
+        make_bin.make_bin(str(tmp_path / "no_pairs.txt"), str(tmp_path / "x.bin"))
+    write_faces(str(tmp_path), 2)
+    (tmp_path / "pairs.txt").write_text("face00.png face01.jpg 1\n")
+    with pytest.raises(MissingFileError, match="no_folder"):
+        make_bin.make_bin(str(tmp_path / "pairs.txt"), str(tmp_path / "no_folder" / "x.bin"), image_size=SIZE)
+    if mx.context.num_gpus() == 0:
+        with pytest.raises(UsageError, match="--context gpu:0: MXNet sees 0 GPU"):
+            model_io.check_context(mx.gpu(0))
 
 
 def test_tools_do_not_import_horovod():

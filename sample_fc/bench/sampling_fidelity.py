@@ -36,6 +36,7 @@ import numpy as np
 
 from ..checkpoint.layout import bank_shard_files, find_checkpoint, models_root_of, read_state
 from ..bank_shard import read_shard
+from ..errors import MissingFileError, UsageError
 from ..margin import CombinedMargin
 from ..sampler import class_center_sample, num_sample_for, sampled_logit_offsets
 from ..tools.cli import make_parser, run_or_exit
@@ -215,7 +216,7 @@ def read_images(rec, image_size, count=None, classes=None, rng=None):
     from ..data.recordio import label_to_int, open_record
     reader, keys, _ = open_record(rec)
     if count is not None and count > len(keys):
-        raise ValueError(f"--images {count}: {rec} has only {len(keys)} images")
+        raise UsageError(f"--images {count}: {rec} has only {len(keys)} images")
     wanted = set(int(c) for c in classes) if classes is not None else None
     images, labels = [], []
     for key in (rng.choice(keys, count, replace=False) if count is not None else keys):
@@ -223,7 +224,10 @@ def read_images(rec, image_size, count=None, classes=None, rng=None):
         label = label_to_int(header, key)
         if wanted is None or label in wanted:
             labels.append(label)
-            images.append(decode_rgb(payload, image_size))
+            try:
+                images.append(decode_rgb(payload, image_size))
+            except OSError as err:
+                raise UsageError(f"{rec}: record {key}: {err}") from None
     return np.stack(images), np.array(labels, dtype=np.int64)
 
 
@@ -267,7 +271,10 @@ def main(argv=None):
         import mxnet as mx
         from ..saved_model import load_model
         checkpoint = find_checkpoint(args.model, option="--model")
-        with open(os.path.join(models_root_of(checkpoint), "config.json")) as handle:
+        config_file = os.path.join(models_root_of(checkpoint), "config.json")
+        if not os.path.isfile(config_file):
+            raise MissingFileError(f"--model {args.model}: {config_file} (the run's config) does not exist")
+        with open(config_file) as handle:
             config = json.load(handle)
         ratio = config["sample_ratio"] if args.ratio is None else args.ratio
         centers, shards = load_centers(checkpoint)
@@ -284,7 +291,7 @@ def main(argv=None):
         print(describe(stats, ratio, args.draws))
         if args.classes:
             if args.classes > len(centers):
-                raise ValueError(f"--classes {args.classes}: the bank has {len(centers)} classes")
+                raise UsageError(f"--classes {args.classes}: the bank has {len(centers)} classes")
             classes = np.sort(rng.choice(len(centers), args.classes, replace=False))
             images, labels = read_images(args.rec, model.image_size, classes=classes)
             classes = np.unique(labels)

@@ -9,7 +9,7 @@ files.
 .bin files come from third-party mirrors, and a plain pickle.load calls whatever the file
 names (os.system, builtins.eval, ...). load_bin instead admits only the globals that this
 data needs, ADMITTED below, and refuses any other by name before anything is called; then it
-checks the structure. Every problem with a file is a ValueError naming it.
+checks the structure. Every problem with a file is a UsageError naming it.
 """
 import os
 import pickle
@@ -67,7 +67,7 @@ def _describe(value):
 def read_bin(path):
     """(list of 2P encoded images as bytes, issame np.bool_ (P,)) from a .bin, checked.
 
-    ValueError naming the file if it calls any global outside ADMITTED (refused, not run), is
+    UsageError naming the file if it calls any global outside ADMITTED (refused, not run), is
     not a pickle, or does not hold (images, issame) as described in the module docstring.
     """
     with open(path, "rb") as f:
@@ -127,7 +127,7 @@ def write_bin(path, encoded_images, issame):
 def load_bin(path, image_size=None):
     """Return (images uint8 (2P, H, W, 3) RGB, issame np.bool_ (P,)) from a .bin file.
 
-    The file is read by read_bin (only the data a .bin holds; ValueError naming the file
+    The file is read by read_bin (only the data a .bin holds; UsageError naming the file
     otherwise). image_size: None (all images must share one size), an int, or (height,
     width); images of another size are resized (bilinear).
     """

@@ -235,12 +235,15 @@ def demo_image_count(num_identities=200, images_per_identity=40, num_pairs=600):
 def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_val_identities=100,
               num_pairs=600, image_size=32, quality=95, progress=None):
     """Write out_dir/train.rec, train.idx, property and demo_val.bin; return a summary dict.
-    progress(n), when given, is told each time n more images are rendered."""
+    progress(n), when given, is told each time n more images are rendered. UsageError naming
+    a bad count or size, or an out_dir that is a file."""
     for name, value, low in (("seed", seed, 0), ("num_identities", num_identities, 1),
                              ("images_per_identity", images_per_identity, 1), ("image_size", image_size, 16),
                              ("num_val_identities", num_val_identities, 2), ("num_pairs", num_pairs, 2)):
         if not (isinstance(value, (int, np.integer)) and value >= low):
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            raise UsageError(f"{name} must be an integer >= {low}, got {value!r}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"{out_dir} is a file, not a folder for the demo dataset")
     os.makedirs(out_dir, exist_ok=True)
     done = progress or (lambda count: None)
     with RecordWriter(os.path.join(out_dir, "train"), image_size) as writer:

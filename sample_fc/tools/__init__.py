@@ -7,5 +7,7 @@
     make_bin   a pairs list -> a verification .bin
     demo_data  the built-in synthetic demo dataset
     plan       what a run needs per worker (bank, step, backbone, checkpoint) and whether it fits
-model_io holds the --model options of verify/embed/export; cli holds what the tools share.
+    ijb        IJB-B / IJB-C 1:1 verification (TAR@FAR) of a trained backbone
+model_io holds the --model options of verify/embed/export/ijb; cli holds what the tools share
+(the parser, the one-line exit for a UsageError, the progress bar).
 """

@@ -1,12 +1,17 @@
 """What the command-line tools share: their parser, the one-line error exit, a progress bar.
 
 Every tool is `python -m sample_fc.tools.<name>`; a mistake the tool anticipates (a missing
-file, a bad value, a model that does not load) ends it with one line
-`python -m sample_fc.tools.<name>: error: <message>` and exit code 1, no traceback.
+file, a bad value, an undecodable image, a model that does not load) is a UsageError
+(sample_fc.errors), raised where it is found, and ends the tool with one line
+`python -m sample_fc.tools.<name>: error: <message>` and exit code 1, no traceback. Any
+other exception (an OSError or ValueError nobody anticipated: a bug) keeps its traceback.
 """
 import argparse
+import os
 import sys
 import time
+
+from ..errors import MissingFileError, UsageError
 
 
 def make_parser(module_name, doc):
@@ -15,19 +20,21 @@ def make_parser(module_name, doc):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def expected_errors():
-    """The exceptions a tool reports in one line: OSError, ValueError and, when mxnet is
-    loaded, MXNetError (not imported here: make_bin and pack need no mxnet to start)."""
-    mxnet = sys.modules.get("mxnet")
-    return (OSError, ValueError) + ((mxnet.base.MXNetError,) if mxnet is not None else ())
-
-
 def run_or_exit(parser, work):
-    """work() (returns the tool's result); on an expected error print one line, exit 1."""
+    """work() (returns the tool's result); on a UsageError print one line and exit 1. Any
+    other exception propagates with its traceback."""
     try:
         return work()
-    except expected_errors() as err:
+    except UsageError as err:
         parser.exit(1, f"{parser.prog}: error: {err}\n")
+
+
+def check_output_folder(path, option):
+    """MissingFileError naming `option` when the folder that would hold the file `path` does
+    not exist (the tools that write one file do not create folders)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise MissingFileError(f"{option} {path}: the folder {folder} does not exist")
 
 
 class Progress:

@@ -14,31 +14,32 @@ import sys
 import numpy as np
 
 from ..data.images import IMAGE_EXTENSIONS, decode_rgb, is_image_file
+from ..errors import MissingFileError, UsageError
 from ..verification import Embedder, l2_normalize, to_nchw
-from .cli import make_parser, run_or_exit
+from .cli import check_output_folder, make_parser, run_or_exit
 from .model_io import add_model_arguments, batch_size_or_default, load_model_from_args
 
 
 def list_images(folder):
     """Relative paths (with '/') of the image files under folder, sorted."""
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"--images {folder}: not a directory")
+        raise MissingFileError(f"--images {folder}: not a directory")
     found = []
     for parent, _, names in os.walk(folder):
         for name in names:
             if is_image_file(name):
                 found.append(os.path.relpath(os.path.join(parent, name), folder).replace(os.sep, "/"))
     if not found:
-        raise ValueError(f"--images {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) under it")
+        raise UsageError(f"--images {folder}: no image files ({', '.join(IMAGE_EXTENSIONS)}) under it")
     return sorted(found)
 
 
 def read_image(path, image_size):
-    """uint8 (S, S, 3) RGB; OSError naming the path if it cannot be decoded."""
+    """uint8 (S, S, 3) RGB; UsageError naming the path if it cannot be read or decoded."""
     try:
         return decode_rgb(path, image_size)
     except OSError as err:
-        raise OSError(f"{path}: {err}") from err
+        raise UsageError(f"{path}: {err}") from err
 
 
 def embed_folder(model, folder, batch_size, ctx, flip=True):
@@ -72,6 +73,7 @@ def main(argv=None):
     if not args.out.endswith(".npy"):
         parser.error(f"--out must end in .npy, got {args.out!r}")
     def work():
+        check_output_folder(args.out, "--out")
         model = load_model_from_args(args)
         print(model.line(), flush=True)
         batch_size = batch_size_or_default(args.batch_size, model)

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
+from ..errors import UsageError
 from ..host_head import omp_threads
-from .cli import make_parser, run_or_exit
+from .cli import check_output_folder, make_parser, run_or_exit
 from .model_io import add_model_arguments, load_model_from_args
 
 TOLERANCE = 1e-4
@@ -122,14 +123,14 @@ def _name_batch_axis(model, symbol, image_size):
 
 def export_onnx(symbol, arg_params, aux_params, image_size, path, static_batch=None):
     """Write `path` (ONNX, input `data` (batch, 3, S, S) with a symbolic batch, or the fixed
-    `static_batch` when given); returns it. ValueError naming the ops and nodes if the symbol
+    `static_batch` when given); returns it. UsageError naming the ops and nodes if the symbol
     has ops mxnet.onnx cannot convert."""
     import onnx
     from mxnet.onnx import export_model
 
     missing = unsupported_ops(symbol)
     if missing:
-        raise ValueError("mxnet.onnx cannot convert these ops: " + "; ".join(
+        raise UsageError("mxnet.onnx cannot convert these ops: " + "; ".join(
             f"{op} (nodes {', '.join(names[:5])})" for op, names in sorted(missing.items())))
     symbol = _explicit_fc_flatten(symbol, image_size)
     params = fixed_gamma_params(symbol, arg_params)
@@ -143,7 +144,7 @@ def export_onnx(symbol, arg_params, aux_params, image_size, path, static_batch=N
             export_model(symbol, params, in_shapes=[(static_batch or 1, 3, image_size, image_size)],
                          in_types=[np.float32], onnx_file_path=path, **dynamic)
     except NotImplementedError as err:      # a supported op with unsupported attributes
-        raise ValueError(f"mxnet.onnx cannot convert this symbol: {err}") from err
+        raise UsageError(f"mxnet.onnx cannot convert this symbol: {err}") from err
     model = onnx.load(path)
     _channel_slopes(model)
     initializers = {tensor.name for tensor in model.graph.initializer}
@@ -196,9 +197,9 @@ def _channel_slopes(model):
 def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, ctx,
                        batch_sizes=CHECK_BATCH_SIZES, batches=2, seed=0):
     """[ExportCheck per batch size] of the ONNX file against MXNet (inference mode, these
-    params), each on `batches` batches of uniform random pixels 0..255. ValueError if
-    onnxruntime cannot run a batch size (e.g. a file with a static batch) or gives another
-    output shape than MXNet."""
+    params), each on `batches` batches of uniform random pixels 0..255. UsageError (the check's
+    verdict on the file, as a difference above the tolerance is) if onnxruntime cannot run a
+    batch size (e.g. a file with a static batch) or gives another output shape than MXNet."""
     import onnxruntime
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
@@ -220,10 +221,10 @@ def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, ctx,
             try:
                 exported = session.run(None, {"data": pixels})[0]
             except (ort_errors.InvalidArgument, ort_errors.RuntimeException, ort_errors.Fail) as err:
-                raise ValueError(f"{path}: onnxruntime cannot run a batch of {batch_size}: "
+                raise UsageError(f"{path}: onnxruntime cannot run a batch of {batch_size}: "
                                  f"{' '.join(str(err).split())}") from err
             if exported.shape != reference.shape:
-                raise ValueError(f"{path}: output shape {exported.shape} for a batch of "
+                raise UsageError(f"{path}: output shape {exported.shape} for a batch of "
                                  f"{batch_size}, MXNet gives {reference.shape}")
             max_abs = max(max_abs, float(np.abs(exported - reference).max()))
             reference_max = max(reference_max, float(np.abs(reference).max()))
@@ -259,6 +260,7 @@ def main(argv=None):
         parser.error(f"--check-batches must be positive, got {args.check_batches}")
 
     def work():
+        check_output_folder(args.onnx, "--onnx")
         model = load_model_from_args(args)
         print(model.line(), flush=True)
         export_onnx(model.symbol, model.arg_params, model.aux_params, model.image_size, args.onnx,

@@ -253,7 +253,8 @@ def cache_key(model, release, flip):
 
 
 def embed_faces(model, release, root, cache, batch_size, ctx, flip=True, progress=True):
-    """(N, D) flip-summed embeddings of the aligned faces, chunk by chunk through the cache."""
+    """(N, D) flip-summed embeddings of the aligned faces, chunk by chunk through the cache;
+    UsageError naming a crop that cannot be read."""
     names, landmarks = release["names"], release["landmarks"]
     embedder = None
     rows = []
@@ -269,8 +270,8 @@ def embed_faces(model, release, root, cache, batch_size, ctx, flip=True, progres
                 path = os.path.join(root, "loose_crop", names[i])
                 try:
                     faces.append(align(open_image(path), landmarks[i], model.image_size))
-                except OSError as err:
-                    raise OSError(f"{path}: {err}") from None
+                except OSError as err:     # unreadable or not an image
+                    raise UsageError(f"{path}: {err}") from None
             chunk = embedder(to_nchw(np.stack(faces))).astype(np.float32)
             cache.put(index, chunk)
         rows.append(chunk)
@@ -292,6 +293,8 @@ def main(argv=None):
     target = (args.target or os.path.basename(os.path.normpath(args.root))).lower()
 
     def work():
+        if os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise UsageError(f"--out {args.out} is a file, not a folder")
         release = read_release(args.root, target)
         model = load_model_from_args(args)
         print(model.line(), flush=True)

@@ -14,27 +14,35 @@ import sys
 
 from ..data.bin_format import write_bin
 from ..data.images import encode_jpeg, open_image, rgb_pixels
-from .cli import make_parser, run_or_exit
+from ..errors import MissingFileError, UsageError
+from .cli import check_output_folder, make_parser, run_or_exit
 
 KEPT_FORMATS = ("JPEG", "PNG")
 
 
 def read_pairs(pairs_file, root=None):
     """[(line number, path1, path2, issame)] with paths resolved against root (default: the
-    pairs file's folder). ValueError naming the line for a malformed one."""
+    pairs file's folder). MissingFileError for a missing pairs file, UsageError naming the line
+    for a malformed one."""
+    if not os.path.isfile(pairs_file):
+        raise MissingFileError(f"--pairs {pairs_file}: no such file")
     root = os.path.dirname(os.path.abspath(pairs_file)) if root is None else root
     pairs = []
-    with open(pairs_file) as handle:
-        for number, line in enumerate(handle, start=1):
-            fields = line.split()
-            if not fields or fields[0].startswith("#"):
-                continue
-            if len(fields) != 3 or fields[2] not in ("0", "1"):
-                raise ValueError(f"{pairs_file}:{number}: expected 'path1 path2 1|0', got {line.strip()!r}")
-            first, second = (os.path.join(root, p) for p in fields[:2])
-            pairs.append((number, first, second, fields[2] == "1"))
+    try:
+        with open(pairs_file) as handle:
+            lines = handle.readlines()
+    except UnicodeDecodeError as err:
+        raise UsageError(f"--pairs {pairs_file}: not a text file ({err.reason} at byte {err.start})") from None
+    for number, line in enumerate(lines, start=1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) != 3 or fields[2] not in ("0", "1"):
+            raise UsageError(f"{pairs_file}:{number}: expected 'path1 path2 1|0', got {line.strip()!r}")
+        first, second = (os.path.join(root, p) for p in fields[:2])
+        pairs.append((number, first, second, fields[2] == "1"))
     if not pairs:
-        raise ValueError(f"{pairs_file}: no pairs")
+        raise UsageError(f"{pairs_file}: no pairs")
     return pairs
 
 
@@ -52,9 +60,11 @@ def encode_image(path, image_size=None):
 
 
 def make_bin(pairs_file, out, image_size=None, root=None):
-    """Write the .bin for `pairs_file`; returns the number of pairs."""
+    """Write the .bin for `pairs_file`; returns the number of pairs. UsageError naming the line
+    and path for a pair that cannot be used (a missing or undecodable image, another size)."""
     if image_size is not None and image_size <= 0:
-        raise ValueError(f"--image-size must be positive, got {image_size}")
+        raise UsageError(f"--image-size must be positive, got {image_size}")
+    check_output_folder(out, "--out")
     encoded, images, issame = {}, [], []
     first = None                          # (path, size, line) of the first image
     for number, *paths, same in read_pairs(pairs_file, root):
@@ -63,10 +73,10 @@ def make_bin(pairs_file, out, image_size=None, root=None):
                 try:
                     encoded[path], size = encode_image(path, image_size)
                 except OSError as err:     # missing, unreadable, or not an image
-                    raise ValueError(f"{pairs_file}:{number}: image {path}: {err}") from err
+                    raise UsageError(f"{pairs_file}:{number}: image {path}: {err}") from err
                 first = first or (path, size, number)
                 if size != first[1]:
-                    raise ValueError(
+                    raise UsageError(
                         f"{pairs_file}:{number}: image {path} is {size[0]}x{size[1]} but "
                         f"{first[0]} (line {first[2]}) is {first[1][0]}x{first[1][1]}; "
                         f"pass --image-size to resize all")

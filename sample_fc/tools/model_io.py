@@ -5,6 +5,7 @@ import re
 
 import mxnet as mx
 
+from ..errors import UsageError
 from ..saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, resolve_prefix  # noqa: F401
 
 
@@ -33,15 +34,24 @@ def add_model_arguments(parser, batch_size=True):
 
 
 def load_model_from_args(args):
-    """The model the tool's --model, --image-size, --output and --normalize name."""
+    """The model the tool's --model, --image-size, --output and --normalize name, after
+    checking that --context names a device MXNet has."""
+    check_context(args.context)
     return load_model(args.model, args.image_size, args.output, args.normalize)
 
 
+def check_context(ctx):
+    """UsageError when `ctx` is a GPU that MXNet does not see (a CPU-only build sees none)."""
+    if ctx.device_type == "gpu" and ctx.device_id >= mx.context.num_gpus():
+        raise UsageError(f"--context gpu:{ctx.device_id}: MXNet sees {mx.context.num_gpus()} GPU(s) "
+                         f"here; use --context cpu")
+
+
 def parse_context(text):
-    """'cpu', 'cpu:N', 'gpu' or 'gpu:N' -> mx.Context (ValueError otherwise)."""
+    """'cpu', 'cpu:N', 'gpu' or 'gpu:N' -> mx.Context (UsageError otherwise)."""
     match = re.fullmatch(r"(cpu|gpu)(?::(\d+))?", text.strip())
     if not match:
-        raise ValueError(f"context must be cpu, gpu or gpu:N, got {text!r}")
+        raise UsageError(f"context must be cpu, gpu or gpu:N, got {text!r}")
     return mx.Context(match.group(1), int(match.group(2) or 0))
 
 
@@ -57,6 +67,6 @@ def batch_size_or_default(batch_size, model, default=64):
     backbone on batches of the same size as training's verification did), else `default`."""
     if batch_size is not None:
         if batch_size <= 0:
-            raise ValueError(f"--batch-size must be positive, got {batch_size}")
+            raise UsageError(f"--batch-size must be positive, got {batch_size}")
         return batch_size
     return int((model.config or {}).get("batch_size", default))

@@ -18,23 +18,24 @@ import sys
 
 from ..data.images import IMAGE_EXTENSIONS, JPEG_QUALITY, decode_rgb, encode_jpeg, encode_png, is_image_file
 from ..data.recordio import RecordWriter
+from ..errors import MissingFileError, UsageError
 from .cli import Progress, make_parser, run_or_exit
 
 
 def list_identities(images_dir):
     """Return [(identity_name, [image paths sorted])] for the sorted subfolders of images_dir."""
     if not os.path.isdir(images_dir):
-        raise FileNotFoundError(f"images folder not found: {images_dir}")
+        raise MissingFileError(f"images folder not found: {images_dir}")
     names = sorted(n for n in os.listdir(images_dir)
                    if not n.startswith(".") and os.path.isdir(os.path.join(images_dir, n)))
     if not names:
-        raise ValueError(f"{images_dir} has no identity subfolders (expected DIR/<identity>/<image>.jpg)")
+        raise UsageError(f"{images_dir} has no identity subfolders (expected DIR/<identity>/<image>.jpg)")
     listing = []
     for name in names:
         folder = os.path.join(images_dir, name)
         listing.append((name, sorted(os.path.join(folder, f) for f in os.listdir(folder) if is_image_file(f))))
     if not any(paths for _, paths in listing):
-        raise ValueError(f"{images_dir}: its {len(names)} identity subfolders hold no image files "
+        raise UsageError(f"{images_dir}: its {len(names)} identity subfolders hold no image files "
                          f"(extensions: {', '.join(IMAGE_EXTENSIONS)})")
     return listing
 
@@ -46,15 +47,16 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
     Images are stored as JPEG of `quality`, or as PNG when lossless (quality is then unused
     and must stay the default).
 
-    Unreadable images raise OSError naming the file, unless skip_bad, in which case they are
-    left out and listed in summary['skipped'].
+    Unreadable images raise UsageError naming the file, unless skip_bad, in which case they
+    are left out and listed in summary['skipped']. Bad arguments and a missing or empty
+    images_dir are UsageErrors too.
     """
     if not (isinstance(image_size, int) and image_size > 0):
-        raise ValueError(f"image_size must be a positive integer, got {image_size!r}")
+        raise UsageError(f"image_size must be a positive integer, got {image_size!r}")
     if not (isinstance(quality, int) and 1 <= quality <= 100):
-        raise ValueError(f"quality must be an integer in [1, 100], got {quality!r}")
+        raise UsageError(f"quality must be an integer in [1, 100], got {quality!r}")
     if lossless and quality != JPEG_QUALITY:
-        raise ValueError(f"quality={quality} applies to JPEG only; lossless packing stores PNG")
+        raise UsageError(f"quality={quality} applies to JPEG only; lossless packing stores PNG")
     identities = list_identities(images_dir)
     skipped = []
     bar = Progress(sum(len(paths) for _, paths in identities), "packing", enabled=progress)
@@ -66,7 +68,7 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
                 pixels = decode_rgb(path, image_size)
             except OSError as err:
                 if not skip_bad:
-                    raise OSError(f"cannot read image {path}: {err} (use --skip-bad to skip it)") from err
+                    raise UsageError(f"cannot read image {path}: {err} (use --skip-bad to skip it)") from err
                 skipped.append(path)
                 continue
             yield encode_png(pixels) if lossless else encode_jpeg(pixels, quality)

@@ -15,6 +15,7 @@ the bank in host memory (bank_context=cpu). train.py runs the same arithmetic at
 import os
 import sys
 
+from ..errors import UsageError
 from . import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,17 +57,22 @@ def main(argv=None):
         import default
         import symbols
         from .. import memory_plan
-        from ..builder import peak_sample_ratio, run_plan
+        from ..builder import check_world, run_plan
+        from ..partial_fc import PartialFCOptions
         from ..host_head import default_threads
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         if args.world < 1 or (args.workers_per_node or 1) < 1:
-            raise ValueError(f"-np and --workers-per-node must be >= 1, got {args.world} and {args.workers_per_node}")
+            raise UsageError(f"-np and --workers-per-node must be >= 1, got {args.world} and {args.workers_per_node}")
+        check_world(cfg, args.world)
         per_node = min(args.workers_per_node or args.world, args.world)
-        symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size, "float32", cfg.dropout)
+        try:    # symbols checks what the config's type checks cannot (image_size a multiple of 16)
+            symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size, "float32", cfg.dropout)
+        except ValueError as err:
+            raise UsageError(f"the config's backbone: {err}") from None
         on_gpu = args.gpu_memory is not None
         host, device = run_plan(cfg, args.world, symbol, on_gpu, cfg.bank_context == "same",
                                 default_threads(per_node))
-        warmup = peak_sample_ratio(cfg) > cfg.sample_ratio
+        warmup = PartialFCOptions.from_config(cfg).peak_ratio() > cfg.sample_ratio
         print(f"{cfg.dataset}, {cfg.network}: {cfg.num_classes:,} classes x {cfg.embedding_size} on "
               f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}"
               + (f" after a {cfg.sample_ratio_warmup_steps}-step warm-up from {cfg.sample_ratio_warmup_start} "

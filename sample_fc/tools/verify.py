@@ -13,6 +13,7 @@ import os
 import sys
 
 from ..data.bin_format import load_bin
+from ..errors import MissingFileError
 from .model_io import add_model_arguments, batch_size_or_default, load_model_from_args
 from ..verification import Embedder, evaluate, raw_pixel_embed
 from . import cli
@@ -40,7 +41,7 @@ def verify(model, bin_paths, batch_size, ctx, baseline=False):
                      batch_size=batch_size)
     results = []
     for path in bin_paths:
-        images, issame = load_bin(path, model.image_size)  # ValueError naming a bad or unsafe file
+        images, issame = load_bin(path, model.image_size)  # UsageError naming a bad or unsafe file
         results.append((bin_name(path), evaluate(embed, images, issame)))
         if baseline:
             results.append((bin_name(path) + " raw-pixel baseline",
@@ -54,7 +55,7 @@ def main(argv=None):
     def work():
         missing = [path for path in args.bin if not os.path.isfile(path)]
         if missing:
-            raise FileNotFoundError(f"--bin {missing[0]}: no such file")
+            raise MissingFileError(f"--bin {missing[0]}: no such file")
         model = load_model_from_args(args)
         batch_size = batch_size_or_default(args.batch_size, model)
         print(f"{model.line()}; batch size {batch_size}, context {args.context}", flush=True)
