@@ -25,6 +25,7 @@ from easydict import EasyDict as edict
 
 from sample_fc.config import apply_overrides
 from sample_fc.errors import UsageError
+from sample_fc.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
                                BANK_DTYPES, LR_SCHEDULES, MOMENTUM_FORMS, is_probability)
 
@@ -94,6 +95,9 @@ def _base_config():
     cfg.verify_period = 2000             # run verification on val_targets every N steps (0 = never; and at the end)
     cfg.ckpt_period = 10000              # save a checkpoint every N steps (and at the end)
     cfg.ckpt_keep = 3                    # keep the N most recent checkpoints, delete older ones
+    cfg.ckpt_minutes = 30.0              # also save when the newest checkpoint is older than this (0 = off): a SIGKILL loses at most that
+    cfg.stop_signals = ['SIGTERM', 'SIGINT', 'SIGUSR1']   # these stop the run cleanly: every rank ends the same step, checkpoint, exit 128+signal
+    cfg.stop_grace_s = 25.0              # a stop taking longer (or a second signal) ends the job at once; below SLURM's/Kubernetes' 30 s
     cfg.tensorboard = False              # write tensorboardX event files to the output dir
     cfg.max_nonfinite_steps = 5          # stop with an error after N consecutive steps with NaN/Inf loss
     cfg.collective_timeout_s = 60        # stall limit: ranks waiting this long in a collective others miss end the job
@@ -320,7 +324,8 @@ def get_config(dataset='demo', network=None, loss=None):
 # executes, not the model or the data it learns from. Every other key is fixed by the run's checkpoint, and
 # setting it to another value on resume is an error naming the key and both values.
 RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'frequent', 'verify_period',
-                  'ckpt_period', 'ckpt_keep', 'tensorboard', 'val_targets', 'data_threads',
+                  'ckpt_period', 'ckpt_keep', 'ckpt_minutes', 'stop_signals', 'stop_grace_s', 'tensorboard',
+                  'val_targets', 'data_threads',
                   'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'context', 'bank_context',
                   'head_kernel', 'allgather', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
 
@@ -426,6 +431,15 @@ def check_config(cfg):
                 'collective_timeout_s'):
         if cfg[key] < 1:
             _fail(key, cfg[key], "an integer >= 1")
+    if not (math.isfinite(cfg.ckpt_minutes) and cfg.ckpt_minutes >= 0):
+        _fail('ckpt_minutes', cfg.ckpt_minutes, "a finite float >= 0 (0 = no checkpoints by the clock)")
+    if not (math.isfinite(cfg.stop_grace_s) and cfg.stop_grace_s > 0):
+        _fail('stop_grace_s', cfg.stop_grace_s, "a finite float > 0 (seconds)")
+    for name in cfg.stop_signals:
+        try:
+            signal_number(name)
+        except ValueError as err:
+            _fail('stop_signals', cfg.stop_signals, f"signal names ({err})")
     if cfg.image_size % 16:
         _fail('image_size', cfg.image_size, "a multiple of 16 (every backbone downsamples by 16: 112 -> 7x7; "
               "a dataset's images are resized to it)")

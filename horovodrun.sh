@@ -30,5 +30,8 @@ if [[ $HOSTS == localhost:* ]]; then
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NP > 0 ? $(nproc) / NP : 1 ))}
   export MXNET_CPU_WORKER_NTHREADS=${MXNET_CPU_WORKER_NTHREADS:-$OMP_NUM_THREADS}
 fi
+# Under --mpi, OpenMPI's mpirun kills the workers 1 s after it forwards a SIGTERM; a stopping run
+# (train.py: a checkpoint of the step reached) needs longer (README "Stopping").
+export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-60}
 exec "$VENV/bin/python" -m sample_fc.launch "${RESTARTS[@]}" -np "$NP" -H "$HOSTS" "$CONTROLLER" \
   "$VENV/bin/python" "$ROOT/train.py" "${TRAIN_ARGS[@]}"

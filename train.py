@@ -27,7 +27,9 @@ from sample_fc.data.demo import ensure_demo
 from sample_fc.errors import ERROR_PREFIX, FAILURE_EXIT, USAGE_EXIT, UsageError, mxnet_reason
 from sample_fc.module import NonFiniteError
 from sample_fc.ranks import launcher_rank
+from sample_fc.run_events import RunEvents, end_at_once
 from sample_fc.run_request import RunRequest, RunStatus
+from sample_fc.stop import StopSignals
 from sample_fc.watchdog import StepWatchdog
 
 SHUTDOWN_GRACE_S = 3    # a rank stopped by another's failure exits this much later, so the
@@ -139,10 +141,14 @@ def main(argv=None):
     if args.print_config:
         print(json.dumps(cfg, indent=2, sort_keys=True))
         return 0
+    # a signal from here on asks for a stop (run_events.RunEvents.stop); before training starts,
+    # a second one, or the grace over, ends the process at once (nothing written yet)
+    stop_signals = StopSignals(cfg.stop_signals, lambda number, reason: end_at_once(number, reason, launcher_rank()),
+                               cfg.stop_grace_s).install()
     dist.init(stall_shutdown_s=cfg.collective_timeout_s)
     status = RunStatus(request)          # rank 0 records in the run's status.json from start_run on
     try:
-        return train(cfg, request, status)
+        return train(cfg, request, status, stop_signals)
     except (NonFiniteError, CheckpointError) as error:     # every rank raises it at the same step
         fail(str(error), FAILURE_EXIT, print_it=dist.rank() == 0, status=status)
     except UsageError as error:          # found by this rank (its data reader); horovodrun stops the others
@@ -195,9 +201,10 @@ def start_run(cfg, models_root, run, run_id, world, logger, status):
     logger.info("world size %d; run %s in %s; config:\n%s", world, run_id, models_root, format_config(cfg))
 
 
-def train(cfg, request, status):
+def train(cfg, request, status, stop_signals=None):
     """The training job on this rank, Horovod initialised, as `request` (RunRequest) asks;
-    rank 0 keeps the run's `status` (RunStatus). Returns the exit code (0)."""
+    rank 0 keeps the run's `status` (RunStatus); `stop_signals` (StopSignals) ask for a stop.
+    Returns the exit code: 0, or 128 + the signal's number after a stop."""
     rank, world = dist.rank(), dist.size()
     logger = builder.setup_logger(rank)
     mx.random.seed(cfg.seed)
@@ -212,6 +219,7 @@ def train(cfg, request, status):
 
     os.makedirs(models_root, exist_ok=True)
     if rank == 0:
+        last_checkpoint_s = (run_root.read_status(models_root) or {}).get("checkpoint_seconds")
         start_run(cfg, models_root, run, run_id, world, logger, status)
         if moved:
             logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
@@ -225,19 +233,28 @@ def train(cfg, request, status):
                                              cfg.embedding_size)
         logger.info("resumed from %s at step %d", run.resume_from, step)
     watchdog = StepWatchdog(cfg.step_timeout_s, rank, on_timeout=lambda line: fail(line, FAILURE_EXIT, status=status)).start()
-    events = builder.RunEvents(cfg, run, module, rank, world, logger, watchdog, run_id)
+    events = RunEvents(cfg, run, module, rank, world, logger, watchdog, run_id, status, stop_signals)
+    if rank == 0:
+        events.announce_checkpoints(run.plan.checkpoint, last_checkpoint_s)
     module.fit(run.train_iter, cfg.max_update, events.callbacks)
-    events.end_of_run(module.num_update)
+    stop_signal = int(module.agreed.get("stop", 0))      # every rank's, agreed in the last step
+    if stop_signal:
+        code = events.stop(module.num_update, stop_signal)
+    else:
+        events.end_of_run(module.num_update)
+        code = 0
     watchdog.stop()
     if rank == 0:
-        status.done(module.num_update)
+        if not stop_signal:
+            status.done(module.num_update)
         lock.release()
-    logger.info("done: %d steps, checkpoints in %s", module.num_update, models_root)
+    logger.info("%s: %d steps, checkpoints in %s", "stopped" if stop_signal else "done", module.num_update,
+                models_root)
     mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod
     if hasattr(run.train_iter, "close"):
         run.train_iter.close()
     dist.shutdown()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import numpy as np
 import symbols
 
 from . import checkpoint, memory_plan, resume, run_root
-from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
 from .data.bin_format import load_bin
@@ -29,7 +28,6 @@ from .module import SampleDistributeModule
 from .optimizers import BackboneOptimizer, make_schedule
 from .partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
 from .saved_model import load_pretrained
-from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 
 def driver_gpus():
@@ -174,14 +172,6 @@ def check_world(cfg, world):
                          f"workers (-np) or a dataset with more classes")
 
 
-def tensorboard_writer(cfg, rank, models_root):
-    """A tensorboardX SummaryWriter on rank 0 when cfg.tensorboard, else None."""
-    if not (cfg.tensorboard and rank == 0):
-        return None
-    from tensorboardX import SummaryWriter
-    return SummaryWriter(os.path.join(models_root, "tensorboard"))
-
-
 def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
     """(host memory plan, GPU memory plan or None) of one worker (memory_plan.plan): on a CPU
     run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
@@ -248,70 +238,3 @@ def open_run(cfg, models_root, request, rank, world, local_rank, logger, local_s
                            symbol=symbol, plan=plan,
                            train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
                            targets=load_targets(cfg, logger))
-
-
-class RunEvents:
-    """What happens around the steps of a run, on every rank: the step watchdog told of every
-    step and stage, a checkpoint every ckpt_period steps, verification every verify_period
-    steps, progress lines on rank 0 (`callbacks`, for module.fit); and `end_of_run(step)`.
-    Checkpoints and verification are collectives: every rank runs them."""
-
-    def __init__(self, cfg, run, module, rank, world, logger, watchdog, run_id):
-        self.cfg, self.run, self.module, self.rank, self.logger = cfg, run, module, rank, logger
-        self.watchdog = watchdog
-        module.stage_hook = watchdog.stage
-        self.saved_steps = set()
-        self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
-                            "embedding_size": cfg.embedding_size, "config": cfg,
-                            "partial_fc": dataclasses.asdict(module.partial_fc.options)}
-        writer = tensorboard_writer(cfg, rank, run.models_root)
-        self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
-        self.callbacks = [lambda info: watchdog.step_done(info.step, info.seconds),
-                          PeriodicCallback(cfg.ckpt_period, self.save),
-                          PeriodicCallback(cfg.verify_period, self.verify)]
-        if rank == 0:
-            self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
-                                                    lambda record: run_root.append_progress(run.models_root, record)))
-            self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
-
-    def status(self, **fields):
-        """Rank 0: update the run's status.json (run_root.write_status)."""
-        if self.rank == 0:
-            run_root.write_status(self.run.models_root, **fields)
-
-    def save(self, step):
-        """Checkpoint `step` (checkpoint.save_checkpoint)."""
-        self.saved_steps.add(step)
-        with self.watchdog.stage("checkpoint"):
-            path = checkpoint.save_checkpoint(self.run.models_root, step, self.module, self.run.symbol,
-                                              self.run.train_iter, self.train_state, self.cfg.ckpt_keep)
-        self.status(step=step, checkpoint=path, checkpoint_step=step)
-        self.watchdog.progress()
-        self.logger.info("step %d: checkpoint saved", step)
-
-    def verify(self, step):
-        """Verification on the run's targets at `step`."""
-        with self.watchdog.stage("verification"):
-            result = self.verifier(step)
-        if result:
-            self.status(verification={"step": step, "accuracy": {n: r.accuracy for n, r in result.items()}})
-        self.watchdog.progress()
-        return result
-
-    def embed_images(self, images):
-        arg_params, aux_params = self.module.get_export_params()
-        embed = Embedder(self.run.symbol, arg_params, aux_params, self.run.ctx, self.cfg.image_size,
-                         batch_size=self.cfg.batch_size)
-        return embed(to_nchw(images))
-
-    def end_of_run(self, step):
-        """A run always ends with a checkpoint and a verification of its last step (unless the
-        periods just did them), then logs the final accuracy next to the raw-pixel baseline."""
-        if step not in self.saved_steps:
-            self.save(step)
-        if not self.cfg.verify_period or step % self.cfg.verify_period:
-            self.verify(step)
-        for name, (images, issame) in (self.run.targets.items() if self.rank == 0 else ()):
-            baseline = evaluate(raw_pixel_embed, images, issame)
-            self.logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
-                             name, self.verifier.last[name].accuracy, baseline.accuracy)

@@ -3,7 +3,7 @@ import logging
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mxnet as mx
 import numpy as np
@@ -25,6 +25,7 @@ class StepInfo:
     seconds: float         # wall time of this step
     skipped: bool = False  # non-finite loss or gradients on some rank: nothing was updated
     grad_norm: float = math.nan  # global L2 norm of the backbone's summed gradients, before clipping
+    agreed: dict = field(default_factory=dict)   # the ranks' requests, max over ranks (module.requests)
 
 
 class NonFiniteError(RuntimeError):
@@ -67,6 +68,8 @@ class SampleDistributeModule:
         self.num_update = 0
         self.nonfinite_in_a_row = self.nonfinite_total = 0
         self.last_grad_norm = math.nan    # of the last applied update (StepInfo.grad_norm)
+        self.requests = dict              # () -> {name: number}: this rank's requests (same names on every rank)
+        self.agreed = {}                  # the last step's requests, each the max over ranks
         self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
                                       context=self.contexts)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
@@ -154,7 +157,10 @@ class SampleDistributeModule:
 
         Checks the loss, this rank's d loss / d embeddings (it shares every factor of the
         bank-row gradients except the finite normalised rows) and the backbone gradients,
-        the latter with one fused sum of squares (NaN and Inf propagate through it).
+        the latter with one fused sum of squares (NaN and Inf propagate through it). The same
+        allreduce carries this rank's `requests()` (a stop asked for by a signal, a checkpoint
+        due by the clock): `agreed` holds each one's max over the ranks, so every rank acts on
+        them after the same step, at no extra round trip.
         """
         checks = [loss.reshape(-1), mx.nd.sum(self._grad_all_embeddings).reshape(-1)]
         grads_by_context = {}
@@ -165,7 +171,12 @@ class SampleDistributeModule:
             squares = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))
             checks.append(mx.nd.sum(squares).as_in_context(loss.context).reshape(-1))
         local_bad = 0.0 if np.isfinite(mx.nd.add_n(*checks).asscalar()) else 1.0
-        return dist.allreduce_max(mx.nd.array([local_bad]), "step.nonfinite").asscalar() == 0.0
+        requests = self.requests()
+        names = sorted(requests)
+        flags = dist.allreduce_max(mx.nd.array([local_bad] + [requests[name] for name in names]),
+                                   "step.nonfinite").asnumpy()
+        self.agreed = dict(zip(names, flags[1:].tolist()))
+        return flags[0] == 0.0
 
     def apply_updates(self):
         """10-11: SGD-momentum on the sampled bank rows; the backbone's gradients summed over
@@ -212,7 +223,8 @@ class SampleDistributeModule:
         return float(loss.asscalar()), True
 
     def fit(self, train_iter, max_update, batch_end_callbacks=()):
-        """Train until `max_update` updates are done; the loop alone decides when to stop.
+        """Train until `max_update` updates are done, or until the ranks agreed on a stop
+        (agreed["stop"], after that step's callbacks); the loop alone decides when to stop.
 
         The iterator is reset at the end of each epoch. Each callback gets a StepInfo.
         """
@@ -228,8 +240,10 @@ class SampleDistributeModule:
             loss, skipped = self.step(batch)
             info = StepInfo(self.num_update, loss, self.partial_fc.optimizer.lr_schedule(self.num_update),
                             global_batch, time.perf_counter() - start, skipped,
-                            math.nan if skipped else self.last_grad_norm)
+                            math.nan if skipped else self.last_grad_norm, dict(self.agreed))
             for callback in batch_end_callbacks:
                 callback(info)
+            if info.agreed.get("stop"):
+                break
         return self
 

@@ -14,14 +14,16 @@ reads the cause of a failure from the status of that attempt only (failure_cause
 rank 0 recorded there, or none) and the exit code; it never reads the job's output, which it
 passes through untouched. Each restart is logged with its cause and the step it resumes from.
 It re-reads the hosts (-H or --hostfile) and keeps those still reachable (ssh); fewer workers
-resume with the bank resharded; fewer than --min-workers stops. Not retried: a mistake (exit
-code errors.USAGE_EXIT), or the same error recorded twice in a row from the same checkpoint
+resume with the bank resharded; fewer than --min-workers stops. Not retried: a run stopped on
+purpose (a SIGINT or SIGTERM the supervisor passed on once to the job, which runs in a session
+of its own, or a status "stopped"), a mistake (exit code errors.USAGE_EXIT), or the same error recorded twice in a row from the same checkpoint
 (an attempt without a recorded error, or with only rank 0's view of another rank's failure,
 says nothing deterministic and is retried).
 """
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -108,10 +110,30 @@ def current_hosts(args, reachable=ssh_reachable):
     return [(name, slots) for name, slots in hosts if reachable(name, args)], hosts
 
 
-def run_attempt(command, env):
+class Signals:
+    """The supervisor's stop: SIGINT and SIGTERM reaching it are passed on, each once, to the
+    attempt running (in a session of its own, so a terminal's Ctrl-C reaches it only this way:
+    once, not twice), and no attempt follows a signal."""
+
+    def __init__(self):
+        self.received, self.child = 0, None
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, self._forward)
+
+    def _forward(self, number, frame):
+        self.received = self.received or number
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(number)
+
+
+def run_attempt(command, env, signals):
     """Run command, its output going straight to ours; returns its exit code."""
     sys.stdout.flush()
-    return subprocess.run(command, env=env).returncode
+    with subprocess.Popen(command, env=env, start_new_session=True) as child:
+        signals.child = child
+        if signals.received:             # a signal came before the child existed
+            child.send_signal(signals.received)
+        return child.wait()
 
 
 def failure_cause(code, status):
@@ -165,11 +187,12 @@ def supervise(horovodrun_argv, max_restarts, min_workers=1):
         for variable in (run_root.AUTO_RESUME_ENV, run_root.RUN_ID_ENV):
             env.pop(variable, None)                    # the first attempt is the command as typed
         args, previous, restarts, redone, lost_s, lock = list(horovodrun_argv), None, 0, 0, 0.0, None
+        signals = Signals()
         try:
             while True:
                 start, attempt = time.monotonic(), f"{restarts + 1}-{uuid.uuid4().hex[:8]}"
                 env[run_root.ATTEMPT_ENV] = attempt
-                code = run_attempt(args, env)
+                code = run_attempt(args, env, signals)
                 if code == 0:
                     if restarts:
                         log(f"done after {restarts} restart(s): {redone} steps redone, "
@@ -179,6 +202,11 @@ def supervise(horovodrun_argv, max_restarts, min_workers=1):
                 root, run_id, status, attempt_status = read_run(run_file, attempt)
                 step = (status or {}).get("checkpoint_step")     # where the run stands, whichever attempt said it
                 cause, repeats = failure_cause(code, attempt_status)
+                if signals.received or (attempt_status or {}).get("state") == "stopped":
+                    stopped_by = signal.Signals(signals.received).name if signals.received else attempt_status["signal"]
+                    log(f"not restarted: the run was stopped on purpose ({stopped_by}, exit code {code})"
+                        + (f"; its checkpoint is step {step} in {root}" if step is not None else ""))
+                    return code
                 if code == USAGE_EXIT:
                     log(f"not restarted: exit code {code} is a mistake in the command, config or data (the "
                         f"job's error line above names it); fix it and run again")

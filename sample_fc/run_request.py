@@ -110,6 +110,15 @@ class RunStatus:
             run_root.write_status(self.models_root, state="failed", error=message, error_is_cause=is_cause)
             self.models_root = None
 
+    def stopped(self, step, signal_name, checkpoint=None, note=None):
+        """The run was stopped on purpose (`signal_name`) after `step`; `checkpoint`: the complete
+        checkpoint of that step (None when the stop was cut short: `note` says why)."""
+        if self.models_root:
+            run_root.write_status(self.models_root, state="stopped", step=step, signal=signal_name,
+                                  error=note, **({"checkpoint": checkpoint, "checkpoint_step": step}
+                                                 if checkpoint else {}))
+            self.models_root = None
+
     def done(self, step):
         """The run finished at `step`."""
         run_root.write_status(self.models_root, state="done", step=step)

@@ -4,8 +4,9 @@
                              (or by the restart supervisor between attempts); it dies with its
                              process. Its text names the holder: host, pid, start time, token.
     <root>/status.json       written atomically by rank 0: the run id, state (running | failed |
-                             done), the last step reached, the last complete checkpoint and its
-                             step, the last verification, the error line when it failed (and
+                             stopped | done), the last step reached, the last complete checkpoint
+                             and its step, the last verification, the signal that stopped it
+                             (stopped: on purpose, not restarted), the error line when it failed (and
                              error_is_cause: false when rank 0 only saw another rank's failure
                              shut the job down), the restart supervisor's attempt id.
     <root>/progress.jsonl    one JSON line per progress line of the log (rank 0): step, loss, lr,
@@ -29,7 +30,7 @@ from .errors import UsageError
 
 STATUS_FILE = "status.json"
 PROGRESS_FILE = "progress.jsonl"
-STATES = ("running", "failed", "done")
+STATES = ("running", "failed", "stopped", "done")
 # What a restart supervisor (restart.py) tells the job it starts, through the environment:
 AUTO_RESUME_ENV = "SAMPLE_FC_AUTO_RESUME"   # "1": continue the root's run from its newest checkpoint
 RUN_ID_ENV = "SAMPLE_FC_RUN_ID"             # the run being continued (a fresh attempt takes this id)

@@ -31,6 +31,13 @@ the file and text named, so a different Horovod source never gets half-patched.
    line runs: on a loaded machine, rarely, a worker segfaulted at start-up while the
    backbone's parameters were broadcast (a core dump showed the engine thread in that log
    line, copying a freed string). The name is now copied before the entry is queued.
+6. Stopping a job. On SIGINT or SIGTERM horovodrun stopped each worker by SIGSTOP and then
+   SIGKILL after 5 s: the local shell execs the worker's command, so the "children" it sent
+   SIGTERM to were none, and the worker itself was frozen before it could act. Now the worker
+   (or, when a shell still runs it, the shell's processes) gets SIGTERM first and
+   HOROVOD_GRACEFUL_TERMINATION_TIME_S (default 60 s) to exit, then whatever is left is
+   killed: sample_fc's train.py stops every rank at the same step and checkpoints in that time.
+   A second SIGINT/SIGTERM to horovodrun is passed on to the workers (they then end at once).
 """
 import sys
 from pathlib import Path
@@ -80,17 +87,102 @@ FIXES = [
     LOG(TRACE, horovod_global.global_controller->GetRank())
         << "Enqueued " << queued_name;
   }""", 3),
+    Fix("horovod/runner/common/util/safe_shell_exec.py",
+        """GRACEFUL_TERMINATION_TIME_S = 5
+
+
+def terminate_executor_shell_and_children(pid):
+    # If the shell already ends, no need to terminate its child.
+    try:
+        p = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+
+    # Terminate children gracefully.
+    for child in p.children():
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+
+    # Wait for graceful termination.
+    gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)
+""",
+        """GRACEFUL_TERMINATION_TIME_S = float(os.environ.get('HOROVOD_GRACEFUL_TERMINATION_TIME_S', '60'))
+
+
+def terminate_executor_shell_and_children(pid):
+    # If the shell already ends, no need to terminate its child.
+    try:
+        p = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+
+    # SIGTERM to the command first (the shell execs a simple command; else to the processes it
+    # runs), which may stop cleanly (checkpoint) within the grace; then everything left is killed.
+    try:
+        targets = p.children(recursive=True) or [p]
+    except psutil.NoSuchProcess:
+        return
+    for target in targets:
+        try:
+            target.terminate()
+        except psutil.NoSuchProcess:
+            pass
+
+    def running(process):   # polled, not waited for: the exit code stays for the process's parent
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + GRACEFUL_TERMINATION_TIME_S
+    while any(running(target) for target in targets) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for target in targets:
+        try:
+            target.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if targets == [p]:   # the command itself: nothing else to end
+        return
+
+    # Terminate children gracefully.
+    for child in p.children():
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+
+    # Wait for graceful termination.
+    gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)
+"""),
+    Fix("horovod/runner/gloo_run.py",
+        """    def set_event_on_signal(signum, frame):
+        event.set()
+""",
+        """    def set_event_on_signal(signum, frame):
+        if event.is_set():   # a second signal: passed on to the workers (the leaves), which end at once
+            import psutil
+            for process in psutil.Process().children(recursive=True):
+                try:
+                    if not process.children():
+                        process.send_signal(signum)
+                except psutil.NoSuchProcess:
+                    pass
+        event.set()
+"""),
 ]
 
 
 def apply_fixes(source_root):
     """Check every fix against the source first, then write: all fixes or none."""
-    writes = []
+    texts, notes = {}, []           # a file's text with the fixes so far (several may touch one file)
     for relative, old, new, times in FIXES:
         path = Path(source_root) / relative
         if not path.is_file():
             sys.exit(f"patch_horovod: {path} not found; expected a horovod-0.28.1 source tree")
-        text = path.read_text()
+        text = texts.get(path) or path.read_text()
         found = text.count(old)
         if found == 0 and text.count(new) == times:
             print(f"patch_horovod: {relative}: already fixed")
@@ -99,10 +191,11 @@ def apply_fixes(source_root):
             sys.exit(f"patch_horovod: {relative}: expected {old!r} exactly {times} time(s), "
                      f"found it {found} times; is this Horovod 0.28.1?")
         changed = next(line for line in new.splitlines() if line not in old.splitlines())
-        writes.append((path, relative, text.replace(old, new), changed.strip()))
-    for path, relative, text, changed in writes:
+        texts[path] = text.replace(old, new)
+        notes.append(f"patch_horovod: {relative}: fixed ({changed.strip()})")
+    for path, text in texts.items():
         path.write_text(text)
-        print(f"patch_horovod: {relative}: fixed ({changed})")
+    print("\n".join(notes))
 
 
 if __name__ == "__main__":

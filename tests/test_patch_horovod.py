@@ -1,7 +1,13 @@
 """Tests for scripts/patch_horovod.py, the source fixes applied before building Horovod."""
 import ast
+import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 from conftest import REPO
 
@@ -11,6 +17,7 @@ LAUNCH = "horovod/runner/launch.py"
 GLOO_RUN = "horovod/runner/gloo_run.py"
 MPI_RUN = "horovod/runner/mpi_run.py"
 OPERATIONS = "horovod/common/operations.cc"
+SAFE_SHELL_EXEC = "horovod/runner/common/util/safe_shell_exec.py"
 QUEUE_AND_LOG = ("  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);\n"
                  "  if (status.ok()) {\n"
                  "    LOG(TRACE, horovod_global.global_controller->GetRank())\n"
@@ -31,7 +38,16 @@ BUGGY = {
         "            raise RuntimeError('Horovod detected that one or more processes exited with non-zero '\n"
         "                               'status, thus causing the job to be terminated. The first process '\n"
         "                               'to do so was:\\nProcess name: {name}\\nExit code: {code}\\n'\n"
-        "                               .format(name=name, code=exit_code))\n"),
+        "                               .format(name=name, code=exit_code))\n"
+        "\n\ndef register_shutdown_event():\n"
+        "    # Create a event for communication between threads\n"
+        "    event = threading.Event()\n\n"
+        "    def set_event_on_signal(signum, frame):\n"
+        "        event.set()\n\n"
+        "    signal.signal(signal.SIGINT, set_event_on_signal)\n"
+        "    signal.signal(signal.SIGTERM, set_event_on_signal)\n"
+        "    return event\n"),
+    SAFE_SHELL_EXEC: "import os\nimport signal\nimport time\n\nimport psutil\n\n" + 'GRACEFUL_TERMINATION_TIME_S = 5\n\n\ndef terminate_executor_shell_and_children(pid):\n    # If the shell already ends, no need to terminate its child.\n    try:\n        p = psutil.Process(pid)\n    except psutil.NoSuchProcess:\n        return\n\n    # Terminate children gracefully.\n    for child in p.children():\n        try:\n            child.terminate()\n        except psutil.NoSuchProcess:\n            pass\n\n    # Wait for graceful termination.\n    gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)\n\n    # Freeze the process to prevent it from spawning any new children.\n    try:\n        p.send_signal(signal.SIGSTOP)\n    except psutil.NoSuchProcess:\n        pass\n\n    # Kill children recursively.\n    for child in alive:\n        try:\n            for grandchild in child.children(recursive=True):\n                try:\n                    grandchild.kill()\n                except psutil.NoSuchProcess:\n                    pass\n            child.kill()\n        except psutil.NoSuchProcess:\n            pass\n\n    # Kill shell itself.\n    try:\n        p.terminate()\n    except psutil.NoSuchProcess:\n        pass\n\n    try:\n        p.wait(timeout=GRACEFUL_TERMINATION_TIME_S)\n    except psutil.TimeoutExpired:\n        try:\n            p.kill()\n        except psutil.NoSuchProcess:\n            pass\n\n',
     # broadcast, alltoall and join each log the caller's name after queueing the entry
     OPERATIONS: "".join(f"Status Enqueue{op}(const std::string& name) {{\n" + QUEUE_AND_LOG
                         for op in ("TensorBroadcast", "TensorAlltoall", "Join")),
@@ -65,6 +81,8 @@ def test_fixes_apply_once_and_are_idempotent(tmp_path):
             "--tag-output'", "--tag-output --quiet'")
         gloo_run = (tmp_path / GLOO_RUN).read_text()
         assert "raise RuntimeError" not in gloo_run and "sys.exit(exit_code" in gloo_run
+        assert "if event.is_set():" in gloo_run            # both fixes of this file are in it
+        assert "HOROVOD_GRACEFUL_TERMINATION_TIME_S" in (tmp_path / SAFE_SHELL_EXEC).read_text()
         operations = (tmp_path / OPERATIONS).read_text()
         assert "<< name;" not in operations
         for function in operations.split("Status Enqueue")[1:]:   # the copy comes before the queue
@@ -121,3 +139,70 @@ def test_missing_file_is_reported(tmp_path):
     """Test that a directory that is not a Horovod source tree fails with "not found"."""
     result = _patch(tmp_path)
     assert result.returncode != 0 and "not found" in result.stderr
+
+
+STOPS_CLEANLY = """
+import signal, sys, time
+def stop(number, frame):
+    time.sleep(1.0)                                # a checkpoint's worth of work
+    open(sys.argv[1], "w").write("stopped")
+    sys.exit(128 + number)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+IGNORES_TERM = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _patched_terminate(tmp_path, grace_s):
+    """The patched terminate_executor_shell_and_children, its grace set by the environment."""
+    _tree(tmp_path)
+    assert _patch(tmp_path).returncode == 0
+    namespace = {}
+    previous = os.environ.get("HOROVOD_GRACEFUL_TERMINATION_TIME_S")
+    os.environ["HOROVOD_GRACEFUL_TERMINATION_TIME_S"] = str(grace_s)
+    try:
+        exec(compile((tmp_path / SAFE_SHELL_EXEC).read_text(), SAFE_SHELL_EXEC, "exec"), namespace)
+    finally:
+        os.environ.pop("HOROVOD_GRACEFUL_TERMINATION_TIME_S")
+        if previous is not None:
+            os.environ["HOROVOD_GRACEFUL_TERMINATION_TIME_S"] = previous
+    return namespace["terminate_executor_shell_and_children"]
+
+
+def _started(code, *args, shell=False):
+    """A process running `code` (directly, as the shell's exec does, or under a shell that stays)."""
+    command = [sys.executable, "-c", code, *map(str, args)]
+    if shell:
+        command = ["sh", "-c", shlex.join(command) + "; true"]     # a compound command: the shell stays
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+@pytest.mark.parametrize("shell", [False, True])
+def test_patched_termination_lets_the_worker_stop_cleanly(tmp_path, shell):
+    """Test that the patched termination sends SIGTERM to the worker itself (or to what a shell
+    runs) and waits for it: a worker that takes 1 s to stop on SIGTERM finishes its work and
+    exits 143, not frozen by SIGSTOP or killed after Horovod's 5 s (here the grace is 10 s)."""
+    terminate = _patched_terminate(tmp_path, 10)
+    marker = tmp_path / "stopped.txt"
+    process = _started(STOPS_CLEANLY, marker, shell=shell)
+    start = time.monotonic()
+    terminate(process.pid)
+    assert process.wait(timeout=10) == (0 if shell else 143)
+    assert marker.read_text() == "stopped" and time.monotonic() - start < 8
+
+
+def test_patched_termination_kills_what_ignores_the_signal_after_the_grace(tmp_path):
+    """Test that a worker ignoring SIGTERM is killed once the grace (1 s) is over."""
+    terminate = _patched_terminate(tmp_path, 1)
+    process = _started(IGNORES_TERM)
+    start = time.monotonic()
+    terminate(process.pid)
+    assert process.wait(timeout=10) == -signal.SIGKILL and 0.9 < time.monotonic() - start < 5

@@ -5,7 +5,8 @@ KIND: raise | sigkill | hang (at update STEP on rank RANK; hang sleeps outside a
 nan (NaN in RANK's batch at update STEP), kill_in_save (SIGKILL on RANK right after it writes
 its bank shard for checkpoint STEP), enospc_in_save (RANK's bank shard write for checkpoint STEP
 fails with "No space left on device"), small_disk (the models root's file system reports
-STEP bytes free on every rank).
+STEP bytes free on every rank), slow_stop_save (RANK's bank shard write of the checkpoint a
+stop asked for by a signal takes STEP seconds more).
 """
 import errno
 import os
@@ -24,10 +25,11 @@ kind, step, on_rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 train_args = sys.argv[sys.argv.index("--") + 1:]
 original_forward, original_save = SampleDistributeModule.forward_backbone, save_restore.write_shard
 injected = []
+FORWARD_FAULTS = ("raise", "sigkill", "hang", "nan")
 
 
 def faulty_forward(self, data_batch):
-    if dist.rank() == on_rank and self.num_update == step and not injected:
+    if kind in FORWARD_FAULTS and dist.rank() == on_rank and self.num_update == step and not injected:
         injected.append(kind)
         print(f"INJECTING {kind} on rank {on_rank} at update {step}", flush=True)
         if kind == "raise":
@@ -41,8 +43,16 @@ def faulty_forward(self, data_batch):
     return original_forward(self, data_batch)
 
 
+def stop_requested():
+    """Whether this process's stop handler (sample_fc.stop.StopSignals) has recorded a signal."""
+    return bool(getattr(getattr(signal.getsignal(signal.SIGTERM), "__self__", None), "requested", 0))
+
+
 def faulty_save(bank, files):
     path = files["meta"]
+    if kind == "slow_stop_save" and dist.rank() == on_rank and stop_requested():
+        print(f"INJECTING a {step} s bank write in the stop's checkpoint on rank {on_rank}", flush=True)
+        time.sleep(step)
     if kind == "enospc_in_save" and dist.rank() == on_rank and f"step-{step:08d}.partial" in path:
         print(f"INJECTING ENOSPC in checkpoint save on rank {on_rank}", flush=True)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)

@@ -1,0 +1,186 @@
+"""What happens around the steps of a run: checkpoints (by steps, by the clock, at a stop and at
+the end), verification, progress, the step watchdog, and a stop asked for by a signal.
+
+Everything that changes what all ranks do is decided in the step's collective: each rank's
+`requests()` (a stop's signal number, a checkpoint due by its clock) travels in the step's
+existing allreduce (module.all_ranks_finite), and every rank acts on the max over the ranks
+after the same step (StepInfo.agreed).
+"""
+import dataclasses
+import os
+import time
+
+from . import checkpoint, dist, run_root
+from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
+from .stop import STOP_EXIT_BASE, signal_name
+from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
+
+CHECKPOINT_BYTES_PER_S = 1.0e9    # a checkpoint's write speed before one was timed (measured here: 16 GB in ~12 s)
+
+
+def tensorboard_writer(cfg, rank, models_root):
+    """A tensorboardX SummaryWriter on rank 0 when cfg.tensorboard, else None."""
+    if not (cfg.tensorboard and rank == 0):
+        return None
+    from tensorboardX import SummaryWriter
+    return SummaryWriter(os.path.join(models_root, "tensorboard"))
+
+
+class RunEvents:
+    """What happens around the steps of a run, on every rank: the step watchdog told of every
+    step and stage, a checkpoint every ckpt_period steps and whenever the newest is ckpt_minutes
+    old, verification every verify_period steps, progress lines on rank 0 (`callbacks`, for
+    module.fit); `stop(step, number)` after a stop the ranks agreed on, and `end_of_run(step)`.
+    Checkpoints and verification are collectives: every rank runs them. `stop_signals`: this
+    rank's StopSignals (or None); its abort becomes `abort` (rank 0 records a stop cut short).
+    `status`: the job's RunStatus."""
+
+    def __init__(self, cfg, run, module, rank, world, logger, watchdog, run_id, status, stop_signals=None,
+                 clock=time.monotonic):
+        self.cfg, self.run, self.module, self.rank, self.logger = cfg, run, module, rank, logger
+        self.world, self.watchdog, self.status_record, self.clock = world, watchdog, status, clock
+        self.stop_signals, self.stopping_at, self.stop_done = stop_signals, None, False
+        module.stage_hook = watchdog.stage
+        module.requests = self.requests
+        self.saved_steps, self.last_save, self.checkpoint_seconds = set(), clock(), None
+        self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
+                            "embedding_size": cfg.embedding_size, "config": cfg,
+                            "partial_fc": dataclasses.asdict(module.partial_fc.options)}
+        writer = tensorboard_writer(cfg, rank, run.models_root)
+        self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
+        self.callbacks = [lambda info: watchdog.step_done(info.step, info.seconds), self.note_agreed_stop,
+                          PeriodicCallback(cfg.ckpt_period, self.save), self.save_when_due,
+                          PeriodicCallback(cfg.verify_period, self.verify)]
+        if rank == 0:
+            self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
+                                                    lambda record: run_root.append_progress(run.models_root, record)))
+            self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
+        if stop_signals is not None:
+            stop_signals.abort = self.abort
+
+    def requests(self):
+        """This rank's requests for the step's collective: `stop` (the number of the signal that
+        asked for it, 0 for none) and `checkpoint` (1 when the newest checkpoint this job wrote,
+        or its start, is ckpt_minutes old)."""
+        minutes = self.cfg.ckpt_minutes
+        due = bool(minutes) and self.clock() - self.last_save >= 60.0 * minutes
+        return {"stop": float(self.stop_signals.requested if self.stop_signals else 0), "checkpoint": float(due)}
+
+    def status(self, **fields):
+        """Rank 0: update the run's status.json (run_root.write_status)."""
+        if self.rank == 0:
+            run_root.write_status(self.run.models_root, **fields)
+
+    def save(self, step):
+        """Checkpoint `step` (checkpoint.save_checkpoint); its size and time in the log and the
+        status, and a warning when a stop could not write one inside stop_grace_s."""
+        self.saved_steps.add(step)
+        start = self.clock()
+        with self.watchdog.stage("checkpoint"):
+            path = checkpoint.save_checkpoint(self.run.models_root, step, self.module, self.run.symbol,
+                                              self.run.train_iter, self.train_state, self.cfg.ckpt_keep)
+        seconds = self.clock() - start
+        self.last_save = self.clock()
+        self.status(step=step, checkpoint=path, checkpoint_step=step, checkpoint_seconds=round(seconds, 2))
+        self.watchdog.progress()
+        self.logger.info("step %d: checkpoint saved in %.1f s", step, seconds)
+        first = self.checkpoint_seconds is None
+        self.checkpoint_seconds = seconds
+        if first:
+            self.warn_if_a_stop_cannot_checkpoint(seconds, "the first checkpoint took")
+        return path
+
+    def announce_checkpoints(self, checkpoint_bytes, last_seconds=None):
+        """Rank 0 at start: how big one checkpoint is and how long the last one took (or an
+        estimate), with the warning when a stop could not write one inside its grace."""
+        seconds = last_seconds or checkpoint_bytes / CHECKPOINT_BYTES_PER_S
+        self.logger.info("one checkpoint: %.2f GB, %s; every %d steps%s; a stop (%s) checkpoints within "
+                         "stop_grace_s=%g s", checkpoint_bytes / 1e9,
+                         f"the last took {last_seconds:.1f} s" if last_seconds else f"about {seconds:.0f} s (not yet timed)",
+                         self.cfg.ckpt_period, f" and {self.cfg.ckpt_minutes:g} minutes" if self.cfg.ckpt_minutes else "",
+                         ", ".join(self.cfg.stop_signals) or "none", self.cfg.stop_grace_s)
+        self.warn_if_a_stop_cannot_checkpoint(seconds, "the last checkpoint took" if last_seconds else
+                                              "a checkpoint should take about")
+
+    def warn_if_a_stop_cannot_checkpoint(self, seconds, what):
+        """One warning when a checkpoint of `seconds` does not fit in the stop's grace."""
+        if seconds > 0.8 * self.cfg.stop_grace_s:
+            self.logger.warning("%s %.0f s, close to or over stop_grace_s=%g s: a stop (SIGTERM) may end "
+                                "without its checkpoint; raise stop_grace_s (and the scheduler's grace: SLURM "
+                                "KillWait, Kubernetes terminationGracePeriodSeconds)", what, seconds,
+                                self.cfg.stop_grace_s)
+
+    def note_agreed_stop(self, info):
+        """From the step the ranks agreed to stop after, a stop cut short is recorded (abort)."""
+        if info.agreed.get("stop"):
+            self.stopping_at = info.step
+
+    def save_when_due(self, info):
+        """The checkpoint by the clock: when the ranks agreed one is due (and the step has none)."""
+        if info.agreed.get("checkpoint") and info.step not in self.saved_steps:
+            self.save(info.step)
+
+    def verify(self, step):
+        """Verification on the run's targets at `step`."""
+        with self.watchdog.stage("verification"):
+            result = self.verifier(step)
+        if result:
+            self.status(verification={"step": step, "accuracy": {n: r.accuracy for n, r in result.items()}})
+        self.watchdog.progress()
+        return result
+
+    def embed_images(self, images):
+        arg_params, aux_params = self.module.get_export_params()
+        embed = Embedder(self.run.symbol, arg_params, aux_params, self.run.ctx, self.cfg.image_size,
+                         batch_size=self.cfg.batch_size)
+        return embed(to_nchw(images))
+
+    def stop(self, step, number):
+        """The ranks agreed to stop after `step` (signal `number`): the step's checkpoint (unless
+        it has one), the stop in status.json, and the line that says how to continue. Returns the
+        exit code, 128 + number."""
+        path = checkpoint.checkpoint_path(self.run.models_root, step)
+        if step not in self.saved_steps:
+            path = self.save(step)
+        name, root = signal_name(number), self.run.models_root
+        if self.rank == 0:
+            self.status_record.stopped(step, name, checkpoint=path)
+            self.logger.warning("stopped by %s after step %d, checkpoint %s; continue with: ./horovodrun.sh -np %d "
+                                "--resume %s (or your launcher with train.py --resume %s)", name, step, path,
+                                self.world, root, root)
+        dist.barrier("stop.recorded")    # no rank exits (and makes the launcher end the others) before
+        self.stop_done = True            # rank 0 has recorded the stop
+        if self.stop_signals is not None:
+            self.stop_signals.finished()
+        return STOP_EXIT_BASE + number
+
+    def abort(self, number, reason):
+        """A stop cut short (StopSignals: a second signal, or the grace over): rank 0 records it
+        when the ranks had agreed to stop (else the status stays: the job was killed), one line,
+        and the process ends at once with 128 + number. No new checkpoint is complete."""
+        if self.stop_done:               # the stop is complete: the launcher ends the last ranks
+            os._exit(STOP_EXIT_BASE + number)
+        if self.rank == 0 and self.stopping_at is not None:
+            self.status_record.stopped(self.stopping_at, signal_name(number),
+                                       note=f"ended at once by {reason}; the newest complete checkpoint stays")
+        end_at_once(number, reason, self.rank)
+
+    def end_of_run(self, step):
+        """A run always ends with a checkpoint and a verification of its last step (unless the
+        periods just did them), then logs the final accuracy next to the raw-pixel baseline."""
+        if step not in self.saved_steps:
+            self.save(step)
+        if not self.cfg.verify_period or step % self.cfg.verify_period:
+            self.verify(step)
+        for name, (images, issame) in (self.run.targets.items() if self.rank == 0 else ()):
+            baseline = evaluate(raw_pixel_embed, images, issame)
+            self.logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
+                             name, self.verifier.last[name].accuracy, baseline.accuracy)
+
+
+def end_at_once(number, reason, rank=0):
+    """End this process now with 128 + number, one line from rank 0: a stop cut short."""
+    if rank == 0:
+        print(f"train.py: stopped at once by {reason}: no checkpoint of this step; the newest complete "
+              f"checkpoint is kept", flush=True)
+    os._exit(STOP_EXIT_BASE + number)
