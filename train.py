@@ -29,6 +29,7 @@ from sample_fc.module import NonFiniteError
 from sample_fc.ranks import launcher_rank
 from sample_fc.run_events import RunEvents, end_at_once
 from sample_fc.run_request import RunRequest, RunStatus
+from sample_fc.sampling_regime import regime
 from sample_fc.stop import StopSignals
 from sample_fc.watchdog import StepWatchdog
 
@@ -227,6 +228,11 @@ def train(cfg, request, status, stop_signals=None):
         cost = backbone_cost(run.symbol, cfg.image_size)
         logger.info("backbone %s at %d px: %.2fM parameters, %.3f G multiply-adds per image",
                     cfg.network, cfg.image_size, cost.params / 1e6, cost.multiply_adds / 1e9)
+        sampling = regime(cfg.sample_ratio, cfg.num_classes, world, cfg.batch_size, cfg.embedding_size,
+                          cost.multiply_adds)
+        logger.info(sampling.line())
+        if sampling.warning():
+            logger.warning(sampling.warning())
     module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, run.pretrained)
     if run.resume_from:
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,

@@ -112,3 +112,37 @@ class VerificationRunner:
                            {"step": step, "mean_accuracy": mean,
                             "accuracy": {n: r.accuracy for n, r in self.last.items()}})
         return self.last
+
+
+def chance_loss(num_classes, margin):
+    """The loss of a model that has learned nothing: every cosine 0, so K - 1 logits of 0 and the
+    target's s psi(0) (CosFace: -s m3, ArcFace: -s sin m2): log(K - 1 + e^(s psi(0))) - s psi(0),
+    about ln K + s m. `margin` is a CombinedMargin (with s)."""
+    target = margin.s * float(margin.psi(np.zeros(1))[0])
+    return float(np.logaddexp(np.log(num_classes - 1), target) - target) if num_classes > 1 else 0.0
+
+
+class ChanceWatch:
+    """Says once (never stops) when the loss has sat near chance for `window` steps after `start`
+    (the warm-ups): its mean within `margin` nats of `chance` and the median gradient norm under
+    `small_grad_norm`. `warn(line)` gets the line (the log and status.json)."""
+
+    def __init__(self, chance, start, warn, window=200, margin=0.5, small_grad_norm=1.0):
+        self.chance, self.start, self.warn = chance, start, warn
+        self.window, self.margin, self.small_grad_norm = window, margin, small_grad_norm
+        self.losses, self.norms, self.said = [], [], False
+
+    def __call__(self, info):
+        if self.said or info.skipped or info.step <= self.start:
+            return
+        self.losses = (self.losses + [info.loss])[-self.window:]
+        self.norms = (self.norms + [info.grad_norm])[-self.window:]
+        if len(self.losses) < self.window:
+            return
+        loss, norm = float(np.mean(self.losses)), float(np.median(self.norms))
+        if loss >= self.chance - self.margin and norm < self.small_grad_norm:
+            self.said = True
+            self.warn(f"not learning: the loss has sat at {loss:.2f}, chance level {self.chance:.2f} for this "
+                      f"run's classes and margin, with a gradient norm of {norm:.2f}, for the {self.window} steps "
+                      f"up to step {info.step}; try a higher sample_ratio (see the sampling line at start), an lr "
+                      f"warm-up (warmup_steps) or margin_warmup_steps")

@@ -7,11 +7,12 @@ existing allreduce (module.all_ranks_finite), and every rank acts on the max ove
 after the same step (StepInfo.agreed).
 """
 import dataclasses
+import math
 import os
 import time
 
 from . import checkpoint, dist, run_root
-from .callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
+from .callbacks import ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, chance_loss
 from .stop import STOP_EXIT_BASE, signal_name
 from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
@@ -52,6 +53,12 @@ class RunEvents:
                           PeriodicCallback(cfg.ckpt_period, self.save), self.save_when_due,
                           PeriodicCallback(cfg.verify_period, self.verify)]
         if rank == 0:
+            options = module.partial_fc.options
+            start = max(cfg.warmup_steps, cfg.margin_warmup_steps, options.sample_ratio_warmup_steps)
+            scored = (cfg.num_classes if options.sample_correction or options.sample_ratio >= 1.0   # the loss estimates
+                      else math.ceil(options.sample_ratio * cfg.num_classes))                      # the full softmax's
+            self.callbacks.append(ChanceWatch(chance_loss(scored, module.partial_fc.margin(start + 1)), start,
+                                              self.say_not_learning))
             self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
                                                     lambda record: run_root.append_progress(run.models_root, record)))
             self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
@@ -65,6 +72,11 @@ class RunEvents:
         minutes = self.cfg.ckpt_minutes
         due = bool(minutes) and self.clock() - self.last_save >= 60.0 * minutes
         return {"stop": float(self.stop_signals.requested if self.stop_signals else 0), "checkpoint": float(due)}
+
+    def say_not_learning(self, line):
+        """Rank 0: the not-learning warning, in the log and in status.json (`warning`)."""
+        self.logger.warning(line)
+        self.status(warning=line)
 
     def status(self, **fields):
         """Rank 0: update the run's status.json (run_root.write_status)."""

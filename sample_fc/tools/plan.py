@@ -59,6 +59,8 @@ def main(argv=None):
         from .. import memory_plan
         from ..builder import check_world, run_plan
         from ..partial_fc import PartialFCOptions
+        from ..sampling_regime import regime
+        from symbols.cost import backbone_cost
         from ..host_head import default_threads
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         if args.world < 1 or (args.workers_per_node or 1) < 1:
@@ -77,6 +79,11 @@ def main(argv=None):
               f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}"
               + (f" after a {cfg.sample_ratio_warmup_steps}-step warm-up from {cfg.sample_ratio_warmup_start} "
                  f"(planned at {cfg.sample_ratio_warmup_start}: its first steps sample the most)" if warmup else ""))
+        sampling = regime(cfg.sample_ratio, cfg.num_classes, args.world, cfg.batch_size, cfg.embedding_size,
+                          backbone_cost(symbol, cfg.image_size).multiply_adds)
+        print(sampling.line())
+        if sampling.warning():
+            print(f"warning: {sampling.warning()}")
         for title, part in (("host memory, per worker", host), ("GPU memory, per worker", device)):
             if part is not None:
                 print(f"\n{title}:")
