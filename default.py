@@ -64,7 +64,8 @@ def _base_config():
     cfg.margin_warmup_steps = 0          # grow m2, m3 (and m1) linearly from 0 over this many steps (0 = full margin from the start)
 
     # ---- Partial FC ---------------------------------------------------------------
-    cfg.sample_ratio = 1.0               # fraction of each rank's centers scored per step, in (0, 1]
+    cfg.sample_ratio = 1.0               # fraction of each rank's centers scored per step, in (0, 1]; or auto: the smallest ratio whose q*K/B
+                                         # (draws of a center per visit of its class) reaches 35, where sampling matched ratio 1.0 (1.0 if none does; README "When to sample")
     cfg.sample_ratio_warmup_steps = 200  # score more centers first: the ratio goes linearly from sample_ratio_warmup_start at step 1 to sample_ratio at this step + 1 (0 = sample_ratio throughout; no effect at ratio 1). At ratio 0.1, 1000 steps, 5000 ids: 0.8475 held-out with it, 0.8170 without (BENCHMARKS.md)
     cfg.sample_ratio_warmup_start = 1.0  # the ratio at step 1 of that warm-up, in (0, 1] (the memory plan holds the larger of it and sample_ratio)
     cfg.sample_correction = True         # sampled-softmax correction: each sampled negative's logit + log(1/q), q its chance to be drawn, so the sample's softmax and loss estimate the full one's (no effect at ratio 1; no extra GEMM or collective). Held-out accuracy unchanged within one seed's spread, TAR@FAR=1e-3 up in each pair measured (BENCHMARKS.md)
@@ -329,6 +330,10 @@ RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'freque
                   'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'context', 'bank_context',
                   'head_kernel', 'allgather', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
 
+# Keys that take a word besides their type's values: resolved when the run's shape is known
+# (builder.resolve_auto), and saved resolved in the run's config.
+WORD_VALUES = {'sample_ratio': ('auto',)}
+
 # Keys added after runs were saved without them, with the value that behaves as those runs
 # did (a run resumed from such a checkpoint goes on as it trained; the preset default
 # would change its loss).
@@ -402,7 +407,7 @@ def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=
         cfg = copy.deepcopy(saved)
         cfg.update({key: value for key, value in (('dataset', dataset), ('network', network),
                                                   ('loss', loss)) if value is not None})
-    apply_overrides(cfg, overrides)
+    apply_overrides(cfg, overrides, WORD_VALUES)
     if resumed is not None:
         resume_changes(saved, cfg)
     check_config(cfg)
@@ -448,8 +453,10 @@ def check_config(cfg):
         if cfg[key] < 0:
             _fail(key, cfg[key], "an integer >= 0")
     for key in ('sample_ratio', 'sample_ratio_warmup_start'):
+        if cfg[key] in WORD_VALUES.get(key, ()):
+            continue
         if not 0.0 < cfg[key] <= 1.0:
-            _fail(key, cfg[key], "a float in (0, 1]")
+            _fail(key, cfg[key], "a float in (0, 1]" + (" or auto" if key in WORD_VALUES else ""))
     if not 0.0 <= cfg.dropout < 1.0:
         _fail('dropout', cfg.dropout, "a float in [0, 1)")
     for key in ('aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale'):

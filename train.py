@@ -210,6 +210,7 @@ def train(cfg, request, status, stop_signals=None):
     logger = builder.setup_logger(rank)
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
+    auto = builder.resolve_auto(cfg, world)          # sample_ratio=auto: the same number on every rank
     models_root = request.models_root_for(cfg)
     # every rank checks the models root, config, data and checkpoint before anything is written
     run = on_every_rank(lambda: builder.open_run(cfg, models_root, request, rank, world, dist.local_rank(), logger,
@@ -228,6 +229,8 @@ def train(cfg, request, status, stop_signals=None):
         cost = backbone_cost(run.symbol, cfg.image_size)
         logger.info("backbone %s at %d px: %.2fM parameters, %.3f G multiply-adds per image",
                     cfg.network, cfg.image_size, cost.params / 1e6, cost.multiply_adds / 1e9)
+        if auto:
+            logger.info(auto)
         sampling = regime(cfg.sample_ratio, cfg.num_classes, world, cfg.batch_size, cfg.embedding_size,
                           cost.multiply_adds)
         logger.info(sampling.line())

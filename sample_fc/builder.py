@@ -27,6 +27,7 @@ from .host_head import default_threads
 from .module import SampleDistributeModule
 from .optimizers import BackboneOptimizer, make_schedule
 from .partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
+from .sampling_regime import safe_ratio
 from .saved_model import load_pretrained
 
 
@@ -162,6 +163,20 @@ def fill_from_property(cfg, explicit):
         notes.append(f"the dataset's images are {height}x{width} px and train at image_size="
                      f"{cfg.image_size} (resized as they are read)")
     return notes
+
+
+def resolve_auto(cfg, world):
+    """sample_ratio=auto, now that the global batch is known: the smallest ratio whose q*K/B reaches
+    the measured safe level (sampling_regime.safe_ratio; 1.0 where none does), with
+    sample_wd_correction on from ratio 0.5 (where it measured as helping: BENCHMARKS.md). Changes
+    cfg in place (the run's config.json and checkpoints keep the number); returns the line to log,
+    or None when nothing was automatic."""
+    if cfg.sample_ratio != "auto":
+        return None
+    cfg.sample_ratio = safe_ratio(cfg.num_classes, cfg.batch_size * world)
+    cfg.sample_wd_correction = cfg.sample_wd_correction or 0.5 <= cfg.sample_ratio < 1.0
+    return (f"sample_ratio=auto: {cfg.sample_ratio:g} for {cfg.num_classes:,} classes and a global batch of "
+            f"{cfg.batch_size * world}" + (", with sample_wd_correction" if cfg.sample_wd_correction else ""))
 
 
 def check_world(cfg, world):

@@ -127,19 +127,21 @@ def convert_value(key, raw, current):
     return _to_scalar(key, raw, type(current))  # raises: unsupported type
 
 
-def apply_overrides(cfg, overrides):
+def apply_overrides(cfg, overrides, words=None):
     """Apply "key=value" strings to cfg in place and return it.
 
     Each key must exist (the config is flat); the value is converted to the existing value's
-    type. All overrides are checked before any is applied, so on error
-    cfg is unchanged. Raises UsageError naming the key, the bad value and the type.
+    type, or is one of the words `words` ({key: (word, ...)}) allows for that key (e.g.
+    sample_ratio=auto). All overrides are checked before any is applied, so on error cfg is
+    unchanged. Raises UsageError naming the key, the bad value and the type.
     """
     updates = []
     for text in overrides:
         key, raw = parse_override(text)
         if key not in cfg:
             raise _unknown_key(cfg, key)
-        updates.append((key, convert_value(key, raw, cfg[key])))
+        word = raw.strip().lower()
+        updates.append((key, word if word in (words or {}).get(key, ()) else convert_value(key, raw, cfg[key])))
     for key, value in updates:
         cfg[key] = value
     return cfg

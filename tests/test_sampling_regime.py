@@ -68,3 +68,39 @@ def test_the_watch_warns_once_on_a_plateau_and_not_on_a_learning_curve():
         learning(_info(step, 17.0 - 0.05 * step, 0.4))
         steep(_info(step, 17.0, 3.0))
     assert quiet == []
+
+
+@pytest.mark.parametrize("classes, world, batch", [(5000, 2, 64), (200, 2, 64), (1_000_000, 8, 128),
+                                                   (100_000_000, 64, 128), (360_232, 1, 64)])
+def test_auto_is_the_smallest_safe_ratio(classes, world, batch):
+    """Test that sample_ratio=auto resolves, per world size, to the smallest ratio (in hundredths)
+    with q*K/B >= 35, or 1.0; that it says so; and that the weight-decay correction comes on
+    from ratio 0.5 (where it measured as helping) and not below."""
+    import default
+    from sample_fc.builder import resolve_auto
+    cfg = default.config_for_run('demo', None, None, [f"num_classes={classes}", f"batch_size={batch}",
+                                                      "sample_ratio=auto"])
+    assert cfg.sample_ratio == 'auto'
+    line = resolve_auto(cfg, world)
+    global_batch = world * batch
+    want = min(1.0, math.ceil(100 * 35 * global_batch / classes) / 100)
+    assert cfg.sample_ratio == want and f"sample_ratio=auto: {want:g}" in line
+    assert want == 1.0 or want * classes / global_batch >= 35 > (want - 0.01) * classes / global_batch
+    assert cfg.sample_wd_correction == (0.5 <= want < 1.0)
+    default.check_config(cfg)
+    assert resolve_auto(cfg, world) is None            # a number stays as it is
+
+
+def test_a_resumed_auto_run_keeps_its_ratio_and_auto_is_checked():
+    """Test that a run saved with the resolved ratio resumes with it (auto is not re-chosen for a
+    new world size), that asking for auto again on resume is refused, and a bad word is one error."""
+    import default
+    saved = default.config_for_run('demo', None, None, ["num_classes=5000", "sample_ratio=auto"])
+    saved.sample_ratio = 0.9                          # as train.py saved it (resolve_auto)
+    resumed = default.config_for_run(None, None, None, [], resumed=dict(saved))
+    assert resumed.sample_ratio == 0.9
+    from sample_fc.errors import UsageError
+    with pytest.raises(UsageError, match="sample_ratio"):
+        default.config_for_run(None, None, None, ["sample_ratio=auto"], resumed=dict(saved))
+    with pytest.raises(UsageError, match="sample_ratio"):
+        default.config_for_run('demo', None, None, ["sample_ratio=automatic"])

@@ -57,7 +57,7 @@ def main(argv=None):
         import default
         import symbols
         from .. import memory_plan
-        from ..builder import check_world, run_plan
+        from ..builder import check_world, resolve_auto, run_plan
         from ..partial_fc import PartialFCOptions
         from ..sampling_regime import regime
         from symbols.cost import backbone_cost
@@ -66,6 +66,7 @@ def main(argv=None):
         if args.world < 1 or (args.workers_per_node or 1) < 1:
             raise UsageError(f"-np and --workers-per-node must be >= 1, got {args.world} and {args.workers_per_node}")
         check_world(cfg, args.world)
+        auto = resolve_auto(cfg, args.world)
         per_node = min(args.workers_per_node or args.world, args.world)
         try:    # symbols checks what the config's type checks cannot (image_size a multiple of 16)
             symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size, "float32", cfg.dropout)
@@ -81,6 +82,8 @@ def main(argv=None):
                  f"(planned at {cfg.sample_ratio_warmup_start}: its first steps sample the most)" if warmup else ""))
         sampling = regime(cfg.sample_ratio, cfg.num_classes, args.world, cfg.batch_size, cfg.embedding_size,
                           backbone_cost(symbol, cfg.image_size).multiply_adds)
+        if auto:
+            print(auto)
         print(sampling.line())
         if sampling.warning():
             print(f"warning: {sampling.warning()}")
