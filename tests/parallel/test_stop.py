@@ -183,3 +183,20 @@ def test_the_supervisor_does_not_restart_a_stopped_run(tiny_data, tmp_path):
     code, output, seconds = finish(job)
     assert_stopped_with_checkpoint(root, code, output, seconds)
     assert "not restarted: the run was stopped on purpose" in output and "restart 1/" not in output, output[-3000:]
+
+
+def test_a_stop_during_start_up_leaves_a_resumable_root(tiny_data, tmp_path):
+    """Test that SIGTERM as soon as the run has started (status running, before its first step
+    is done: the data loader and the bank are still being built) stops after the first step with
+    its checkpoint, and the root resumes."""
+    root = tmp_path / "run"
+    job = start(root, tiny_data, *LONG)
+    deadline = time.monotonic() + 120
+    while status_of(root).get("state") != "running" and time.monotonic() < deadline:
+        assert job.poll() is None, per_rank_tail(job.communicate()[0])
+        time.sleep(0.02)
+    os.killpg(job.pid, signal.SIGTERM)
+    step = assert_stopped_with_checkpoint(root, *finish(job))
+    assert step <= 4, step
+    resumed = run_train(root, tiny_data, "--resume", root, "--set", f"max_update={step + 2}")
+    assert resumed.returncode == 0 and f"at step {step}" in resumed.output, per_rank_tail(resumed.output)
