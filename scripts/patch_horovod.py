@@ -88,37 +88,13 @@ FIXES = [
         << "Enqueued " << queued_name;
   }""", 3),
     Fix("horovod/runner/common/util/safe_shell_exec.py",
-        """GRACEFUL_TERMINATION_TIME_S = 5
-
-
-def terminate_executor_shell_and_children(pid):
-    # If the shell already ends, no need to terminate its child.
-    try:
-        p = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-
-    # Terminate children gracefully.
+        "GRACEFUL_TERMINATION_TIME_S = 5",
+        "GRACEFUL_TERMINATION_TIME_S = float(os.environ.get('HOROVOD_GRACEFUL_TERMINATION_TIME_S', '60'))"),
+    Fix("horovod/runner/common/util/safe_shell_exec.py",
+        """    # Terminate children gracefully.
     for child in p.children():
-        try:
-            child.terminate()
-        except psutil.NoSuchProcess:
-            pass
-
-    # Wait for graceful termination.
-    gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)
 """,
-        """GRACEFUL_TERMINATION_TIME_S = float(os.environ.get('HOROVOD_GRACEFUL_TERMINATION_TIME_S', '60'))
-
-
-def terminate_executor_shell_and_children(pid):
-    # If the shell already ends, no need to terminate its child.
-    try:
-        p = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-
-    # SIGTERM to the command first (the shell execs a simple command; else to the processes it
+        """    # SIGTERM to the command first (the shell execs a simple command; else to the processes it
     # runs), which may stop cleanly (checkpoint) within the grace; then everything left is killed.
     try:
         targets = p.children(recursive=True) or [p]
@@ -149,13 +125,6 @@ def terminate_executor_shell_and_children(pid):
 
     # Terminate children gracefully.
     for child in p.children():
-        try:
-            child.terminate()
-        except psutil.NoSuchProcess:
-            pass
-
-    # Wait for graceful termination.
-    gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)
 """),
     Fix("horovod/runner/gloo_run.py",
         """    def set_event_on_signal(signum, frame):
