@@ -19,6 +19,9 @@ Models from elsewhere (insightface's model zoo, the original MXNet toolkit) load
   normalisation insightface's models were trained with (--normalize overrides the guess);
 - --pretrained maps the parameters of a backbone with this run's architecture under other
   names by structure (structural_map), and names what did not map.
+A path ending in .pth or .pt is insightface arcface_torch's backbone.pth (a PyTorch state dict,
+read without running pickle code): torch_backbone maps it onto the network it holds (--network,
+or the one whose shapes fit), arcface_torch's input normalisation included.
 """
 import difflib
 import json
@@ -29,10 +32,12 @@ from typing import Optional
 
 import mxnet as mx
 
-from . import checkpoint
+import symbols
+from . import checkpoint, torch_backbone
 from .errors import MissingFileError, UsageError, mxnet_reason
 
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
+TORCH_SUFFIXES = (".pth", ".pt")                     # a PyTorch state dict (torch_backbone)
 EMBEDDING_OUTPUTS = ("embeddings_output", "fc1_output")   # sample_fc's, insightface's MXNet models'
 NORMALIZE_CHOICES = ("auto", "graph", "tool")        # who turns raw pixels into (x - 127.5) / 128
 # ops that, meeting the data first, mean the graph scales its input itself
@@ -52,10 +57,16 @@ class LoadedModel:
     config: Optional[dict]      # training config from the checkpoint's state.json, if any
     output: str = "embeddings_output"   # the graph output used as the embedding
     input_note: str = "the graph normalises raw pixels"   # who normalises the input
+    weights_file: Optional[str] = None    # a .pth read instead of PREFIX-EPOCH.params
+    source: str = ""                      # what the weights file holds, e.g. " (arcface_torch r50, ...)"
+
+    @property
+    def params_file(self):
+        return self.weights_file or "%s-%04d.params" % (self.prefix, self.epoch)
 
     def line(self):
         """One line saying what was loaded and how it is fed (the tools print it)."""
-        return (f"model {self.prefix}-{self.epoch:04d}.params: output {self.output}, input "
+        return (f"model {self.params_file}{self.source}: output {self.output}, input "
                 f"{self.image_size}x{self.image_size} RGB 0..255, {self.input_note}")
 
 
@@ -164,9 +175,47 @@ def infer_image_size(symbol, arg_params, aux_params):
     return fits[0]
 
 
-def load_model(spec, image_size=None, output=None, normalize="auto"):
-    """LoadedModel from a --model spec (output: --output, normalize: --normalize, see above);
-    errors (MissingFileError, UsageError) name the path."""
+def is_torch_file(path):
+    return path.lower().endswith(TORCH_SUFFIXES)
+
+
+def _torch_file(spec, option):
+    """The path of a .pth/.pt spec (UsageError if it names an epoch), else None."""
+    path, epoch = parse_model_spec(spec)
+    if not is_torch_file(path):
+        return None
+    if epoch is not None:
+        raise UsageError(f"{option} {spec}: a .pth file holds one set of weights; name the file without ',{epoch}'")
+    return path
+
+
+def load_torch_model(path, image_size=None, output=None, normalize="auto", network=None):
+    """LoadedModel of arcface_torch's backbone.pth at `path` (torch_backbone): our network's
+    symbol with the file's weights, taking raw pixels as every model here does."""
+    if normalize == "tool":
+        raise UsageError(f"--normalize tool: the network built from {path} normalises raw pixels itself, "
+                         f"as arcface_torch does ((x - 127.5) / 127.5); omit --normalize")
+    backbone = torch_backbone.load(path, network, "--model")
+    if image_size is not None and image_size != backbone.image_size:
+        raise UsageError(f"--image-size {image_size}: {path} ({backbone.network}) fits "
+                         f"{backbone.image_size}x{backbone.image_size} inputs; omit --image-size")
+    symbol = symbols.get_symbol(backbone.network, backbone.embedding_size, backbone.image_size)
+    symbol, output = embedding_output(symbol, path, output)
+    arg_params = {n: backbone.arg_params[n] for n in symbol.list_arguments() if n != "data"}
+    aux_params = {n: backbone.aux_params[n] for n in symbol.list_auxiliary_states()}
+    return LoadedModel(symbol, arg_params, aux_params, path, 0, backbone.image_size, None, output,
+                       "the graph normalises raw pixels to (x - 127.5) / 127.5 as arcface_torch does",
+                       weights_file=path, source=f" (arcface_torch {backbone.network}: {backbone.how})")
+
+
+def load_model(spec, image_size=None, output=None, normalize="auto", network=None):
+    """LoadedModel from a --model spec (output: --output, normalize: --normalize, see above;
+    network: --network, for a .pth only); errors (MissingFileError, UsageError) name the path."""
+    torch_file = _torch_file(spec, "--model")
+    if torch_file:
+        return load_torch_model(torch_file, image_size, output, normalize, network)
+    if network is not None:
+        raise UsageError(f"--network {network}: only for a .pth model (an MXNet model's symbol is its network)")
     path, epoch = parse_model_spec(spec)
     prefix = resolve_prefix(path, epoch)
     if epoch is None:
@@ -206,7 +255,10 @@ def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
     (MXNet's NDArray format, never the optimizer state) and the symbol JSON are read. Params
     named as this run's `symbol` names them load by name; params that lack some of its names
     (another toolkit's naming) are matched by structure (structural_map; note(line) says how).
-    UsageError naming the layer when they do not fit."""
+    UsageError naming the layer when they do not fit. A .pth is arcface_torch's state dict
+    (torch_backbone), read as this run's `network`."""
+    if _torch_file(spec, "--pretrained"):
+        return _torch_pretrained(spec, symbol, image_size, network, note)
     path, epoch = parse_model_spec(spec)
     prefix = resolve_prefix(path, epoch)
     epoch = epoch if epoch is not None else (available_epochs(prefix) or [None])[-1]
@@ -226,6 +278,21 @@ def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
                          f"{image_size} px: {differences[0]} ({len(differences)} differences)")
     return ({k[4:]: v for k, v in loaded.items() if k.startswith("arg:")},
             {k[4:]: v for k, v in loaded.items() if k.startswith("aux:")})
+
+
+def _torch_pretrained(spec, symbol, image_size, network, note):
+    """(arg_params, aux_params) for `symbol` from arcface_torch's backbone.pth `spec`."""
+    backbone = torch_backbone.load(spec, network, "--pretrained")
+    loaded = {f"arg:{k}": v for k, v in backbone.arg_params.items()}
+    loaded.update({f"aux:{k}": v for k, v in backbone.aux_params.items()})
+    differences = checkpoint.param_differences(loaded, symbol, image_size)
+    if differences:
+        raise UsageError(f"--pretrained {spec} (arcface_torch's {network}, embedding size "
+                         f"{backbone.embedding_size}, {backbone.image_size} px) does not fit this run's network "
+                         f"{network!r} at {image_size} px: {differences[0]} ({len(differences)} differences)")
+    note(f"--pretrained {spec}: arcface_torch's {network}, {len(loaded)} parameters by name "
+         f"(its input normalisation and its features BatchNorm's scale folded in)")
+    return backbone.arg_params, backbone.aux_params
 
 
 # The role of a variable by the op that consumes it and its position among that op's inputs.

@@ -243,7 +243,7 @@ class EmbeddingCache:
 def cache_key(model, release, flip):
     """What the cached embeddings depend on: the model's files, input and output, the faces
     and their landmarks, flip."""
-    params = f"{model.prefix}-{model.epoch:04d}.params"
+    params = model.params_file
     digest = hashlib.sha256()
     digest.update("\n".join(release["names"]).encode())
     digest.update(np.ascontiguousarray(release["landmarks"]).tobytes())
@@ -310,7 +310,7 @@ def main(argv=None):
         np.save(os.path.join(args.out, "scores.npy"), scores)
         far, tar = roc_points(scores, release["labels"])
         draw_roc(os.path.join(args.out, "roc.png"), far, tar, table, f"{target.upper()} 1:1, {model.prefix}")
-        result = {"target": target, "model": f"{model.prefix}-{model.epoch:04d}.params", "output": model.output,
+        result = {"target": target, "model": model.params_file, "output": model.output,
                   "faces": len(release["names"]), "templates": int(len(ids)), "pairs": int(len(scores)),
                   "genuine_pairs": int(release["labels"].sum()), "flip": args.flip,
                   "detector_score": args.detector_score, "tar_at_far": {f"{far:g}": tar for far, tar in table.items()}}

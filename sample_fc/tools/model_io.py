@@ -13,8 +13,12 @@ def add_model_arguments(parser, batch_size=True):
     """--model, --image-size, --context and (if batch_size) --batch-size, for the tools."""
     parser.add_argument("--model", required=True, metavar="PREFIX[,EPOCH]",
                         help="checkpoint prefix (PREFIX-symbol.json, PREFIX-EPOCH.params), a "
-                             "checkpoint dir step-XXXXXXXX/, or a models root (its newest "
-                             "complete checkpoint); EPOCH defaults to the largest found")
+                             "checkpoint dir step-XXXXXXXX/, a models root (its newest "
+                             "complete checkpoint), or arcface_torch's backbone.pth (.pth/.pt); "
+                             "EPOCH defaults to the largest found")
+    parser.add_argument("--network", default=None, metavar="NAME",
+                        help="for a .pth: the network it holds (r50, mbf, ...); default: the one "
+                             "whose parameter shapes fit")
     parser.add_argument("--image-size", type=int, default=None,
                         help="input side; default: inferred from the params' shapes")
     parser.add_argument("--output", default=None, metavar="NAME",
@@ -34,10 +38,10 @@ def add_model_arguments(parser, batch_size=True):
 
 
 def load_model_from_args(args):
-    """The model the tool's --model, --image-size, --output and --normalize name, after
-    checking that --context names a device MXNet has."""
+    """The model the tool's --model, --image-size, --output, --normalize and --network name,
+    after checking that --context names a device MXNet has."""
     check_context(args.context)
-    return load_model(args.model, args.image_size, args.output, args.normalize)
+    return load_model(args.model, args.image_size, args.output, args.normalize, args.network)
 
 
 def check_context(ctx):

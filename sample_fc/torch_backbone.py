@@ -1,0 +1,193 @@
+"""insightface arcface_torch's backbones (a `backbone.pth` state dict, read by torch_weights)
+as sample_fc's networks: which of our parameters each tensor is, which network a file holds,
+and its weights as our symbol's (arg, aux) params computing arcface_torch's embeddings.
+
+symbols/iresnet.py and symbols/mobilefacenet.py are arcface_torch's iresnet and MobileFaceNet
+layer for layer. `layers(network)` names each of our layers' arcface_torch module:
+    iresnet  stem_{conv,bn,prelu} <- conv1, bn1, prelu; stageS_unitU_{bn1,conv1,bn2,prelu,conv2,bn3}
+             <- layerS.(U-1).<same>, its _shortcut_{conv,bn} <- layerS.(U-1).downsample.{0,1};
+             features_bn <- bn2; embedding_fc <- fc; embeddings <- features
+    mbf      a conv_bn X_{conv,bn,prelu} <- the ConvBlock/LinearBlock Y.layers.{0,1,2}: stem <-
+             layers.0; stem_dw <- layers.1 (or stem_unitK <- layers.1.layers.(K-1)); stageS_down
+             <- layers.(2S), stageS_unitK <- layers.(2S+1).layers.(K-1), each an inverted
+             residual _expand, _dw, _project <- .layers.{0,1,2}; conv_sep <- conv_sep; gdc <-
+             features.layers.0; embedding_fc <- features.layers.2; embeddings <- features.layers.3
+and PARAMS each parameter: conv/FC weight, bias <- weight, bias; BatchNorm gamma, beta,
+moving_mean, moving_var (aux) <- weight, bias, running_mean, running_var (num_batches_tracked
+is dropped); a PReLU slope (C, 1, 1, 1) <- weight (C,). A DataParallel "module." prefix is
+ignored.
+
+Two folds make our network compute arcface_torch's from the same raw pixels (exact math):
+- arcface_torch feeds (x / 255 - 0.5) / 0.5 = (x - 127.5) / 127.5, our graph (x - 127.5) / 128:
+  the stem conv's weight (no bias, zero padding) is multiplied by INPUT_SCALE = 128 / 127.5;
+- our BatchNorm `embeddings` holds its scale at 1 (fix_gamma), arcface_torch's `features`
+  BatchNorm1d has one (mbf learns it; iresnet's stays 1): with gamma g, the FC's weight and
+  bias and the moving mean are multiplied by g, which at inference is the same function.
+"""
+from dataclasses import dataclass
+
+import mxnet as mx
+import numpy as np
+
+import symbols
+from symbols import common, iresnet, mobilefacenet
+from .errors import UsageError
+from .torch_weights import read_state_dict
+
+INPUT_SCALE = 128 / 127.5
+PARAMS = {"conv": (("weight", "weight"),),
+          "fc": (("weight", "weight"), ("bias", "bias")),
+          "fc_no_bias": (("weight", "weight"),),
+          "bn": (("gamma", "weight"), ("beta", "bias"), ("moving_mean", "running_mean"), ("moving_var", "running_var")),
+          "prelu": (("gamma", "weight"),)}
+IBASIC_BLOCK = (("bn1", "bn"), ("conv1", "conv"), ("bn2", "bn"), ("prelu", "prelu"), ("conv2", "conv"), ("bn3", "bn"))
+
+
+def _iresnet_layers(units):
+    found = [("stem_conv", "conv1", "conv"), ("stem_bn", "bn1", "bn"), ("stem_prelu", "prelu", "prelu")]
+    for stage, count in enumerate(units, start=1):
+        for unit in range(1, count + 1):
+            ours, theirs = f"stage{stage}_unit{unit}", f"layer{stage}.{unit - 1}"
+            found += [(f"{ours}_{name}", f"{theirs}.{name}", kind) for name, kind in IBASIC_BLOCK]
+            if unit == 1:       # stride 2: the conv1x1 -> BN shortcut
+                found += [(f"{ours}_shortcut_conv", f"{theirs}.downsample.0", "conv"),
+                          (f"{ours}_shortcut_bn", f"{theirs}.downsample.1", "bn")]
+    return found + [("features_bn", "bn2", "bn"), ("embedding_fc", "fc", "fc"), ("embeddings", "features", "bn")]
+
+
+def _conv_bn(ours, theirs, act=True):
+    found = [(ours + "_conv", theirs + ".layers.0", "conv"), (ours + "_bn", theirs + ".layers.1", "bn")]
+    return found + ([(ours + "_prelu", theirs + ".layers.2", "prelu")] if act else [])
+
+
+def _inverted_residual(ours, theirs):
+    return (_conv_bn(ours + "_expand", theirs + ".layers.0") + _conv_bn(ours + "_dw", theirs + ".layers.1") +
+            _conv_bn(ours + "_project", theirs + ".layers.2", act=False))
+
+
+def _mobilefacenet_layers(blocks):
+    found = _conv_bn("stem", "layers.0")
+    if blocks[0] == 1:
+        found += _conv_bn("stem_dw", "layers.1")
+    for unit in range(blocks[0] if blocks[0] != 1 else 0):
+        found += _inverted_residual(f"stem_unit{unit + 1}", f"layers.1.layers.{unit}")
+    for stage in range(1, 4):
+        found += _inverted_residual(f"stage{stage}_down", f"layers.{2 * stage}")
+        for unit in range(blocks[stage]):
+            found += _inverted_residual(f"stage{stage}_unit{unit + 1}", f"layers.{2 * stage + 1}.layers.{unit}")
+    return found + _conv_bn("conv_sep", "conv_sep") + _conv_bn("gdc", "features.layers.0", act=False) + \
+        [("embedding_fc", "features.layers.2", "fc_no_bias"), ("embeddings", "features.layers.3", "bn")]
+
+
+def layers(network):
+    """[(our layer, its arcface_torch module, kind of PARAMS)] of `network`, in order."""
+    if network in iresnet.UNITS:
+        return _iresnet_layers(iresnet.UNITS[network])
+    return _mobilefacenet_layers(mobilefacenet.CONFIGS[network][0])
+
+
+def parameter_names(network):
+    """[(our parameter, its state dict key, kind)] of `network`, in order."""
+    return [(f"{ours}_{mine}", f"{theirs}.{its}", kind)
+            for ours, theirs, kind in layers(network) for mine, its in PARAMS[kind]]
+
+
+@dataclass
+class TorchBackbone:
+    network: str
+    embedding_size: int
+    image_size: int
+    arg_params: dict     # name -> mx.nd.NDArray, folded (module docstring)
+    aux_params: dict
+    how: str             # how the network was chosen
+
+
+def _differences(state, network):
+    """(how many tensors differ, the first difference, or None; (D, side) when they all fit)."""
+    names = parameter_names(network)
+    wanted = {theirs for _, theirs, _ in names}
+    missing = [theirs for _, theirs, _ in names if theirs not in state]
+    extra = [key for key in state if key not in wanted and not key.endswith(".num_batches_tracked")]
+    if missing or extra:
+        first = f"{missing[0]} is missing" if missing else f"{extra[0]} is not in {network}"
+        return len(missing) + len(extra), first, None
+    layer = {ours: theirs for ours, theirs, _ in layers(network)}
+    sizes = _sizes(state, layer)
+    if isinstance(sizes, str):
+        return 1, sizes, None
+    embedding_size, side = sizes
+    symbol = symbols.get_symbol(network, embedding_size, side)
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, side, side))
+    shapes = dict(zip(symbol.list_arguments() + symbol.list_auxiliary_states(), arg_shapes + aux_shapes))
+    if sorted(shapes) != sorted(["data"] + [ours for ours, _, _ in names]):
+        raise AssertionError(f"torch_backbone.layers({network!r}) does not name the symbol's parameters")
+    want = {ours: tuple(shapes[ours][:1] if kind == "prelu" else shapes[ours]) for ours, _, kind in names}
+    wrong = [f"{theirs} has shape {state[theirs].shape}, {network} needs {want[ours]}"
+             for ours, theirs, _ in names if state[theirs].shape != want[ours]]
+    return len(wrong), (wrong[0] if wrong else None), sizes
+
+
+def _sizes(state, layer):
+    """(embedding size, input side) the file's embedding FC (and GDC) imply, or why none."""
+    fc = layer["embedding_fc"] + ".weight"
+    if state[fc].ndim != 2 or 0 in state[fc].shape:
+        return f"{fc} has shape {state[fc].shape}, not (embedding size, features)"
+    embedding_size, features = state[fc].shape
+    if "gdc_conv" in layer:       # the GDC's kernel is the final map's side
+        key = layer["gdc_conv"] + ".weight"
+        side = state[key].shape[-1] if state[key].ndim == 4 else 0
+    else:                         # the FC takes the final map, 512 x side x side
+        key, side = fc, int(round((features / iresnet.STAGE_CHANNELS[-1]) ** 0.5))
+        side = side if iresnet.STAGE_CHANNELS[-1] * side * side == features else 0
+    if not side:
+        return f"{key} has shape {state[key].shape}, which fits no input size"
+    return int(embedding_size), int(side) * common.DOWNSAMPLE
+
+
+def _folded(state, network):
+    """{our parameter: float32 array} with the folds of the module docstring."""
+    weights = {ours: state[theirs].astype(np.float32).reshape((-1, 1, 1, 1) if kind == "prelu" else state[theirs].shape)
+               for ours, theirs, kind in parameter_names(network)}
+    weights["stem_conv_weight"] *= INPUT_SCALE
+    scale = weights["embeddings_gamma"]
+    weights["embedding_fc_weight"] *= scale[:, None]
+    if "embedding_fc_bias" in weights:
+        weights["embedding_fc_bias"] *= scale
+    weights["embeddings_moving_mean"] *= scale
+    weights["embeddings_gamma"] = np.ones_like(scale)
+    return weights
+
+
+def load(path, network=None, option="--model"):
+    """TorchBackbone of the arcface_torch state dict at `path`: as `network` (one of
+    symbols.NETWORKS), or the one network whose parameter names and shapes the file's equal.
+    UsageError (one line, naming the file) when the file cannot be read, does not hold
+    `network`, or holds none or several of them (naming the closest and their first
+    difference)."""
+    if network is not None and network not in symbols.NETWORKS:
+        raise UsageError(f"--network {network!r}: not one of {', '.join(symbols.NETWORKS)}")
+    try:
+        state = read_state_dict(path)
+    except UsageError as err:           # MissingFileError stays one
+        raise type(err)(f"{option} {err}") from None
+    if state and all(key.startswith("module.") for key in state):      # saved from DataParallel
+        state = {key[len("module."):]: value for key, value in state.items()}
+    found = {name: _differences(state, name) for name in ([network] if network else symbols.NETWORKS)}
+    fits = [name for name, (count, _, _) in found.items() if count == 0]
+    if network and not fits:
+        count, first, _ = found[network]
+        raise UsageError(f"{option} {path} does not hold arcface_torch's {network}: {first} "
+                         f"({count} tensors differ)")
+    if len(fits) > 1:
+        raise UsageError(f"{option} {path} fits several of sample_fc's networks ({', '.join(fits)}); "
+                         f"name one with --network")
+    if not fits:
+        closest = sorted(found, key=lambda name: found[name][0])[:2]
+        raise UsageError(f"{option} {path} holds none of sample_fc's networks; closest: " + "; ".join(
+            f"{name} ({found[name][0]} tensors differ, first {found[name][1]})" for name in closest))
+    name = fits[0]
+    embedding_size, image_size = found[name][2]
+    weights = {key: mx.nd.array(value) for key, value in _folded(state, name).items()}
+    aux = {key: value for key, value in weights.items() if key.endswith(("_moving_mean", "_moving_var"))}
+    return TorchBackbone(name, embedding_size, image_size, {k: v for k, v in weights.items() if k not in aux}, aux,
+                         "--network" if network else "the one network whose shapes fit")
