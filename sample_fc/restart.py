@@ -117,8 +117,12 @@ class Signals:
 
     def __init__(self):
         self.received, self.child = 0, None
-        for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, self._forward)
+        self.previous = {number: signal.signal(number, self._forward) for number in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self):
+        """The handlers the process had before."""
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
     def _forward(self, number, frame):
         self.received = self.received or number
@@ -240,5 +244,6 @@ def supervise(horovodrun_argv, max_restarts, min_workers=1):
                 log(f"restart {restarts}/{max_restarts} after {cause}; resuming from "
                     f"{f'step {step} in {root}' if step is not None else 'the start (no checkpoint yet)'}")
         finally:
+            signals.restore()
             if lock is not None:
                 lock.release()

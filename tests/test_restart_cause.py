@@ -1,6 +1,7 @@
 """Tests for sample_fc.restart's cause of a failed attempt: read from the attempt's status.json
 and its exit code, never from the job's output."""
 import json
+import signal
 import sys
 import textwrap
 
@@ -67,8 +68,10 @@ def test_the_same_recorded_error_twice_from_one_checkpoint_stops(tmp_path, capsy
         report(state="failed", error="rank 0 is out of luck", error_is_cause=True, checkpoint_step=10)
         sys.exit(1)
         """)
+    before = signal.getsignal(signal.SIGTERM)
     assert supervise(job, max_restarts=5) == 1
     assert _attempts(tmp_path) == 2
+    assert signal.getsignal(signal.SIGTERM) is before      # the supervisor gives its signals back
     err = capsys.readouterr().err
     assert "restart 1/5 after exit code 1, rank 0 is out of luck; resuming from step 10 in " in err
     assert "not restarted: the same error twice in a row from the same checkpoint" in err
