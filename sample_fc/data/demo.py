@@ -219,6 +219,19 @@ def _finish(c, v, size):
     return np.ascontiguousarray(img.astype(np.uint8).transpose(0, 2, 3, 1))
 
 
+def verification_pairs(rng, num_identities, num_pairs):
+    """(slots, issame) of num_pairs pairs over identities 0..num_identities-1, in random order:
+    slots (2 * num_pairs,) the identity of each image (pair i: slots 2i and 2i+1), issame
+    (num_pairs,) bool; half the pairs are one identity twice, half two different ones."""
+    num_same = num_pairs // 2
+    same = np.repeat(rng.integers(num_identities, size=num_same)[:, None], 2, axis=1)
+    first = rng.integers(num_identities, size=num_pairs - num_same)
+    second = (first + rng.integers(1, num_identities, size=first.size)) % num_identities
+    order = rng.permutation(num_pairs)
+    slots = np.concatenate([same, np.stack([first, second], axis=1)])[order].reshape(-1)
+    return slots, (np.arange(num_pairs) < num_same)[order]
+
+
 def raw_pixel_accuracy(bin_path):
     """The raw-pixel cosine baseline on a .bin: the same protocol and numbers as training's
     final report (sample_fc.verification with raw_pixel_embed)."""
@@ -254,14 +267,7 @@ def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_v
             done(images_per_identity)
         writer.finish()
     # Pairs of held-out identities: half the same identity (two views), half two different ones.
-    rng = np.random.default_rng((seed, PAIRS))
-    num_same = num_pairs // 2
-    same = np.repeat(rng.integers(num_val_identities, size=num_same)[:, None], 2, axis=1)
-    first = rng.integers(num_val_identities, size=num_pairs - num_same)
-    second = (first + rng.integers(1, num_val_identities, size=first.size)) % num_val_identities
-    order = rng.permutation(num_pairs)
-    slots = np.concatenate([same, np.stack([first, second], axis=1)])[order].reshape(-1)
-    issame = (np.arange(num_pairs) < num_same)[order]
+    slots, issame = verification_pairs(np.random.default_rng((seed, PAIRS)), num_val_identities, num_pairs)
     encoded = [None] * len(slots)
     for v in np.unique(slots):
         where = np.nonzero(slots == v)[0]
