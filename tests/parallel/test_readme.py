@@ -43,6 +43,8 @@ NOT_RUN = {
     "./horovodrun.sh -np 16 -H host1:8,host2:8 --mpi --dataset glint360k --network r100":
         "two nodes; tests/parallel/test_multihost.py runs a 2-host job",
     ".venv/bin/python -m sample_fc.bench [--quick] --json bench.json": "tests/test_bench.py runs --quick",
+    ".venv/bin/python -m sample_fc.bench.glyphs --out data/glyphs5k":
+        "needs the CJK fonts (scripts/install_glyph_fonts.sh); tests/test_glyphs.py builds a set with DejaVu",
     ".venv/bin/python -m sample_fc.tools.ijb --model models/emore_r100 --root IJB_release/IJBC --out ijbc_r100":
         "needs the IJB-C release; tests/test_ijb.py runs the tool on an IJB-format set it generates",
 }
