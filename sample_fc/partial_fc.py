@@ -12,7 +12,6 @@ sampler.Sample; a new sampling option is a field of Sample and its use in the ke
     pfc.update(num_update)          # or pfc.discard() for a skipped step
 """
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +23,7 @@ from .margin import CombinedMargin, MarginWarmup
 from .memory_bank import MAX_BLOCK_ELEMENTS, MemoryBank
 from .optimizers import MemoryBankSGDOptimizer
 from .options import HEAD_KERNELS
-from .sampler import ClassCenterSampler, SampleRatioWarmup
+from .sampler import ClassCenterSampler, SampleRatioWarmup, most_rows_scored
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ class PartialFC:
         `itemsize`-byte numbers at `sample_ratio` (the schedule's peak, options.peak_ratio), and
         the rows scored, K = min(C_r, max(ceil(ratio C_r), B)) (the sample grows to every
         positive). Pure arithmetic (memory_plan.plan adds the backbone's)."""
-        sampled = min(num_local, max(math.ceil(sample_ratio * num_local), global_batch))
+        sampled = most_rows_scored(num_local, sample_ratio, global_batch)
         if host_kernel:
             rows_are_bank = (sampled == num_local and itemsize == 4
                              and num_local * embedding_size <= MAX_BLOCK_ELEMENTS)

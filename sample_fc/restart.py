@@ -16,8 +16,8 @@ passes through untouched. Each restart is logged with its cause and the step it 
 It re-reads the hosts (-H or --hostfile) and keeps those still reachable (ssh); fewer workers
 resume with the bank resharded; fewer than --min-workers stops. Not retried: a run stopped on
 purpose (a SIGINT or SIGTERM the supervisor passed on once to the job, which runs in a session
-of its own, or a status "stopped"), a mistake (exit code errors.USAGE_EXIT), or the same error recorded twice in a row from the same checkpoint
-(an attempt without a recorded error, or with only rank 0's view of another rank's failure,
+of its own, or a status "stopped"), a mistake (exit code errors.USAGE_EXIT), or the same error
+recorded twice in a row from the same checkpoint (an attempt without a recorded error, or with only rank 0's view of another rank's failure,
 says nothing deterministic and is retried).
 """
 import json
@@ -33,6 +33,7 @@ import uuid
 
 from . import run_root
 from .errors import USAGE_EXIT, UsageError
+from .stop import signal_name
 
 LOCK_WAIT_S = 30        # a failed job's processes may take this long to let go of the root's lock
 LOCAL_HOSTS = {"localhost", "127.0.0.1", socket.gethostname()}
@@ -207,7 +208,7 @@ def supervise(horovodrun_argv, max_restarts, min_workers=1):
                 step = (status or {}).get("checkpoint_step")     # where the run stands, whichever attempt said it
                 cause, repeats = failure_cause(code, attempt_status)
                 if signals.received or (attempt_status or {}).get("state") == "stopped":
-                    stopped_by = signal.Signals(signals.received).name if signals.received else attempt_status["signal"]
+                    stopped_by = signal_name(signals.received) if signals.received else attempt_status["signal"]
                     log(f"not restarted: the run was stopped on purpose ({stopped_by}, exit code {code})"
                         + (f"; its checkpoint is step {step} in {root}" if step is not None else ""))
                     return code

@@ -43,7 +43,7 @@ class RunEvents:
         self.stop_signals, self.stopping_at, self.stop_done = stop_signals, None, False
         module.stage_hook = watchdog.stage
         module.requests = self.requests
-        self.saved_steps, self.last_save, self.checkpoint_seconds = set(), clock(), None
+        self.saved_steps, self.last_save, self.timed_a_checkpoint = set(), clock(), False
         self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
                             "embedding_size": cfg.embedding_size, "config": cfg,
                             "partial_fc": dataclasses.asdict(module.partial_fc.options)}
@@ -96,9 +96,8 @@ class RunEvents:
         self.status(step=step, checkpoint=path, checkpoint_step=step, checkpoint_seconds=round(seconds, 2))
         self.watchdog.progress()
         self.logger.info("step %d: checkpoint saved in %.1f s", step, seconds)
-        first = self.checkpoint_seconds is None
-        self.checkpoint_seconds = seconds
-        if first:
+        if not self.timed_a_checkpoint:
+            self.timed_a_checkpoint = True
             self.warn_if_a_stop_cannot_checkpoint(seconds, "the first checkpoint took")
         return path
 

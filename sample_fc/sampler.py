@@ -53,6 +53,12 @@ def num_sample_for(num_local, sample_ratio):
     return min(num_local, max(1, math.ceil(sample_ratio * num_local)))
 
 
+def most_rows_scored(num_local, sample_ratio, global_batch):
+    """The most rows one step scores on a shard: the sample (num_sample_for), grown to every
+    positive of the batch, at most the global batch's B distinct classes: min(C_r, max(n, B))."""
+    return min(num_local, max(num_sample_for(num_local, sample_ratio), global_batch))
+
+
 def as_int_labels(labels):
     """Labels as an int64 NumPy vector; float or fractional labels are an error, not a cast."""
     labels = np.asarray(labels.asnumpy() if hasattr(labels, "asnumpy") else labels)

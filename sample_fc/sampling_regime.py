@@ -11,6 +11,8 @@ tools.plan prints it.
 import math
 from dataclasses import dataclass
 
+from .sampler import most_rows_scored, num_sample_for
+
 SAFE_DRAWS_PER_VISIT = 35.0     # Glint360K at ratio 0.1, B = 1024: parity with ratio 1.0 (IJB-C 97.3 both)
 MEASURED = (                    # (q*K/B, what it cost against ratio 1.0), the lowest first
     (3.9, "8.7 points at 1,000 steps on 5,000 real-image identities (loss stuck at chance; "
@@ -82,8 +84,7 @@ def regime(sample_ratio, num_classes, world, batch_size, embedding_size, multipl
     safe = max(sample_ratio, safe_ratio(num_classes, global_batch))
 
     def step_flops(ratio):
-        sampled = min(num_local, max(math.ceil(ratio * num_local), global_batch))
-        return (head_flops(sampled, global_batch, embedding_size)
+        return (head_flops(most_rows_scored(num_local, ratio, global_batch), global_batch, embedding_size)
                 + backbone_flops(multiply_adds_per_image, batch_size))
-    return Regime(sample_ratio, draws, math.ceil(sample_ratio * num_local),
+    return Regime(sample_ratio, draws, num_sample_for(num_local, sample_ratio),
                   f"at {nearest[0]:g} it cost {nearest[1]}", safe, step_flops(safe) / step_flops(sample_ratio))
