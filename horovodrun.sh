@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
 # Launch train.py on Horovod workers.
-#   ./horovodrun.sh [-np N] [-H HOSTS] [--gloo|--mpi] [--max-restarts N [--min-workers M]] [train.py arguments]
+#   ./horovodrun.sh [-np N] [-H HOSTS] [--gloo|--mpi] [--gpu] [--max-restarts N [--min-workers M]] [train.py arguments]
 # It sets the project up (first run only). With no train.py arguments it trains the demo
 # (train.py builds the demo data on first use) with 2 local workers and reports
 # verification accuracy on the demo's held-out identities. -np defaults to 2, -H to
 # localhost:N, the controller to Gloo. Paths are relative to the directory you run it in.
 # --max-restarts N restarts a failed job from its newest checkpoint up to N times.
+# --gpu trains in the GPU environment (.venv-gpu: MXNet's CUDA build; README: GPUs).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)   # also when called through a link
-NP=2; HOSTS=""; CONTROLLER=--gloo; TRAIN_ARGS=(); RESTARTS=()
+NP=2; HOSTS=""; CONTROLLER=--gloo; TRAIN_ARGS=(); RESTARTS=(); GPU=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     -np) NP=${2:?"-np needs a number"}; shift 2 ;;
     -H) HOSTS=${2:?"-H needs hosts, e.g. host1:8,host2:8"}; shift 2 ;;
     --gloo|--mpi) CONTROLLER=$1; shift ;;
+    --gpu) GPU=(--gpu); shift ;;
     --max-restarts|--min-workers) RESTARTS+=("$1" "${2:?"$1 needs a number"}"); shift 2 ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) TRAIN_ARGS+=("$1"); shift ;;
   esac
 done
 [[ $NP =~ ^[1-9][0-9]*$ ]] || { echo "horovodrun.sh: -np must be a positive integer, got '$NP'" >&2; exit 2; }
 HOSTS=${HOSTS:-localhost:$NP}
 
-"$ROOT/scripts/bootstrap.sh"
-VENV=${SAMPLE_FC_VENV:-$ROOT/.venv}
+"$ROOT/scripts/bootstrap.sh" "${GPU[@]}"
+VENV=${SAMPLE_FC_VENV:-$ROOT/.venv${GPU:+-gpu}}
+# The GPU environment's CUDA libraries (PyPI wheels): on LD_LIBRARY_PATH, which horovodrun passes on.
+if [[ -f $VENV/cuda-env.sh ]]; then . "$VENV/cuda-env.sh"; fi
 
 # One compute thread per worker when several workers share this machine's cores.
 if [[ $HOSTS == localhost:* ]]; then

@@ -6,8 +6,6 @@ nothing here reads default.py or the command line.
 import dataclasses
 import logging
 import os
-import shutil
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -22,6 +20,7 @@ from .data.augment import Augmentation
 from .data.bin_format import load_bin
 from .data.recordio import read_property
 from .errors import UsageError
+from .gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
 from .initializers import backbone_initializer
 from .host_head import default_threads
 from .module import SampleDistributeModule
@@ -31,37 +30,28 @@ from .sampling_regime import safe_ratio
 from .saved_model import load_pretrained
 
 
-def driver_gpus():
-    """GPUs the NVIDIA driver lists (`nvidia-smi -L`), 0 when there is no driver or it fails."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(line.startswith("GPU ") for line in listed.splitlines())
-
-
-CPU_ONLY_NOTE = "this MXNet build is CPU-only (README: GPUs, for the CUDA build)"
-
-
 def resolve_contexts(cfg, local_rank, warn=lambda message: None):
     """(backbone context, bank context) for this rank; explicit, never implicit gpu(0).
-    A node whose driver lists GPUs that MXNet does not see gets a warning (`warn`); a setting
-    that needs a GPU on a CPU run is a UsageError."""
+    The node's GPUs are read once (sample_fc.gpus, not through MXNet) unless context=cpu: a GPU
+    MXNet 1.9.1 has no code for stops a GPU run in one line; a node whose driver lists GPUs that
+    this MXNet does not see gets a warning (`warn`); a setting that needs a GPU on a CPU run is a
+    UsageError."""
     gpus = mx.context.num_gpus()
-    unseen = driver_gpus() if not gpus and cfg.context != "cpu" else 0
+    listed = visible_gpus() if cfg.context != "cpu" else None
+    unseen = len(listed or ()) if not gpus else 0
+    note = cpu_build_note(listed) if unseen else ""
     kind = ("gpu" if gpus else "cpu") if cfg.context == "auto" else cfg.context
+    if kind == "gpu":
+        check_gpu_context(mx.gpu(local_rank), listed or [], "context=gpu", "context=cpu")
     if kind == "gpu" and local_rank >= gpus:
         raise UsageError(f"context=gpu but local rank {local_rank} has no GPU (MXNet sees {gpus} on this node"
-                         f"{f', the driver {unseen}: {CPU_ONLY_NOTE}' if unseen else ''}); "
+                         f"{f', the driver {describe(listed)}: {note}' if unseen else ''}); "
                          f"use context=auto or cpu, or fewer workers per node")
     if unseen:
-        warn(f"this node has {unseen} GPU(s) (nvidia-smi) but MXNet sees none: training on the CPU; "
-             f"{CPU_ONLY_NOTE}")
+        warn(f"this node has {describe(listed)} but MXNet sees none: training on the CPU; {note}")
     if cfg.fp16 and kind == "cpu":
         raise UsageError("fp16=true needs GPUs (MXNet has no float16 GEMM on the CPU) and this run's "
-                         f"backbone is on the CPU{f' ({CPU_ONLY_NOTE})' if unseen else ''}; set fp16=false "
+                         f"backbone is on the CPU{f' ({note})' if unseen else ''}; set fp16=false "
                          "(a float16 class-center bank on the CPU is bank_dtype=float16)")
     ctx = mx.gpu(local_rank) if kind == "gpu" else mx.cpu()
     return ctx, (ctx if cfg.bank_context == "same" else mx.cpu())
@@ -204,15 +194,27 @@ def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
     return dataclasses.replace(whole, backbone=0), dataclasses.replace(whole, bank=0, sampler=0, head=0, runtime=0)
 
 
+def plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, part):
+    """ways(share): memory_plan.ways_out's priced changes for this run's host (part 0) or GPU
+    (part 1) plan, replanned by run_plan with the changed keys."""
+    def replan(world=world, bank_on_gpu=bank_on_gpu, **changes):
+        return run_plan(type(cfg)(dict(cfg, **changes)), world, symbol, on_gpu, bank_on_gpu, threads)
+    return lambda share: memory_plan.ways_out(replan, part, share, world, cfg.batch_size, cfg.num_classes,
+                                              cfg.bank_dtype, on_gpu and bank_on_gpu)
+
+
 def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size):
     """UsageError when this worker's plan does not fit what its node has: host memory
-    (MemAvailable, shared by the node's workers), and on GPUs its device's free memory."""
-    host, device = run_plan(cfg, world, symbol, ctx.device_type == "gpu", bank_ctx.device_type == "gpu",
-                            default_threads(local_size))
-    memory_plan.check_fits(host, memory_plan.meminfo_available(), local_size, "host memory")
+    (MemAvailable, shared by the node's workers), and on GPUs its device's free memory; it
+    lists the ways out with what each would give (plan_ways_out)."""
+    on_gpu, bank_on_gpu, threads = ctx.device_type == "gpu", bank_ctx.device_type == "gpu", default_threads(local_size)
+    host, device = run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads)
+    memory_plan.check_fits(host, memory_plan.meminfo_available(), local_size, "host memory",
+                           plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, 0))
     if device is not None:
         memory_plan.check_fits(device, mx.context.gpu_memory_info(ctx.device_id)[0], 1,
-                               f"GPU {ctx.device_id} memory")
+                               f"GPU {ctx.device_id} memory",
+                               plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, 1))
     return host, device
 
 

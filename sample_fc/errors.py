@@ -4,7 +4,9 @@ A check that knows the input is wrong (the config, the data, a checkpoint, the w
 models root) raises UsageError with a message naming the bad value and the way out; train.py
 prints ERROR_PREFIX + the message once and exits with USAGE_EXIT, and the restart supervisor
 does not retry it. Any other exception is a failure of the run or a bug: it keeps its
-traceback and exits with FAILURE_EXIT, which the supervisor may retry.
+traceback and exits with FAILURE_EXIT, which the supervisor may retry. The tools exit with
+the same USAGE_EXIT for a UsageError (tools/cli.py run_or_exit), as argparse does for a bad
+option: 2 means "the input is wrong" for every command of the project.
 """
 ERROR_PREFIX = "train.py: error: "
 USAGE_EXIT, FAILURE_EXIT = 2, 1

@@ -107,9 +107,57 @@ def meminfo_available():
     return None
 
 
-def check_fits(the_plan, available, local_workers, where="host memory"):
-    """UsageError naming the bytes needed and available, and the ways out, when a worker's
-    plan exceeds its share of `available` bytes (shared by `local_workers` workers)."""
+# what else shrinks a plan, after the ways out that ways_out prices
+OTHER_WAYS = ("fewer workers per node, a smaller embedding_size or sample_ratio (or sample_ratio_warmup_start: "
+              "the plan holds the warm-up's first, largest ratio)")
+
+
+def ways_out(replan, part, share, world, batch_size, num_classes, bank_dtype, bank_on_gpu):
+    """The changes that bring one worker's plan within `share` bytes, each a phrase with the GB
+    per worker it gives: more workers (-np doubled until it fits), bank_dtype=float16 (a float32
+    bank), bank_context=cpu (a bank on the GPU: part 1), a smaller batch_size (halved until it
+    fits; named first, with the backbone's size, when the backbone is the largest term).
+    replan(world=, batch_size=, bank_dtype=, bank_on_gpu=) -> (host Plan, GPU Plan or None) with
+    those changed; part: 0 for host memory, 1 for GPU memory. train.py and tools.plan list these."""
+    current = replan()[part]
+    ways = []
+
+    def gb(the_plan):
+        return f"{the_plan.total / GB:.1f} GB per worker" + ("" if the_plan.total <= share else ", still over")
+
+    tried = []              # (plan, workers) for -np doubled while it does not fit (the global
+    workers = world         # batch grows with it, and the head's B x K terms: the least is kept)
+    while (not tried or tried[-1][0].total > share) and 2 * workers <= num_classes and workers < 1024 * world:
+        workers *= 2
+        tried.append((replan(world=workers)[part], workers))
+    if tried:
+        fewer, workers = tried[-1] if tried[-1][0].total <= share else min(tried, key=lambda t: (t[0].total, t[1]))
+        if fewer.total < current.total:
+            ways.append(f"more workers: -np {workers} ({gb(fewer)})")
+    if bank_dtype == "float32":
+        ways.append(f"bank_dtype=float16, half the bank ({gb(replan(bank_dtype='float16')[part])})")
+    if part == 1 and bank_on_gpu:
+        host, device = replan(bank_on_gpu=False)
+        ways.append(f"the bank on the host, bank_context=cpu (GPU memory {gb(device)}; host memory "
+                    f"then holds {host.total / GB:.1f} GB per worker)")
+    batch, smaller = batch_size, current
+    while smaller.total > share and batch > 1:
+        batch //= 2
+        smaller = replan(batch_size=batch)[part]
+    if batch < batch_size:
+        way = f"a smaller batch: batch_size={batch} ({gb(smaller)})"
+        if current.backbone > max(current.bank, current.sampler, current.head):
+            ways.insert(0, way + f" — the backbone, {current.backbone / GB:.1f} GB at batch {batch_size}, "
+                                 f"is the largest term")
+        else:
+            ways.append(way)
+    return ways
+
+
+def check_fits(the_plan, available, local_workers, where="host memory", ways=lambda share: []):
+    """UsageError naming the bytes needed and available, and the ways out (ways(share): ways_out's
+    phrases, computed only then), when a worker's plan exceeds its share of `available` bytes
+    (shared by `local_workers` workers)."""
     if available is None:
         return
     share = available / local_workers
@@ -119,6 +167,5 @@ def check_fits(the_plan, available, local_workers, where="host memory"):
         f"this run needs {the_plan.total / GB:.1f} GB of {where} per worker (bank {the_plan.bank / GB:.1f} GB "
         f"for {the_plan.num_local:,} classes, step {the_plan.head / GB:.1f} GB, backbone {the_plan.backbone / GB:.1f} GB) "
         f"and {share / GB:.1f} GB are available ({available / GB:.1f} GB shared by {local_workers} "
-        f"worker(s) on this node); use more workers (-np), bank_dtype=float16 (half the bank), fewer "
-        f"workers per node, a smaller embedding_size or sample_ratio (or sample_ratio_warmup_start: the plan holds "
-        f"the warm-up's first, largest ratio), or see `python -m sample_fc.tools.plan`")
+        f"worker(s) on this node); ways out: {'; '.join(list(ways(share)) + [OTHER_WAYS])}; "
+        f"see `python -m sample_fc.tools.plan`")

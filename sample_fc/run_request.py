@@ -53,7 +53,7 @@ class RunRequest:
             return self.models_root
         if self.resume:
             return models_root_of(self.resume)
-        return os.path.join("models", f"{cfg.dataset}_{cfg.network}")
+        return default_models_root(cfg)
 
     def restarted(self, models_root):
         """The request an automatic restart carries out in `models_root`: when the root holds
@@ -123,3 +123,8 @@ class RunStatus:
         """The run finished at `step`."""
         run_root.write_status(self.models_root, state="done", step=step)
         self.models_root = None
+
+
+def default_models_root(cfg):
+    """models/<dataset>_<network>: where a run goes without --models-root (train.py, tools.plan)."""
+    return os.path.join("models", f"{cfg.dataset}_{cfg.network}")

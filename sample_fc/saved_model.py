@@ -99,6 +99,19 @@ def available_epochs(prefix):
     return sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
 
 
+def _read_saved(read, path, option, spec):
+    """read(path) (mx.sym.load or mx.nd.load); UsageError with MXNet's reason (the last line of
+    its message, after its C++ traceback) when the file is damaged, offering the previous
+    complete checkpoint of its models root, as --resume would fall back to it."""
+    try:
+        return read(path)
+    except mx.base.MXNetError as err:
+        previous = checkpoint.previous_checkpoint(os.path.dirname(path))
+        offer = (f"; the previous complete checkpoint is {previous[1]}: {option} "
+                 f"{checkpoint.models_root_of(previous[1])},{previous[0]}" if previous else "")
+        raise UsageError(f"{option} {spec}: {path} is damaged ({mxnet_reason(err)}){offer}") from None
+
+
 def _read_config(prefix):
     """The training config saved beside a checkpoint's prefix, or None (a plain MXNet model)."""
     folder = os.path.dirname(prefix)
@@ -227,11 +240,10 @@ def load_model(spec, image_size=None, output=None, normalize="auto", network=Non
     if not os.path.isfile(params_file):
         raise MissingFileError(f"--model {spec}: {params_file} does not exist "
                                 f"(epochs there: {available_epochs(prefix) or 'none'})")
-    try:
-        symbol, arg_params, aux_params = mx.model.load_checkpoint(prefix, epoch)
-    except mx.base.MXNetError as err:       # MXNet's reason is the last line, after its C++ traceback
-        raise UsageError(f"--model {spec}: cannot load {prefix}-symbol.json / {params_file}: "
-                         f"{mxnet_reason(err)}") from None
+    symbol = _read_saved(mx.sym.load, prefix + "-symbol.json", "--model", spec)      # as load_checkpoint,
+    saved = _read_saved(mx.nd.load, params_file, "--model", spec)                     # naming the bad file
+    arg_params = {name[4:]: value for name, value in saved.items() if name.startswith("arg:")}
+    aux_params = {name[4:]: value for name, value in saved.items() if name.startswith("aux:")}
     symbol, output = embedding_output(symbol, prefix + "-symbol.json", output)
     symbol, input_note = fed_raw_pixels(symbol, normalize)
     missing = [n for n in symbol.list_arguments() if n != "data" and n not in arg_params]
@@ -265,11 +277,7 @@ def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
     params = f"{prefix}-{epoch:04d}.params" if epoch is not None else f"{prefix}-NNNN.params"
     if not os.path.isfile(params):
         raise MissingFileError(f"--pretrained {spec}: {params} does not exist")
-    try:
-        loaded = mx.nd.load(params)
-    except mx.base.MXNetError as err:
-        raise UsageError(f"--pretrained {spec}: {params} cannot be read "
-                         f"({mxnet_reason(err)})") from None
+    loaded = _read_saved(mx.nd.load, params, "--pretrained", spec)
     differences = checkpoint.param_differences(loaded, symbol, image_size)
     if any(line.endswith(" is missing") for line in differences):      # named otherwise
         return structural_map(spec, loaded, mx.sym.load(prefix + "-symbol.json"), symbol, image_size, network, note)

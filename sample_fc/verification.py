@@ -14,6 +14,11 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
+from .errors import UsageError
+
+FOLDS = 10          # the k of k-fold accuracy
+MIN_PAIRS = FOLDS   # the fewest pairs a set can be scored on (one per fold); make_bin writes no fewer
+
 
 @dataclass
 class VerificationResult:
@@ -71,7 +76,19 @@ def best_threshold(distances, issame):
     return float(thresholds[best]), float(correct[best] / len(ordered))
 
 
-def kfold_accuracy(distances, issame, folds=10):
+def check_pair_set(issame, name):
+    """UsageError naming `name` unless the pair set can be scored: at least MIN_PAIRS pairs, and
+    both genuine and impostor pairs (TAR@FAR needs both)."""
+    issame = np.asarray(issame, dtype=bool)
+    if len(issame) < MIN_PAIRS:
+        raise UsageError(f"{name}: {len(issame)} pairs; verification needs at least {MIN_PAIRS} "
+                         f"({FOLDS}-fold accuracy scores each fold on its own pairs)")
+    if issame.all() or not issame.any():
+        raise UsageError(f"{name}: all {len(issame)} pairs are {'same' if issame.all() else 'different'}-identity "
+                         f"pairs; verification needs both kinds (1 and 0)")
+
+
+def kfold_accuracy(distances, issame, folds=FOLDS):
     """(mean, std) of k-fold accuracy; folds are contiguous blocks of pairs, unshuffled; each
     fold is scored at the best_threshold of the other folds."""
     distances, issame = np.asarray(distances, dtype=np.float64), np.asarray(issame, dtype=bool)
@@ -108,8 +125,9 @@ class Embedder:
     """Embeds batches of images with a backbone symbol + params on one context; with flip
     (the default) each embedding is that of the image plus that of its mirror."""
 
-    def __init__(self, symbol, arg_params, aux_params, ctx, image_size, batch_size=64, flip=True):
+    def __init__(self, symbol, arg_params, aux_params, ctx, image_size, batch_size=64, flip=True, progress=None):
         self.batch_size, self.ctx, self.flip = batch_size, ctx, flip
+        self.progress = progress      # progress(n), when set, is told after each n images embedded
         self.module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=ctx)
         self.module.bind(data_shapes=[("data", (batch_size, 3, image_size, image_size))],
                          for_training=False)
@@ -127,6 +145,8 @@ class Embedder:
                 self.module.forward(mx.io.DataBatch([mx.nd.array(view, ctx=self.ctx)]), is_train=False)
                 total = total + self.module.get_outputs()[0].asnumpy()
             outputs.append(total[:len(chunk)])
+            if self.progress:
+                self.progress(len(chunk))
         return np.concatenate(outputs)
 
 

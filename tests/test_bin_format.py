@@ -86,7 +86,7 @@ def test_load_bin_refuses_code_before_running_it(tmp_path, kind, protocol):
 
 
 def test_verify_tool_refuses_malicious_bin(tmp_path):
-    """Test that `python -m sample_fc.tools.verify` on a .bin that would run a command exits 1
+    """Test that `python -m sample_fc.tools.verify` on a .bin that would run a command exits 2
     with one stderr line naming the file and the global, no traceback, and nothing run."""
     checkpoint = tmp_path / "models" / f"step-{STEP:08d}"
     tiny_model(str(checkpoint))
@@ -98,7 +98,7 @@ def test_verify_tool_refuses_malicious_bin(tmp_path):
                              str(tmp_path / "models"), "--bin", str(evil)], cwd=str(REPO),
                             capture_output=True, text=True, timeout=120,
                             env=single_thread_env({"MXNET_SUBGRAPH_VERBOSE": "0"}))  # MXNet's own log line
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert lines[0].startswith("python -m sample_fc.tools.verify: error: ")

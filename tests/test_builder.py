@@ -6,25 +6,29 @@ import mxnet as mx
 import pytest
 
 from default import get_config
+from sample_fc import gpus
 from sample_fc.builder import resolve_contexts
 from sample_fc.errors import UsageError
 
 
 @pytest.fixture
 def fake_driver(tmp_path, monkeypatch):
-    """An nvidia-smi on PATH that lists `count` GPUs (this machine has no GPU and a CPU MXNet)."""
-    def install(count):
+    """An nvidia-smi on PATH that lists `count` GPUs named `card` of compute capability `cap` (this
+    machine has no GPU and a CPU MXNet), and no loadable libcuda (sample_fc.gpus asks it first)."""
+    def install(count, card="Tesla V100-SXM2-32GB", cap="7.0"):
         script = tmp_path / "nvidia-smi"
-        script.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: Tesla V100 (UUID: GPU-{i})'\n"
-                                                  for i in range(count)))
+        script.write_text("#!/bin/sh\n" + "".join(f"echo '{card}, {cap}'\n" for i in range(count)))
         script.chmod(script.stat().st_mode | stat.S_IEXEC)
         monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setattr(gpus, "LIBCUDA", str(tmp_path / "no-libcuda.so.1"))
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return install
 
 
 def test_a_cpu_run_without_gpus_is_quiet(monkeypatch):
     """Test that with no driver and no GPU the run is on the CPU without a warning."""
     monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(gpus, "LIBCUDA", "/nonexistent/libcuda.so.1")
     warnings = []
     assert resolve_contexts(get_config(), 0, warnings.append) == (mx.cpu(), mx.cpu())
     assert warnings == []
@@ -37,14 +41,42 @@ def test_gpus_mxnet_cannot_see_are_named_once(fake_driver):
     fake_driver(2)
     cfg, warnings = get_config(), []
     assert resolve_contexts(cfg, 0, warnings.append)[0] == mx.cpu()
-    assert len(warnings) == 1 and "2 GPU(s) (nvidia-smi) but MXNet sees none" in warnings[0]
-    assert "CPU-only" in warnings[0] and "\n" not in warnings[0]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert warnings[0] == ("this node has 2 GPU(s) (Tesla V100-SXM2-32GB 7.0 x2) but MXNet sees none: training on "
+                           "the CPU; this MXNet build is CPU-only: scripts/bootstrap.sh --gpu installs its CUDA "
+                           "build and ./horovodrun.sh --gpu trains with it (README: GPUs)")
     cfg.context = "gpu"
-    with pytest.raises(UsageError, match=r"MXNet sees 0 on this node, the driver 2: this MXNet build is CPU-only"):
+    with pytest.raises(UsageError, match=r"MXNet sees 0 on this node, the driver 2 GPU\(s\) \(Tesla V100-SXM2-32GB "
+                                         r"7\.0 x2\): this MXNet build is CPU-only: scripts/bootstrap.sh --gpu"):
         resolve_contexts(cfg, 0)
     cfg.context, warnings = "cpu", []
     resolve_contexts(cfg, 0, warnings.append)
     assert warnings == []
+
+
+def test_a_gpu_mxnet_cannot_run_is_named_in_one_line(fake_driver):
+    """Test that on a node of H100s (9.0) context=gpu stops with the line naming the GPU, its
+    capability and the ways out (not 'bootstrap --gpu': no MXNet 1.9.1 build runs there), that
+    context=auto trains on the CPU with a warning saying the same, and that on an L4 (8.9, runs
+    8.6 code) the CPU build's notice points to the CUDA build instead."""
+    fake_driver(8, "NVIDIA H100 80GB HBM3", "9.0")
+    cfg, warnings = get_config(), []
+    cfg.context = "gpu"
+    with pytest.raises(UsageError) as raised:
+        resolve_contexts(cfg, 0)
+    assert str(raised.value).startswith("context=gpu: GPU 0 is NVIDIA H100 80GB HBM3, compute capability 9.0, "
+                                        "which MXNet 1.9.1 cannot run: ")
+    assert "train on the CPU (context=cpu)" in str(raised.value) and "bootstrap" not in str(raised.value)
+    cfg.context = "auto"
+    assert resolve_contexts(cfg, 0, warnings.append)[0] == mx.cpu()
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "this node has 8 GPU(s) (NVIDIA H100 80GB HBM3 9.0 x8) but MXNet sees none: training on the CPU; "
+        "GPU 0 is NVIDIA H100 80GB HBM3, compute capability 9.0, which MXNet 1.9.1 cannot run")
+    fake_driver(1, "NVIDIA L4", "8.9")
+    cfg.context = "gpu"
+    with pytest.raises(UsageError, match=r"the driver 1 GPU\(s\) \(NVIDIA L4 8\.9\): this MXNet build is CPU-only: "
+                                         r"scripts/bootstrap.sh --gpu"):
+        resolve_contexts(cfg, 0)
 
 
 def test_fp16_on_a_cpu_run_is_one_line():

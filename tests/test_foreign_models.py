@@ -74,7 +74,7 @@ def test_embed_finds_fc1_and_normalises_as_the_graph_needs(originals, kind, tmp_
 
 def test_output_names_another_layer_and_a_wrong_name_is_one_line(originals, tmp_path):
     """Test that --output pre_fc1 embeds with that layer, and --output of a layer the graph
-    lacks is one line naming it and the graph's outputs, exit 1 (the tools' error exit), nothing written."""
+    lacks is one line naming it and the graph's outputs, exit 2 (the tools' error exit), nothing written."""
     root, models = originals
     result = run_tool("sample_fc.tools.embed", "--model", root / "graph", "--images", root / "images",
                       "--out", tmp_path / "pre.npy", "--output", "pre_fc1")
@@ -84,7 +84,7 @@ def test_output_names_another_layer_and_a_wrong_name_is_one_line(originals, tmp_
     result = run_tool("sample_fc.tools.embed", "--model", root / "graph", "--images", root / "images",
                       "--out", tmp_path / "bad.npy", "--output", "fc5")
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "--output fc5" in lines[0] and "fc1_output" in lines[0], lines[0]
     assert not (tmp_path / "bad.npy").exists()
 

@@ -158,7 +158,7 @@ def test_too_few_characters_or_fonts_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--out", str(tmp_path / "cjk"), "--fonts", DEJAVU, "--identities", "10"])
     message = capsys.readouterr().err
-    assert exit_.value.code == 1 and message.count("\n") == 1
+    assert exit_.value.code == 2 and message.count("\n") == 1
     assert "found 0 usable font(s) for --charset cjk" in message and "scripts/install_glyph_fonts.sh" in message
     assert all(package in message for package in FONT_PACKAGES)
     assert not (tmp_path / "many").exists() and not (tmp_path / "cjk").exists()

@@ -141,7 +141,7 @@ def test_an_interrupted_run_continues_from_its_cache(release, tmp_path, monkeypa
         broken.write_bytes(b"not an image")
         with pytest.raises(SystemExit) as exit_info:
             ijb.main(["--model", str(model), "--root", str(root), "--out", str(out), "--no-progress"])
-        assert exit_info.value.code == 1
+        assert exit_info.value.code == 2
         error = capsys.readouterr().err.strip().splitlines()
         assert len(error) == 1 and str(broken) in error[0], error
         assert sorted(os.listdir(out / "cache")) == ["chunk-000000.npy", "key.json"]
@@ -168,12 +168,12 @@ def test_an_interrupted_run_continues_from_its_cache(release, tmp_path, monkeypa
 ])
 def test_damaged_release_is_one_line_naming_it(tmp_path, damage, named, capsys):
     """Test that a damaged metadata line, a missing metadata file or a missing crop ends the
-    tool with one line naming it, exit 1, before the model is loaded or anything is written."""
+    tool with one line naming it, exit 2, before the model is loaded or anything is written."""
     root = tmp_path / "IJBC"
     make_release(root, seed=1)
     damage(root)
     with pytest.raises(SystemExit) as exit_info:
         ijb.main(["--model", str(tmp_path / "no_model_needed"), "--root", str(root), "--out", str(tmp_path / "out")])
     error = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 1 and len(error) == 1 and named in error[0], error
+    assert exit_info.value.code == 2 and len(error) == 1 and named in error[0], error
     assert not (tmp_path / "out").exists()

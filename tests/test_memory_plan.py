@@ -38,18 +38,33 @@ def test_the_sample_grows_to_the_batch_and_stops_at_the_shard():
         memory_plan.plan(3, 4, 8, 4, 0.5)
 
 
+def replan_20m(world=2, batch_size=128, bank_dtype="float32", bank_on_gpu=False):
+    """The (host plan, no GPU plan) of 20,000,000 classes x 512 at ratio 0.1, as builder's replan."""
+    return memory_plan.plan(20_000_000, world, 512, batch_size, 0.1, 2 if bank_dtype == "float16" else 4), None
+
+
 def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
     """Test that check_fits passes a plan within the share of memory and refuses one over it
-    with the GB needed and available, the workers sharing it, and the ways out."""
+    with the GB needed and available, the workers sharing it, and the ways out with the GB
+    each gives (ways_out: -np doubled until it fits, float16, the batch halved)."""
     p = memory_plan.plan(20_000_000, 2, 512, 128, 0.1)
     memory_plan.check_fits(p, 2 * p.total, local_workers=2)
+
+    def ways(share):
+        return memory_plan.ways_out(replan_20m, 0, share, 2, 128, 20_000_000, "float32", False)
     with pytest.raises(UsageError) as error:
-        memory_plan.check_fits(p, 24e9, local_workers=2)
+        memory_plan.check_fits(p, 24e9, local_workers=2, ways=ways)
     message = str(error.value)
     assert f"needs {p.total / 1e9:.1f} GB of host memory per worker (bank 41.0 GB for 10,000,000 classes" in message
     assert "and 12.0 GB are available (24.0 GB shared by 2 worker(s) on this node)" in message
-    assert "use more workers (-np)" in message and "\n" not in message
-    assert "bank_dtype=float16" in message
+    sixteen = memory_plan.plan(20_000_000, 16, 512, 128, 0.1)       # -np 8: a 10.2 GB bank + 2.6 GB step
+    assert memory_plan.plan(20_000_000, 8, 512, 128, 0.1).total > 12e9 >= sixteen.total
+    assert f"ways out: more workers: -np 16 ({sixteen.total / 1e9:.1f} GB per worker)" in message
+    half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=2)
+    assert f"bank_dtype=float16, half the bank ({half.total / 1e9:.1f} GB per worker, still over)" in message
+    tiny = memory_plan.plan(20_000_000, 2, 512, 1, 0.1)              # the bank does not shrink with the batch
+    assert f"a smaller batch: batch_size=1 ({tiny.total / 1e9:.1f} GB per worker, still over)" in message
+    assert "\n" not in message
     memory_plan.check_fits(p, None, local_workers=2)                      # unknown: no check
     half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=2)
     assert half.bank == p.bank // 2 and half.checkpoint == 2 * 2 * 20_000_000 * 512 + 2 ** 20
@@ -65,3 +80,27 @@ def test_backbone_sizes_count_parameters_and_activations():
     params, activations = memory_plan.backbone_sizes(symbol, 4)
     assert params == 48 * 10 + 10 + 4 * 10
     assert activations == 48 + 10 + 10          # the outputs of flatten, fc and bn; not the inputs
+
+
+def test_ways_out_put_the_batch_first_when_the_backbone_dominates_and_offer_the_host_bank():
+    """Test that when the backbone is the largest term the smaller batch comes first, naming the
+    backbone's GB, halved until it fits; and that a GPU bank is offered on the host with the GPU
+    and host GB it gives."""
+    def replan(world=8, batch_size=128, bank_dtype="float32", bank_on_gpu=True):
+        whole = memory_plan.plan(400_000, world, 512, batch_size, 0.1, 2 if bank_dtype == "float16" else 4,
+                                 backbone_params=65_000_000, activations_per_image=48_000_000, host_kernel=False)
+        on_gpu = dict(bank=whole.bank, sampler=whole.sampler, head=whole.head) if bank_on_gpu else dict(bank=0, sampler=0, head=0)
+        device = memory_plan.Plan(**{**whole.__dict__, "runtime": 0, **on_gpu})
+        host = memory_plan.Plan(**{**whole.__dict__, "backbone": 0,
+                                   **({"bank": 0, "sampler": 0, "head": 0} if bank_on_gpu else {})})
+        return host, device
+    current = replan()[1]
+    assert current.backbone > max(current.bank, current.head)
+    ways = memory_plan.ways_out(replan, 1, 16e9, 8, 128, 400_000, "float32", True)
+    forty = replan(batch_size=32)[1]
+    assert replan(batch_size=64)[1].total > 16e9 >= forty.total
+    assert ways[0] == (f"a smaller batch: batch_size=32 ({forty.total / 1e9:.1f} GB per worker) — the backbone, "
+                       f"{current.backbone / 1e9:.1f} GB at batch 128, is the largest term")
+    host, device = replan(bank_on_gpu=False)
+    assert (f"the bank on the host, bank_context=cpu (GPU memory {device.total / 1e9:.1f} GB per worker, still over; "
+            f"host memory then holds {host.total / 1e9:.1f} GB per worker)") in ways

@@ -123,14 +123,14 @@ def test_every_image_extension_is_packed(image_folder, tmp_path):
 
 
 def test_folders_without_images_are_an_error(tmp_path, capsys):
-    """Test that identity folders holding no image file stop pack with one line and exit 1,
+    """Test that identity folders holding no image file stop pack with one line and exit 2,
     instead of writing an empty dataset."""
     for name in ("a", "b"):
         (tmp_path / "images" / name).mkdir(parents=True)
         (tmp_path / "images" / name / "readme.txt").write_text("no images here")
     with pytest.raises(SystemExit) as stop:
         main(["--images", str(tmp_path / "images"), "--out", str(tmp_path / "out" / "train")])
-    assert stop.value.code == 1
+    assert stop.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "hold no image files" in err
     assert not (tmp_path / "out").exists()

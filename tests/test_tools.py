@@ -125,17 +125,18 @@ def test_make_bin_round_trips_images_and_flags(workspace):
 
 
 def test_make_bin_errors_name_the_line_and_path(tmp_path, capsys):
-    """Test that make_bin exits 1 naming the line and path of a missing image, a malformed
+    """Test that make_bin exits 2 naming the line and path of a missing image, a malformed
     line, and images of different sizes without --image-size."""
-    write_faces(str(tmp_path), 2)
-    cases = {"face00.png missing.png 1\n": ["pairs.txt:1", "missing.png"],
+    write_faces(str(tmp_path), 3)
+    enough = "".join(f"face00.png face02.png {i % 2}\n" for i in range(9))     # 32x32 both
+    cases = {"face00.png missing.png 1\n" + enough: ["pairs.txt:1", "missing.png"],
              "face00.png face01.jpg 1\nface00.png 2\n": ["pairs.txt:2", "face00.png 2"],
-             "face00.png face01.jpg 0\n": ["pairs.txt:1", "face01.jpg", "--image-size"]}
+             "face00.png face01.jpg 0\n" + enough: ["pairs.txt:1", "face01.jpg", "--image-size"]}
     for text, wanted in cases.items():
         (tmp_path / "pairs.txt").write_text(text)
         with pytest.raises(SystemExit) as stop:
             make_bin.main(["--pairs", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "x.bin")])
-        assert stop.value.code == 1
+        assert stop.value.code == 2
         message = capsys.readouterr().err
         assert all(w in message for w in wanted), message
     assert not (tmp_path / "x.bin").exists()
@@ -181,13 +182,13 @@ def test_verify_prints_what_evaluate_with_embedder_gives(workspace):
 
 
 def test_verify_errors_name_the_bad_path(workspace, tmp_path):
-    """Test that verify exits 1 naming the path for a missing .bin and a bad model prefix."""
+    """Test that verify exits 2 naming the path for a missing .bin and a bad model prefix."""
     missing_bin = tmp_path / "nope.bin"
     result = run_tool("sample_fc.tools.verify", "--model", workspace["models"], "--bin", missing_bin)
-    assert result.returncode == 1 and str(missing_bin) in result.stderr, result.stderr
+    assert result.returncode == 2 and str(missing_bin) in result.stderr, result.stderr
     bad_prefix = tmp_path / "no_model"
     result = run_tool("sample_fc.tools.verify", "--model", bad_prefix, "--bin", workspace["bin"])
-    assert result.returncode == 1 and str(bad_prefix) in result.stderr, result.stderr
+    assert result.returncode == 2 and str(bad_prefix) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -218,7 +219,7 @@ def test_embed_rows_equal_normalised_embedder_outputs(workspace, tmp_path):
 
 
 def test_embed_errors_name_the_bad_path(workspace, tmp_path, capsys):
-    """Test that embed exits 1 naming a missing folder and an undecodable image."""
+    """Test that embed exits 2 naming a missing folder and an undecodable image."""
     missing = tmp_path / "missing"
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "bad.jpg").write_bytes(b"not a jpeg")
@@ -226,13 +227,13 @@ def test_embed_errors_name_the_bad_path(workspace, tmp_path, capsys):
         with pytest.raises(SystemExit) as stop:
             embed.main(["--model", str(workspace["models"]), "--images", str(folder),
                         "--out", str(tmp_path / "e.npy")])
-        assert stop.value.code == 1
+        assert stop.value.code == 2
         assert wanted in capsys.readouterr().err
 
 
 def test_a_bug_in_a_tool_keeps_its_traceback(capsys):
     """Test that a bug in a tool keeps its traceback: run_or_exit lets a plain ValueError or
-    OSError out of work() as it is, and turns only a UsageError into one line and exit 1."""
+    OSError out of work() as it is, and turns only a UsageError into one line and exit 2."""
     parser = cli.make_parser("sample_fc.tools.some_tool", "a tool")
 
     def raising(error):
@@ -247,7 +248,7 @@ def test_a_bug_in_a_tool_keeps_its_traceback(capsys):
     for mistake in (UsageError("--model m: no such thing"), MissingFileError("--bin b.bin: no such file")):
         with pytest.raises(SystemExit) as stop:
             cli.run_or_exit(parser, raising(mistake))
-        assert stop.value.code == 1
+        assert stop.value.code == 2
         assert capsys.readouterr().err == f"python -m sample_fc.tools.some_tool: error: {mistake}\n"
     assert cli.run_or_exit(parser, lambda: 7) == 7
 
@@ -283,3 +284,201 @@ def test_tools_do_not_import_horovod():
     result = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True,
                             text=True, timeout=120, env=single_thread_env())
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# ---- tools at real scale (issue 44) ------------------------------------------------------
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_is_a_line_every_interval_with_count_rate_and_time_left():
+    """Test that Progress, the one reporter of the tools, writes (not on a terminal) one line per
+    interval with the count, the rate and the time left, and one final line with the total
+    time: 100 s of work at 10 images/s give 10 lines, not one per update."""
+    clock, stream = FakeClock(), io.StringIO()
+    bar = cli.Progress(1000, "embedding", stream=stream, clock=clock)
+    for _ in range(100):
+        clock.now += 1.0
+        bar.update(10)
+    lines = stream.getvalue().splitlines()
+    assert 9 <= len(lines) <= 11, lines
+    assert lines[0] == "embedding: 100/1,000 images (10%), 10.0 images/s, 1m30s left"
+    assert lines[-1] == "embedding: 1,000 images in 1m40s, 10.0 images/s"
+    bar.update(0)                                            # nothing more after the end
+    assert stream.getvalue().splitlines() == lines
+    quiet = io.StringIO()
+    cli.Progress(5, "x", enabled=False, stream=quiet, clock=clock).update(5)
+    assert quiet.getvalue() == ""
+
+
+def test_outputs_are_checked_writable_before_any_work(workspace, tmp_path, monkeypatch, capsys):
+    """Test that every tool that writes refuses, before loading a model or reading an image, an
+    output it cannot write: a folder that does not exist, one that takes no file (/proc/1),
+    a directory given as the file, or a parent that is a file; exit 2, one line naming it."""
+    def no_work(*args, **kwargs):
+        raise AssertionError("work started before the output was checked")
+    from sample_fc.tools import demo_data, export, ijb, pack, verify  # noqa: F401
+    for tool in (embed, export, ijb):
+        monkeypatch.setattr(tool, "load_model_from_args", no_work)
+    monkeypatch.setattr(make_bin, "encode_image", no_work)
+    monkeypatch.setattr(demo_data, "make_demo", no_work)
+    write_pairs(tmp_path, 10)
+    (tmp_path / "a_file").write_text("x")
+    model, images, pairs = str(workspace["models"]), str(tmp_path / "faces"), str(tmp_path / "pairs.txt")
+    cases = [(embed, ["--model", model, "--images", images, "--out", str(tmp_path / "missing" / "e.npy")], "missing"),
+             (embed, ["--model", model, "--images", images, "--out", "/proc/1/e.npy"], "cannot write in /proc/1"),
+             (embed, ["--model", model, "--images", images, "--out", str(tmp_path / "dir.npy")], "is a directory"),
+             (export, ["--model", model, "--onnx", "/proc/1/m.onnx"], "cannot write in /proc/1"),
+             (make_bin, ["--pairs", pairs, "--out", "/proc/1/x.bin"], "cannot write in /proc/1"),
+             (pack, ["--images", str(tmp_path), "--out", "/proc/1/set/train"], "cannot write in /proc/1"),
+             (demo_data, ["--out", str(tmp_path / "a_file" / "demo")], "is a file, not a directory"),
+             (ijb, ["--model", model, "--root", str(tmp_path), "--out", "/proc/1/ijb"], "cannot write in /proc/1")]
+    (tmp_path / "dir.npy").mkdir()
+    for tool, argv, wanted in cases:
+        with pytest.raises(SystemExit) as stop:
+            tool.main(argv)
+        error = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(error) == 1 and wanted in error[0], (tool.__name__, error)
+
+
+def test_embed_skip_bad_leaves_out_and_counts_undecodable_images(workspace, tmp_path, capsys):
+    """Test that embed stops at an undecodable image naming it and --skip-bad (exit 2), and with
+    --skip-bad leaves it out of both files and says how many it skipped; progress lines go
+    to stderr."""
+    folder = tmp_path / "images"
+    names = write_faces(str(folder), 4, seed=3)
+    (folder / "broken.jpg").write_bytes(b"not a jpeg")
+    out = tmp_path / "e.npy"
+    argv = ["--model", str(workspace["models"]), "--images", str(folder), "--out", str(out), "--batch-size", "2"]
+    with pytest.raises(SystemExit) as stop:
+        embed.main(argv)
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and "broken.jpg" in error and "--skip-bad" in error
+    assert embed.main(argv + ["--skip-bad"]) == 0
+    err = capsys.readouterr().err
+    assert np.load(out).shape == (4, DIM)
+    assert (tmp_path / "e.txt").read_text().splitlines() == sorted(names)
+    assert f"skipped 1 unreadable images: {folder / 'broken.jpg'}" in err
+    assert "embedding: 5 images in " in err
+
+
+def test_verify_skip_bad_leaves_out_pairs_and_a_set_too_small_is_refused(workspace, tmp_path, capsys):
+    """Test that verify names an undecodable image of a .bin (exit 2), and with --skip-bad
+    leaves its pair out, counts it and scores the rest; and that a set with fewer pairs than
+    10-fold verification needs is one line naming the count and the minimum, exit 2."""
+    from sample_fc.data.bin_format import read_bin, write_bin
+    from sample_fc.tools import verify
+    from sample_fc.verification import MIN_PAIRS
+    encoded, issame = read_bin(str(workspace["bin"]))
+    damaged = list(encoded)
+    damaged[3] = b"not an image"
+    write_bin(str(tmp_path / "damaged.bin"), damaged, list(issame))
+    argv = ["--model", str(workspace["models"]), "--bin", str(tmp_path / "damaged.bin")]
+    with pytest.raises(SystemExit) as stop:
+        verify.main(argv)
+    error = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(error) == 1 and "damaged.bin: image 3" in error[0] and "--skip-bad" in error[0]
+    assert verify.main(argv + ["--skip-bad"]) == 0
+    captured = capsys.readouterr()
+    assert "skipped 1 unreadable images" in captured.err and f"{len(issame) - 1} pairs kept" in captured.err
+    images, kept = load_bin(str(workspace["bin"]), SIZE)
+    keep = np.arange(len(issame)) != 1
+    embedder = Embedder(workspace["symbol"], workspace["arg_params"], workspace["aux_params"], mx.cpu(), SIZE,
+                        batch_size=TRAIN_BATCH)
+    want = evaluate(embedder, images[np.repeat(keep, 2)], kept[keep]).line("damaged")
+    assert want in captured.out.splitlines()
+    assert "damaged: embedding: 38 images in " in captured.err
+    write_bin(str(tmp_path / "small.bin"), list(encoded[:4]), list(issame[:2]))
+    with pytest.raises(SystemExit) as stop:
+        verify.main(["--model", str(workspace["models"]), "--bin", str(tmp_path / "small.bin")])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(error) == 1
+    assert f"small.bin: 2 pairs; verification needs at least {MIN_PAIRS}" in error[0]
+
+
+def test_make_bin_refuses_fewer_pairs_than_verify_needs(tmp_path):
+    """Test that make_bin refuses, before writing, a list verify could not score: fewer than
+    verification.MIN_PAIRS pairs (the 10 folds), or pairs of one kind only; the demo data
+    refuses fewer pairs too."""
+    from sample_fc.data.demo import make_demo
+    from sample_fc.verification import MIN_PAIRS
+    write_faces(str(tmp_path), 3)
+    cases = {"".join(f"face00.png face02.png {i % 2}\n" for i in range(MIN_PAIRS - 1)):
+             f"{MIN_PAIRS - 1} pairs; verification needs at least {MIN_PAIRS}",
+             "face00.png face02.png 1\n" * MIN_PAIRS: "all 10 pairs are same-identity pairs"}
+    for text, wanted in cases.items():
+        (tmp_path / "pairs.txt").write_text(text)
+        with pytest.raises(UsageError, match=wanted):
+            make_bin.make_bin(str(tmp_path / "pairs.txt"), str(tmp_path / "x.bin"))
+        assert not (tmp_path / "x.bin").exists()
+    (tmp_path / "pairs.txt").write_text("".join(f"face00.png face02.png {i % 2}\n" for i in range(MIN_PAIRS)))
+    assert make_bin.make_bin(str(tmp_path / "pairs.txt"), str(tmp_path / "x.bin")) == MIN_PAIRS
+    with pytest.raises(UsageError, match=f"num_pairs must be an integer >= {MIN_PAIRS}, got 4"):
+        make_demo(str(tmp_path / "demo"), num_pairs=4)
+
+
+def test_a_damaged_model_names_the_file_and_offers_the_previous_checkpoint(workspace, tmp_path):
+    """Test that a models root whose newest checkpoint has a damaged .params or symbol is one
+    line naming that file and MXNet's reason, and offering the previous complete checkpoint
+    as --model ROOT,STEP (as --resume would fall back to it); --pretrained names it too."""
+    import shutil
+    root = tmp_path / "models"
+    for step in (100, 300):
+        shutil.copytree(workspace["checkpoint"], root / f"step-{step:08d}")
+    newest = root / "step-00000300"
+    (root / "step-00000100" / f"model-{STEP:04d}.params").rename(root / "step-00000100" / "model-0100.params")
+    params = newest / f"model-{STEP:04d}.params"
+    intact = params.read_bytes()
+    params.write_bytes(intact[:len(intact) // 2])
+    with pytest.raises(UsageError) as raised:
+        model_io.load_model(str(root))
+    message = str(raised.value)
+    assert "\n" not in message and f"{params} is damaged (" in message and "Invalid NDArray file format" in message
+    assert message.endswith(f"the previous complete checkpoint is {root / 'step-00000100'}: --model {root},100")
+    from sample_fc.saved_model import load_pretrained
+    with pytest.raises(UsageError, match=f"--pretrained {root}: .*is damaged.*--pretrained {root},100"):
+        load_pretrained(str(root), workspace["symbol"], SIZE, "mbf")
+    params.write_bytes(intact)
+    (newest / "model-symbol.json").write_text("{not json")
+    with pytest.raises(UsageError, match=r"model-symbol.json is damaged \(.*--model .*,100$"):
+        model_io.load_model(str(root))
+    assert model_io.load_model(f"{root},100").epoch == 100
+
+
+def test_usage_mistakes_exit_2_in_every_tool_and_train(tmp_path, capsys):
+    """Test that a mistake is exit code 2 with one line everywhere: each tool's UsageError (as
+    argparse's own errors), and train.py's."""
+    from sample_fc.tools import demo_data, ijb, pack, plan, verify
+    cases = [(verify, ["--model", str(tmp_path / "nothing"), "--bin", str(tmp_path / "no.bin")]),
+             (embed, ["--model", str(tmp_path / "nothing"), "--images", str(tmp_path), "--out", str(tmp_path / "e.npy")]),
+             (make_bin, ["--pairs", str(tmp_path / "none.txt"), "--out", str(tmp_path / "x.bin")]),
+             (pack, ["--images", str(tmp_path / "none"), "--out", str(tmp_path / "p" / "train")]),
+             (demo_data, ["--out", str(tmp_path / "d"), "--num-pairs", "3"]),
+             (ijb, ["--model", str(tmp_path / "nothing"), "--root", str(tmp_path / "none"), "--out", str(tmp_path / "i")]),
+             (plan, ["-np", "0"])]
+    for tool, argv in cases:
+        with pytest.raises(SystemExit) as stop:
+            tool.main(argv)
+        error = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(error) == 1 and ": error: " in error[0], (tool.__name__, error)
+    result = subprocess.run([sys.executable, "train.py", "--set", "no_such_key=1"], cwd=str(REPO),
+                            capture_output=True, text=True, timeout=120, env=single_thread_env())
+    assert result.returncode == 2 and "train.py: error: " in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.skipif(mx.context.num_gpus() > 0, reason="a CPU build's answer")
+def test_gpu_context_on_a_cpu_build_is_one_line(workspace, tmp_path):
+    """Test that --context gpu / gpu:0 on MXNet's CPU build ends a tool with one line naming
+    the GPU and the way out, before any other work: exit 2, no MXNet traceback."""
+    write_faces(str(tmp_path / "faces"), 1)
+    for context in ("gpu", "gpu:0"):
+        result = run_tool("sample_fc.tools.embed", "--model", workspace["models"], "--images", tmp_path / "faces",
+                          "--out", tmp_path / "e.npy", "--context", context)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+        assert "--context gpu:0: MXNet sees 0 GPU(s) here; use --context cpu" in lines[0]
+        assert not (tmp_path / "e.npy").exists()

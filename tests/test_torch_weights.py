@@ -213,7 +213,7 @@ def test_a_pth_that_calls_a_function_is_refused_and_nothing_runs(tmp_path, kind)
 
 
 def test_a_tool_refuses_a_pth_that_runs_a_command(tmp_path):
-    """Test that tools.embed on such a .pth (os.system) exits 1 with one line naming the file
+    """Test that tools.embed on such a .pth (os.system) exits 2 with one line naming the file
     and the global, and the command never runs."""
     marker = tmp_path / "pwned"
     payload, name, _ = payloads(marker)["os.system"]
@@ -222,7 +222,7 @@ def test_a_tool_refuses_a_pth_that_runs_a_command(tmp_path):
     result = run_tool("sample_fc.tools.embed", "--model", path, "--images", tmp_path / "images", "--out",
                       tmp_path / "emb.npy")
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert f"--model {path}: not a state dict: refused to call {name}" in lines[0], lines[0]
     assert not marker.exists() and not (tmp_path / "emb.npy").exists()
 

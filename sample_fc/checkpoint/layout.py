@@ -131,6 +131,17 @@ def find_checkpoint(path, step=None, option="--resume"):
     return found[step]
 
 
+def previous_checkpoint(path):
+    """(step, path) of the newest complete checkpoint older than the checkpoint directory
+    `path` in its models root, or None (`path` is no step-XXXXXXXX/ directory, or the oldest)."""
+    match = PATTERN.match(os.path.basename(os.path.normpath(path)))
+    if not match:
+        return None
+    older = [(step, other) for step, other in list_checkpoints(os.path.dirname(os.path.abspath(path)))
+             if step < int(match.group(1))]
+    return older[-1] if older else None
+
+
 def models_root_of(path):
     """The models root a checkpoint or models-root `path` belongs to."""
     return os.path.dirname(os.path.abspath(path)) if is_complete(path) else path

@@ -17,7 +17,7 @@ import pickle
 import numpy as np
 
 from ..errors import UsageError
-from .images import decode_rgb
+from .images import BadImages
 
 
 def _latin1_bytes(text, encoding):
@@ -124,20 +124,23 @@ def write_bin(path, encoded_images, issame):
         pickle.dump((encoded_images, issame), f, protocol=4)
 
 
-def load_bin(path, image_size=None):
+def load_bin(path, image_size=None, bad=None):
     """Return (images uint8 (2P, H, W, 3) RGB, issame np.bool_ (P,)) from a .bin file.
 
     The file is read by read_bin (only the data a .bin holds; UsageError naming the file
     otherwise). image_size: None (all images must share one size), an int, or (height,
-    width); images of another size are resized (bilinear).
+    width); images of another size are resized (bilinear). bad: images.BadImages deciding on
+    an undecodable image (default: a UsageError naming it); a pair with an image it skips is
+    left out.
     """
     bins, issame = read_bin(path)
-    images = []
-    for i, data in enumerate(bins):
-        try:
-            images.append(decode_rgb(data, image_size))
-        except OSError as err:
-            raise UsageError(f"{path}: image {i}: {err}") from err
+    bad = bad or BadImages(skip=False, hint=None)
+    decoded = [bad.decode(data, f"{path}: image {i}", image_size) for i, data in enumerate(bins)]
+    kept = [p for p in range(len(issame)) if decoded[2 * p] is not None and decoded[2 * p + 1] is not None]
+    if not kept:
+        raise UsageError(f"{path}: no pair has two readable images")
+    images = [decoded[i] for p in kept for i in (2 * p, 2 * p + 1)]
+    issame = np.asarray(issame)[kept]
     shapes = {im.shape for im in images}
     if len(shapes) > 1:
         raise UsageError(f"{path}: images have different sizes {sorted(shapes)}; pass image_size to resize")

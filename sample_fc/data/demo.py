@@ -19,6 +19,7 @@ from ..errors import UsageError
 from .bin_format import load_bin, write_bin
 from .images import encode_jpeg
 from .recordio import RecordWriter
+from ..verification import MIN_PAIRS        # demo_val.bin must be scorable
 
 TRAIN, VAL, PAIRS = 0, 1, 2  # random streams: (seed, stream, identity, 0=template/1=views)
 SKIN_DARK, SKIN_LIGHT = np.array([90, 56, 40.0]), np.array([240, 205, 180.0])
@@ -252,7 +253,7 @@ def make_demo(out_dir, seed=0, num_identities=200, images_per_identity=40, num_v
     a bad count or size, or an out_dir that is a file."""
     for name, value, low in (("seed", seed, 0), ("num_identities", num_identities, 1),
                              ("images_per_identity", images_per_identity, 1), ("image_size", image_size, 16),
-                             ("num_val_identities", num_val_identities, 2), ("num_pairs", num_pairs, 2)):
+                             ("num_val_identities", num_val_identities, 2), ("num_pairs", num_pairs, MIN_PAIRS)):
         if not (isinstance(value, (int, np.integer)) and value >= low):
             raise UsageError(f"{name} must be an integer >= {low}, got {value!r}")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):

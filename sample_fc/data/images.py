@@ -2,12 +2,15 @@
 (lossless) PNG encoders, and the one list of file extensions the tools read (pack, embed).
 
 Sizes are an int (square) or (height, width); resizing is bilinear and only happens when
-the size differs. Undecodable input raises OSError; callers add where it came from.
+the size differs. Undecodable input raises OSError; callers add where it came from, or let
+BadImages decide (the one rule of the tools' --skip-bad: stop naming the image, or skip and count).
 """
 import io
 
 import numpy as np
 from PIL import Image
+
+from ..errors import UsageError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 JPEG_QUALITY = 95
@@ -46,6 +49,33 @@ def rgb_pixels(image, size=None):
 def decode_rgb(source, size=None):
     """uint8 (H, W, 3) RGB pixels of an image file path or encoded bytes (see rgb_pixels)."""
     return rgb_pixels(open_image(source), size)
+
+
+class BadImages:
+    """What happens to an image that cannot be decoded: without `skip`, a UsageError naming it
+    (with `hint`, e.g. "use --skip-bad to skip it"); with `skip`, it is left out and listed in
+    `skipped`. decode() returns the pixels, or None for an image left out."""
+
+    def __init__(self, skip=False, hint="use --skip-bad to skip it"):
+        self.skip, self.hint, self.skipped = skip, hint, []
+
+    def decode(self, source, name, size=None):
+        """decode_rgb(source, size), `name` saying what it is in the messages."""
+        try:
+            return decode_rgb(source, size)
+        except OSError as err:
+            if not self.skip:
+                hint = f" ({self.hint})" if self.hint else ""
+                raise UsageError(f"cannot read image {name}: {err}{hint}") from err
+            self.skipped.append(name)
+            return None
+
+    def report(self, listed=10):
+        """'skipped 2 unreadable images: a.jpg, b.jpg' (the first `listed` names), or None."""
+        if not self.skipped:
+            return None
+        more = f", ... ({len(self.skipped) - listed} more)" if len(self.skipped) > listed else ""
+        return f"skipped {len(self.skipped)} unreadable images: {', '.join(map(str, self.skipped[:listed]))}{more}"
 
 
 def _encode(pixels, image_format, **options):

@@ -8,6 +8,7 @@
     demo_data  the built-in synthetic demo dataset
     plan       what a run needs per worker (bank, step, backbone, checkpoint) and whether it fits
     ijb        IJB-B / IJB-C 1:1 verification (TAR@FAR) of a trained backbone
+    align      raw photos -> aligned face crops (MTCNN's 5 landmarks, the 5-point template)
 model_io holds the --model options of verify/embed/export/ijb; cli holds what the tools share
-(the parser, the one-line exit for a UsageError, the progress bar).
+(the parser, the one-line exit 2 for a UsageError, the output checks, the progress lines).
 """

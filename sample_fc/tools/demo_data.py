@@ -7,7 +7,7 @@ import sys
 
 from ..data.demo import (TRAIN, VAL, ensure_demo, identity_template, make_demo,  # noqa: F401  (re-exported)
                          demo_image_count, raw_pixel_accuracy)
-from .cli import Progress, make_parser, run_or_exit
+from .cli import Progress, check_output_dir, make_parser, run_or_exit
 
 
 def main(argv=None):
@@ -24,9 +24,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     bar = Progress(demo_image_count(args.num_identities, args.images_per_identity, args.num_pairs),
                    "demo images")
-    summary = run_or_exit(parser, lambda: make_demo(
-        args.out, args.seed, args.num_identities, args.images_per_identity, args.num_val_identities,
-        args.num_pairs, args.image_size, progress=bar.update))
+
+    def work():
+        check_output_dir(args.out, "--out")
+        return make_demo(args.out, args.seed, args.num_identities, args.images_per_identity,
+                         args.num_val_identities, args.num_pairs, args.image_size, progress=bar.update)
+
+    summary = run_or_exit(parser, work)
     lines = (f"wrote {args.out}: {summary['num_images']} training images of {summary['num_classes']} identities, "
              f"{summary['num_pairs']} pairs of {len(summary['val_identities'])} held-out identities",
              f"raw-pixel cosine baseline on demo_val.bin: {summary['raw_pixel_accuracy']:.4f} (10-fold accuracy)")

@@ -6,18 +6,21 @@ Writes emb.npy, float32 (N, D): one L2-normalised embedding per image, of the im
 its mirror (as verification embeds; --no-flip for the image alone), and emb.txt beside it
 (same name, .txt): the image paths relative to --images, one per line, in row order.
 Images are all files with an image extension under --images (recursive), sorted by
-relative path, converted to RGB and resized (bilinear) to the model's input size.
+relative path, converted to RGB and resized (bilinear) to the model's input size. Both outputs
+are checked writable before the model is loaded; progress lines (count, rate, time left) go
+to stderr. An undecodable image stops the tool naming it (exit 2), or with --skip-bad is
+left out of both files and counted.
 """
 import os
 import sys
 
 import numpy as np
 
-from ..data.images import IMAGE_EXTENSIONS, decode_rgb, is_image_file
+from ..data.images import IMAGE_EXTENSIONS, BadImages, is_image_file
 from ..errors import MissingFileError, UsageError
 from ..verification import Embedder, l2_normalize, to_nchw
-from .cli import check_output_folder, make_parser, run_or_exit
-from .model_io import add_model_arguments, batch_size_or_default, load_model_from_args
+from .cli import Progress, check_output_folder, make_parser, run_or_exit
+from .model_io import add_model_arguments, batch_size_or_default, check_context, load_model_from_args
 
 
 def list_images(folder):
@@ -36,25 +39,30 @@ def list_images(folder):
 
 def read_image(path, image_size):
     """uint8 (S, S, 3) RGB; UsageError naming the path if it cannot be read or decoded."""
-    try:
-        return decode_rgb(path, image_size)
-    except OSError as err:
-        raise UsageError(f"{path}: {err}") from err
+    return BadImages().decode(path, path, image_size)
 
 
-def embed_folder(model, folder, batch_size, ctx, flip=True):
+def embed_folder(model, folder, batch_size, ctx, flip=True, bad=None, progress=True):
     """(embeddings float32 (N, D) L2-normalised, relative paths) of the images in folder,
-    read one batch at a time."""
+    read one batch at a time. bad: BadImages deciding on an undecodable image (default: a
+    UsageError naming it); the images it skips are in neither result."""
     paths = list_images(folder)
+    bad = bad or BadImages()
     embedder = Embedder(model.symbol, model.arg_params, model.aux_params, ctx, model.image_size,
                         batch_size=batch_size, flip=flip)
-    rows = []
+    bar = Progress(len(paths), "embedding", enabled=progress)
+    rows, kept = [], []
     for start in range(0, len(paths), batch_size):
-        batch = np.stack([read_image(os.path.join(folder, p), model.image_size)
-                          for p in paths[start:start + batch_size]])
-        batch = to_nchw(batch)
-        rows.append(embedder(batch))
-    return l2_normalize(np.concatenate(rows)).astype(np.float32), paths
+        chunk = paths[start:start + batch_size]
+        pixels = [(p, bad.decode(os.path.join(folder, p), os.path.join(folder, p), model.image_size)) for p in chunk]
+        pixels = [(p, image) for p, image in pixels if image is not None]
+        if pixels:
+            kept += [p for p, _ in pixels]
+            rows.append(embedder(to_nchw(np.stack([image for _, image in pixels]))))
+        bar.update(len(chunk))
+    if not rows:
+        raise UsageError(f"--images {folder}: none of its {len(paths)} images could be read")
+    return l2_normalize(np.concatenate(rows)).astype(np.float32), kept
 
 
 def paths_file(out):
@@ -69,15 +77,24 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="output .npy (the path list goes next to it as .txt)")
     parser.add_argument("--no-flip", dest="flip", action="store_false",
                         help="embed each image alone, not image + mirror")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="leave out undecodable images (counted) instead of failing")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress lines")
     args = parser.parse_args(argv)
     if not args.out.endswith(".npy"):
         parser.error(f"--out must end in .npy, got {args.out!r}")
     def work():
+        check_context(args.context)
         check_output_folder(args.out, "--out")
+        check_output_folder(paths_file(args.out), "--out (its path list)")
         model = load_model_from_args(args)
         print(model.line(), flush=True)
         batch_size = batch_size_or_default(args.batch_size, model)
-        embeddings, paths = embed_folder(model, args.images, batch_size, args.context, args.flip)
+        bad = BadImages(args.skip_bad)
+        embeddings, paths = embed_folder(model, args.images, batch_size, args.context, args.flip, bad,
+                                         args.progress)
+        if bad.report():
+            print(bad.report(), file=sys.stderr, flush=True)
         np.save(args.out, embeddings)
         with open(paths_file(args.out), "w") as handle:
             handle.writelines(p + "\n" for p in paths)

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..host_head import omp_threads
-from .cli import check_output_folder, make_parser, run_or_exit
+from .cli import Progress, check_output_folder, make_parser, run_or_exit
 from .model_io import add_model_arguments, load_model_from_args
 
 TOLERANCE = 1e-4
@@ -195,7 +195,7 @@ def _channel_slopes(model):
 
 
 def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, ctx,
-                       batch_sizes=CHECK_BATCH_SIZES, batches=2, seed=0):
+                       batch_sizes=CHECK_BATCH_SIZES, batches=2, seed=0, progress=True):
     """[ExportCheck per batch size] of the ONNX file against MXNet (inference mode, these
     params), each on `batches` batches of uniform random pixels 0..255. UsageError (the check's
     verdict on the file, as a difference above the tolerance is) if onnxruntime cannot run a
@@ -208,6 +208,7 @@ def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, ctx,
     options.intra_op_num_threads = omp_threads() or 0     # 0: onnxruntime's default
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     checks = []
+    bar = Progress(len(batch_sizes) * batches, "onnxruntime check", enabled=progress, unit="batches")
     for batch_size in batch_sizes:
         shape = (batch_size, 3, image_size, image_size)
         module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=ctx)
@@ -228,6 +229,7 @@ def compare_with_mxnet(path, symbol, arg_params, aux_params, image_size, ctx,
                                  f"{batch_size}, MXNet gives {reference.shape}")
             max_abs = max(max_abs, float(np.abs(exported - reference).max()))
             reference_max = max(reference_max, float(np.abs(reference).max()))
+            bar.update()
         checks.append(ExportCheck(batch_size, max_abs, reference_max, tuple(exported.shape)))
     return checks
 

@@ -33,42 +33,15 @@ import sys
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ..data.alignment import TEMPLATE_112, align, similarity_transform  # noqa: F401 (also ijb's names)
 from ..data.images import open_image
 from ..errors import UsageError
 from ..verification import Embedder, tar_at_far, to_nchw
-from .cli import Progress, make_parser, run_or_exit
+from .cli import Progress, check_output_dir, make_parser, run_or_exit
 from .model_io import add_model_arguments, batch_size_or_default, load_model_from_args
 
-# The five-point template of a 112x112 aligned face (left eye, right eye, nose tip, left and
-# right mouth corners; pixel centres at integers), as insightface's alignment uses it.
-TEMPLATE_112 = np.array([[38.2946, 51.6963], [73.5318, 51.5014], [56.0252, 71.7366],
-                         [41.5493, 92.3655], [70.7299, 92.2041]])
 FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 CHUNK = 2048                       # faces per cache file
-
-
-def similarity_transform(source, target):
-    """The 2x3 matrix M of the similarity (rotation, uniform scale, translation; no
-    reflection) that maps the (K, 2) points `source` onto `target` with the least squared
-    error: target ~ M @ [x, y, 1]."""
-    rows, values = [], []
-    for (x, y), (u, v) in zip(source, target):
-        rows += [[x, -y, 1, 0], [y, x, 0, 1]]
-        values += [u, v]
-    (a, b, tx, ty), *_ = np.linalg.lstsq(np.array(rows, float), np.array(values, float), rcond=None)
-    return np.array([[a, -b, tx], [b, a, ty]])
-
-
-def align(image, landmarks, size):
-    """uint8 (size, size, 3) RGB: the PIL `image` warped (bilinear) so that its (5, 2)
-    landmarks land on the template scaled to `size`. Coordinates have pixel centres at
-    integers (as the landmark files and OpenCV); PIL's have them at +0.5."""
-    matrix = similarity_transform(landmarks, TEMPLATE_112 * size / 112.0)
-    inverse = np.linalg.inv(np.vstack([matrix, [0, 0, 1]]))[:2]
-    linear, shift = inverse[:, :2], inverse[:, 2]
-    shift = shift + 0.5 - linear @ [0.5, 0.5]
-    coefficients = (linear[0, 0], linear[0, 1], shift[0], linear[1, 0], linear[1, 1], shift[1])
-    return np.asarray(image.convert("RGB").transform((size, size), Image.AFFINE, coefficients, Image.BILINEAR))
 
 
 def _read_rows(path, columns, parse, what):
@@ -293,8 +266,7 @@ def main(argv=None):
     target = (args.target or os.path.basename(os.path.normpath(args.root))).lower()
 
     def work():
-        if os.path.exists(args.out) and not os.path.isdir(args.out):
-            raise UsageError(f"--out {args.out} is a file, not a folder")
+        check_output_dir(args.out, "--out")
         release = read_release(args.root, target)
         model = load_model_from_args(args)
         print(model.line(), flush=True)

@@ -7,7 +7,9 @@ lines starting with # are skipped. Relative paths are taken from --root, by defa
 pairs file's folder. With --image-size S every image is resized to SxS (bilinear). An
 image is stored as its original file bytes when it is a JPEG or PNG that needs no resize,
 otherwise re-encoded as JPEG, quality 95. Without --image-size all images must already
-share one size (a .bin is read back as one array). Errors name the line and the path.
+share one size (a .bin is read back as one array). Errors name the line and the path. A
+list verify could not score — fewer than verification.MIN_PAIRS pairs, or only one kind — is
+refused before any image is read.
 """
 import os
 import sys
@@ -15,6 +17,7 @@ import sys
 from ..data.bin_format import write_bin
 from ..data.images import encode_jpeg, open_image, rgb_pixels
 from ..errors import MissingFileError, UsageError
+from ..verification import check_pair_set
 from .cli import check_output_folder, make_parser, run_or_exit
 
 KEPT_FORMATS = ("JPEG", "PNG")
@@ -65,9 +68,11 @@ def make_bin(pairs_file, out, image_size=None, root=None):
     if image_size is not None and image_size <= 0:
         raise UsageError(f"--image-size must be positive, got {image_size}")
     check_output_folder(out, "--out")
+    pairs = read_pairs(pairs_file, root)
+    check_pair_set([same for *_, same in pairs], f"--pairs {pairs_file}")
     encoded, images, issame = {}, [], []
     first = None                          # (path, size, line) of the first image
-    for number, *paths, same in read_pairs(pairs_file, root):
+    for number, *paths, same in pairs:
         for path in paths:
             if path not in encoded:
                 try:

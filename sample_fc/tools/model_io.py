@@ -6,6 +6,7 @@ import re
 import mxnet as mx
 
 from ..errors import UsageError
+from ..gpus import check_gpu_context
 from ..saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, resolve_prefix  # noqa: F401
 
 
@@ -45,7 +46,9 @@ def load_model_from_args(args):
 
 
 def check_context(ctx):
-    """UsageError when `ctx` is a GPU that MXNet does not see (a CPU-only build sees none)."""
+    """UsageError when `ctx` is a GPU that MXNet does not see (a CPU-only build sees none) or
+    cannot run on (sample_fc.gpus)."""
+    check_gpu_context(ctx)
     if ctx.device_type == "gpu" and ctx.device_id >= mx.context.num_gpus():
         raise UsageError(f"--context gpu:{ctx.device_id}: MXNet sees {mx.context.num_gpus()} GPU(s) "
                          f"here; use --context cpu")

@@ -16,10 +16,10 @@ tools do; the .idx maps every key to its offset).
 import os
 import sys
 
-from ..data.images import IMAGE_EXTENSIONS, JPEG_QUALITY, decode_rgb, encode_jpeg, encode_png, is_image_file
+from ..data.images import IMAGE_EXTENSIONS, JPEG_QUALITY, BadImages, encode_jpeg, encode_png, is_image_file
 from ..data.recordio import RecordWriter
 from ..errors import MissingFileError, UsageError
-from .cli import Progress, make_parser, run_or_exit
+from .cli import Progress, check_output_dir, make_parser, run_or_exit
 
 
 def list_identities(images_dir):
@@ -58,27 +58,23 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
     if lossless and quality != JPEG_QUALITY:
         raise UsageError(f"quality={quality} applies to JPEG only; lossless packing stores PNG")
     identities = list_identities(images_dir)
-    skipped = []
+    check_output_dir(os.path.dirname(os.path.abspath(out_prefix)), "--out")     # created if missing
+    bad = BadImages(skip_bad)
     bar = Progress(sum(len(paths) for _, paths in identities), "packing", enabled=progress)
 
     def encoded_images(paths):
         for path in paths:
+            pixels = bad.decode(path, path, image_size)
             bar.update()
-            try:
-                pixels = decode_rgb(path, image_size)
-            except OSError as err:
-                if not skip_bad:
-                    raise UsageError(f"cannot read image {path}: {err} (use --skip-bad to skip it)") from err
-                skipped.append(path)
-                continue
-            yield encode_png(pixels) if lossless else encode_jpeg(pixels, quality)
+            if pixels is not None:
+                yield encode_png(pixels) if lossless else encode_jpeg(pixels, quality)
 
     with RecordWriter(out_prefix, image_size) as writer:
         for _, paths in identities:
             writer.add_identity(encoded_images(paths))
         num_images, num_identities = writer.finish()
     empty = [name for (name, _), (a, b) in zip(identities, writer.ranges) if a == b]
-    return {"num_images": num_images, "num_identities": num_identities, "skipped": skipped,
+    return {"num_images": num_images, "num_identities": num_identities, "skipped": bad.skipped,
             "empty_identities": empty, "rec": writer.paths[0], "idx": writer.paths[1]}
 
 

@@ -1,21 +1,26 @@
 """What a run needs per worker, and whether a cluster holds it, before anything is allocated.
 
     python -m sample_fc.tools.plan [--dataset D] [--network N] [--loss L] [--set key=value ...]
-        -np WORKERS [--workers-per-node K] [--memory-per-node GB | --gpu-memory GB]
+        -np WORKERS [--workers-per-node K] [--memory-per-node GB] [--gpu-memory GB] [--models-root DIR]
 
 Prints, per worker: the bank's bytes, the sampler's, the head step's temporaries, an estimate
 of the backbone's (parameters, gradients, momentum and the activations of a batch), the
 runtime, their total; the classes per worker, rows sampled per step, allgather bytes per step
-and the size of one checkpoint; then whether it fits. Host memory: --memory-per-node (default:
-this machine's MemAvailable) shared by the node's workers; --gpu-memory: the bank, the head
-and the backbone on each worker's GPU (bank_context=same), or only the backbone there and
-the bank in host memory (bank_context=cpu). train.py runs the same arithmetic at start-up
+and the size of one checkpoint; then whether it fits. Host memory: --memory-per-node GB shared
+by the node's workers (default: this machine's MemAvailable, unless --gpu-memory describes
+another node: then host memory is checked only with --memory-per-node); --gpu-memory: the
+bank, the head and the backbone on each worker's GPU (bank_context=same), or only the
+backbone there and the bank in host memory (bank_context=cpu). What does not fit comes with
+the ways out train.py lists (more workers, bank_dtype=float16, the bank on the host, a smaller
+batch: each with the GB per worker it gives) and exit code 2. A warning says when the
+checkpoints would not fit the free disk of the models root (--models-root, default train.py's
+models/<dataset>_<network>). train.py runs the same arithmetic at start-up
 (sample_fc.memory_plan) and refuses a run that does not fit.
 """
 import os
 import sys
 
-from ..errors import UsageError
+from ..errors import USAGE_EXIT, UsageError
 from . import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,21 +36,42 @@ def make_parser():
     parser.add_argument("-np", "--num-proc", dest="world", type=int, required=True, help="workers in all")
     parser.add_argument("--workers-per-node", type=int, default=None,
                         help="workers sharing one node's memory (default: all of them)")
-    memory = parser.add_mutually_exclusive_group()
-    memory.add_argument("--memory-per-node", type=float, default=None, metavar="GB",
-                        help="host memory per node in GB (default: this machine's MemAvailable)")
-    memory.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
+    parser.add_argument("--memory-per-node", type=float, default=None, metavar="GB",
+                        help="host memory per node in GB (default: this machine's MemAvailable, "
+                             "not checked with --gpu-memory alone)")
+    parser.add_argument("--gpu-memory", type=float, default=None, metavar="GB",
                         help="memory of each worker's GPU in GB (the backbone trains there)")
+    parser.add_argument("--models-root", default=None, metavar="DIR",
+                        help="where the checkpoints would go, for the disk check (default: "
+                             "models/<dataset>_<network>, as train.py)")
     return parser
 
 
 def verdict(the_plan, available, sharing, where):
-    """'fits' or 'does not fit' with the numbers, for `available` bytes shared by `sharing`."""
+    """(fits, 'fits' or 'does NOT fit' with the numbers) for `available` bytes shared by `sharing`."""
     from ..memory_plan import GB
     share = available / sharing
-    word = "fits" if the_plan.total <= share else "does NOT fit"
-    return (f"{word}: {the_plan.total / GB:.2f} GB per worker of {share / GB:.2f} GB of {where} "
-            f"({available / GB:.1f} GB shared by {sharing} worker(s))")
+    fits = the_plan.total <= share
+    return fits, (f"{'fits' if fits else 'does NOT fit'}: {the_plan.total / GB:.2f} GB per worker of "
+                  f"{share / GB:.2f} GB of {where} ({available / GB:.1f} GB shared by {sharing} worker(s))")
+
+
+def disk_lines(the_plan, keep, models_root):
+    """The checkpoints against the free disk of models_root: a line, and a warning when one
+    checkpoint, or the `keep` kept plus the one being written, would not fit."""
+    from ..checkpoint import free_bytes
+    from ..memory_plan import GB
+    free, one = free_bytes(models_root), the_plan.checkpoint
+    lines = [f"disk: one checkpoint {one / GB:.2f} GB, ckpt_keep={keep} kept plus one being written "
+             f"{(keep + 1) * one / GB:.2f} GB; {free / GB:.1f} GB free at {models_root}"]
+    if one > free:
+        lines.append(f"warning: one checkpoint ({one / GB:.1f} GB) does not fit the {free / GB:.1f} GB free at "
+                     f"{models_root}: train.py refuses to start there; free space or choose another --models-root")
+    elif (keep + 1) * one > free:
+        lines.append(f"warning: ckpt_keep={keep} checkpoints plus the one being written ({(keep + 1) * one / GB:.1f} GB) "
+                     f"do not fit the {free / GB:.1f} GB free at {models_root}: a save will fail when the disk is "
+                     f"full; lower ckpt_keep or choose another --models-root")
+    return lines
 
 
 def main(argv=None):
@@ -57,7 +83,8 @@ def main(argv=None):
         import default
         import symbols
         from .. import memory_plan
-        from ..builder import check_world, resolve_auto, run_plan
+        from ..builder import check_world, plan_ways_out, resolve_auto, run_plan
+        from ..run_request import default_models_root
         from ..partial_fc import PartialFCOptions
         from ..sampling_regime import regime
         from symbols.cost import backbone_cost
@@ -72,9 +99,11 @@ def main(argv=None):
             symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size, "float32", cfg.dropout)
         except ValueError as err:
             raise UsageError(f"the config's backbone: {err}") from None
-        on_gpu = args.gpu_memory is not None
-        host, device = run_plan(cfg, args.world, symbol, on_gpu, cfg.bank_context == "same",
-                                default_threads(per_node))
+        on_gpu, bank_on_gpu, threads = args.gpu_memory is not None, cfg.bank_context == "same", default_threads(per_node)
+        for name, value in (("--memory-per-node", args.memory_per_node), ("--gpu-memory", args.gpu_memory)):
+            if value is not None and not value > 0:
+                raise UsageError(f"{name} must be a positive number of GB, got {value:g}")
+        host, device = run_plan(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads)
         warmup = PartialFCOptions.from_config(cfg).peak_ratio() > cfg.sample_ratio
         print(f"{cfg.dataset}, {cfg.network}: {cfg.num_classes:,} classes x {cfg.embedding_size} on "
               f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}"
@@ -92,14 +121,28 @@ def main(argv=None):
                 print(f"\n{title}:")
                 print("\n".join("  " + line for line in part.lines()))
         print()
-        memory = args.memory_per_node * memory_plan.GB if args.memory_per_node else memory_plan.meminfo_available()
-        if memory is not None:
-            print(verdict(host, memory, per_node, "host memory"))
+        checks = []             # (part, plan, bytes, workers sharing them, where)
+        if args.memory_per_node is not None:
+            checks.append((0, host, args.memory_per_node * memory_plan.GB, per_node, "host memory"))
+        elif on_gpu:
+            print("host memory: not checked (--gpu-memory describes another node; give its --memory-per-node GB)")
+        elif memory_plan.meminfo_available() is not None:
+            checks.append((0, host, memory_plan.meminfo_available(), per_node, "this machine's available host memory"))
         if device is not None:
-            print(verdict(device, args.gpu_memory * memory_plan.GB, 1, "GPU memory"))
+            checks.append((1, device, args.gpu_memory * memory_plan.GB, 1, "GPU memory"))
+        failed = False
+        for part, the_plan, available, sharing, where in checks:
+            fits, line = verdict(the_plan, available, sharing, where)
+            print(line)
+            if not fits:
+                failed = True
+                ways = plan_ways_out(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads, part)(available / sharing)
+                print("\n".join(f"  way out: {way}" for way in ways + [memory_plan.OTHER_WAYS]))
+        print("\n".join(disk_lines(host, cfg.ckpt_keep, args.models_root or default_models_root(cfg))))
+        return failed
 
-    cli.run_or_exit(parser, work)
-    return 0
+    failed = cli.run_or_exit(parser, work)
+    return USAGE_EXIT if failed else 0
 
 
 if __name__ == "__main__":

@@ -20,5 +20,7 @@ def test_a_bank_too_big_for_the_machine_is_one_line_and_writes_nothing(tmp_path)
     assert len(lines) == 1 and "Traceback" not in result.output, per_rank_tail(result.output)
     assert "GB of host memory per worker (bank 41.0 GB for 10,000,000 classes" in lines[0]
     assert re.search(r"and \d+\.\d GB are available \(\d+\.\d GB shared by 2 worker\(s\) on this node\); "
-                     r"use more workers \(-np\)", lines[0]), lines[0]
+                     r"ways out: more workers: -np \d+ \(\d+\.\d GB per worker", lines[0]), lines[0]
+    assert re.search(r"bank_dtype=float16, half the bank \(\d+\.\d GB per worker", lines[0]), lines[0]
+    assert re.search(r"a smaller batch: batch_size=\d+ \(\d+\.\d GB per worker", lines[0]), lines[0]
     assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,62 @@
+"""Tests for python -m sample_fc.tools.plan: another node's memory, the ways out and the exit
+code of a run that does not fit, and the checkpoints against the free disk."""
+import re
+
+from sample_fc import checkpoint, memory_plan
+from sample_fc.tools import plan
+
+R100_GPU = ["--dataset", "glint360k", "--network", "r100", "-np", "8"]
+
+
+def run(argv, capsys):
+    code = plan.main(argv)
+    return code, capsys.readouterr().out
+
+
+def test_another_nodes_memory_is_not_this_machines(monkeypatch, capsys, tmp_path):
+    """Test that --gpu-memory with --memory-per-node checks the host memory given, and that
+    --gpu-memory alone does not check host memory against this machine's MemAvailable."""
+    monkeypatch.setattr(memory_plan, "meminfo_available", lambda: 1)     # this machine: no memory
+    root = ["--models-root", str(tmp_path)]
+    code, out = run(R100_GPU + ["--gpu-memory", "80", "--memory-per-node", "512"] + root, capsys)
+    assert code == 0 and "fits: 0.60 GB per worker of 64.00 GB of host memory (512.0 GB shared by 8 worker(s))" in out
+    assert re.search(r"^fits: [\d.]+ GB per worker of 80.00 GB of GPU memory", out, re.M)
+    code, out = run(R100_GPU + ["--gpu-memory", "80"] + root, capsys)
+    assert code == 0 and "host memory: not checked (--gpu-memory describes another node" in out
+    assert "does NOT fit" not in out
+
+
+def test_what_does_not_fit_lists_the_ways_out_and_exits_2(capsys, tmp_path):
+    """Test that a GPU plan over its memory lists train.py's ways out, each with the GB it
+    gives (the smaller batch first: r100's backbone is the largest term), and exits 2."""
+    code, out = run(R100_GPU + ["--gpu-memory", "16", "--memory-per-node", "512", "--models-root", str(tmp_path)],
+                    capsys)
+    assert code == 2 and "does NOT fit:" in out
+    ways = [line.strip()[len("way out: "):] for line in out.splitlines() if line.strip().startswith("way out: ")]
+    assert re.fullmatch(r"a smaller batch: batch_size=32 \([\d.]+ GB per worker\) — the backbone, [\d.]+ GB at "
+                        r"batch 64, is the largest term", ways[0]), ways
+    assert any(way.startswith("bank_dtype=float16, half the bank (") for way in ways), ways
+    assert any(way.startswith("the bank on the host, bank_context=cpu (GPU memory ") for way in ways), ways
+    assert ways[-1] == memory_plan.OTHER_WAYS
+    code, out = run(R100_GPU + ["--gpu-memory", "80", "--memory-per-node", "512", "--models-root", str(tmp_path)],
+                    capsys)
+    assert code == 0 and "way out" not in out
+
+
+def test_a_checkpoint_larger_than_the_free_disk_is_a_warning(monkeypatch, capsys, tmp_path):
+    """Test that the checkpoints are set against the free disk of the models root: a warning
+    when one checkpoint does not fit, another when the kept ones do not."""
+    argv = ["--dataset", "synthetic_1m", "--set", "num_classes=20000000", "-np", "2", "--memory-per-node", "1024",
+            "--models-root", str(tmp_path / "run")]
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 50e9)
+    code, out = run(argv, capsys)
+    assert code == 0 and re.search(r"^disk: one checkpoint 8[12]\.\d\d GB, ckpt_keep=3 kept plus one being written "
+                                   rf"\d+\.\d\d GB; 50\.0 GB free at {re.escape(str(tmp_path / 'run'))}$", out, re.M), out
+    assert "warning: one checkpoint (81.9 GB) does not fit the 50.0 GB free at" in out
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 200e9)
+    code, out = run(argv, capsys)
+    assert re.search(r"^warning: ckpt_keep=3 checkpoints plus the one being written \(327\.\d GB\) do not fit the "
+                     r"200\.0 GB free at ", out, re.M), out
+    monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 1e12)
+    code, out = run(argv, capsys)
+    assert "warning" not in out
