@@ -14,7 +14,7 @@ import numpy as np
 
 import symbols
 
-from . import checkpoint, memory_plan, resume, run_root
+from . import checkpoint, fused_ops, memory_plan, resume, run_root
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
 from .data.bin_format import load_bin
@@ -88,7 +88,8 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
         multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form)
     partial_fc = PartialFC.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx,
                                     PartialFCOptions.from_config(cfg), schedule)
-    module = SampleDistributeModule(symbol, partial_fc, backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
+    training_symbol = fused_ops.fuse(symbol) if ctx.device_type == "cpu" else symbol   # the same math, faster
+    module = SampleDistributeModule(training_symbol, partial_fc, backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
                                     data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
                                     max_nonfinite_steps=cfg.max_nonfinite_steps)
     arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights

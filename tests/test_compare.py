@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from sample_fc.bench.compare import accuracy_summary, mean_curve, parse_args, seed_list
+from sample_fc.bench.compare import accuracy_summary, mean_curve, parse_args, samples_per_s, seed_list
 
 
 def test_seed_list_parses_distinct_non_negative_integers():
@@ -27,3 +27,14 @@ def test_accuracy_summary_gives_each_seed_then_mean_and_spread():
     assert accuracy_summary([{"demo_val": 0.92}]) == "demo_val 0.9200"
     line = accuracy_summary([{"demo_val": 0.92}, {"demo_val": 0.90}, {"demo_val": 0.91}])
     assert line == "demo_val 0.9200 0.9000 0.9100 (mean 0.9100, spread 0.0200)"
+
+
+def test_samples_per_s_is_total_samples_over_total_time_after_the_skipped_steps():
+    # windows of 20 steps at a global batch of 128: 20-40 takes 10 s, 40-60 takes 30 s,
+    # 60-70 takes 5 s (the window 0-20, with start-up, is skipped)
+    batch = 128
+    records = [{"step": 20, "samples_per_s": 1.0}, {"step": 40, "samples_per_s": 20 * batch / 10},
+               {"step": 60, "samples_per_s": 20 * batch / 30}, {"step": 70, "samples_per_s": 10 * batch / 5}]
+    assert samples_per_s(records, 20) == pytest.approx(50 * batch / 45)
+    assert samples_per_s(records, 40) == pytest.approx(30 * batch / 35)
+    assert samples_per_s(records[:1], 20) is None          # nothing after the skipped steps

@@ -26,6 +26,7 @@ from ..run_root import read_progress, read_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHOWN = ("samples/s", "accuracy", "error")     # which of the job's lines to echo (display only)
+SPEED_SKIP_STEPS = 20      # samples/s is measured over the steps after these (start-up, first oneDNN primitives)
 
 
 def parse_args(argv):
@@ -80,8 +81,8 @@ def config(args):
 
 
 def run_sample_fc(args, models_root):
-    """Train with horovodrun as a user would; return ([(step, loss)], {target: accuracy}) from the
-    run's progress records and its status (the last verification: the final model's)."""
+    """Train with horovodrun as a user would; return ([(step, loss)], {target: accuracy}, samples/s)
+    from the run's progress records and its status (the last verification: the final model's)."""
     venv_bin = os.path.dirname(sys.executable)
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.np)))
     env["MXNET_CPU_WORKER_NTHREADS"] = env["OMP_NUM_THREADS"]
@@ -99,9 +100,23 @@ def run_sample_fc(args, models_root):
     if proc.returncode:
         sys.exit(f"compare: sample_fc's run failed (exit {proc.returncode}); its last lines:\n"
                  + "".join(lines[-15:]))
-    losses = [(record["step"], record["loss"]) for record in read_progress(models_root)]
+    records = read_progress(models_root)
+    losses = [(record["step"], record["loss"]) for record in records]
     verification = (read_status(models_root) or {}).get("verification", {})
-    return losses, verification.get("accuracy", {})
+    return losses, verification.get("accuracy", {}), samples_per_s(records, SPEED_SKIP_STEPS)
+
+
+def samples_per_s(records, skip):
+    """Global samples/s over the progress windows that start at or after step `skip` (each
+    record's samples_per_s covers the steps since the previous record): the windows' speeds
+    averaged as total samples over total time (the global batch is the same in every window)."""
+    steps = step_seconds = 0.0          # step_seconds: seconds per global sample, summed over steps
+    for previous, record in zip(records, records[1:]):
+        if previous["step"] >= skip and record.get("samples_per_s"):
+            window = record["step"] - previous["step"]
+            steps += window
+            step_seconds += window / record["samples_per_s"]
+    return steps / step_seconds if step_seconds else None
 
 
 def run_torch(args, cfg):
@@ -118,9 +133,10 @@ def run_torch(args, cfg):
     result = torch_reference.train(cfg, train_iter, images, issame, args.np, clip_grad_norm=args.torch_clip,
                                    init=args.torch_init, wd_all=args.torch_wd == "all",
                                    mxnet_momentum=args.torch_momentum == "mxnet",
-                                   log=lambda line: print("  " + line, flush=True), threads=os.cpu_count())
+                                   log=lambda line: print("  " + line, flush=True), threads=os.cpu_count(),
+                                   speed_skip=SPEED_SKIP_STEPS)
     train_iter.close()
-    return result["losses"], {target: result["accuracy"]}
+    return result["losses"], {target: result["accuracy"]}, result["samples_per_s"]
 
 
 def mean_curve(curves):
@@ -144,8 +160,9 @@ def accuracy_summary(per_seed):
     return ", ".join(parts)
 
 
-def report(curves, accuracies, seeds):
-    """curves: name -> [curve per seed]; accuracies: name -> [{target: accuracy} per seed]."""
+def report(curves, accuracies, speeds, seeds):
+    """curves: name -> [curve per seed]; accuracies: name -> [{target: accuracy} per seed];
+    speeds: name -> [samples/s per seed]."""
     names = list(curves)
     mean = {name: dict(mean_curve(curves[name])) for name in names}
     steps = sorted({s for curve in mean.values() for s in curve})
@@ -158,6 +175,10 @@ def report(curves, accuracies, seeds):
     print("\nheld-out verification accuracy (10-fold, flip)" + (f", seeds {','.join(map(str, seeds))}" if over else ""))
     for name in names:
         print(f"  {name:>10}: " + accuracy_summary(accuracies[name]))
+    print(f"\nspeed (global samples/s over the steps after the first {SPEED_SKIP_STEPS})")
+    for name in names:
+        values = [f"{v:.1f}" if v else "- (run too short)" for v in speeds[name]]
+        print(f"  {name:>10}: " + " ".join(values))
 
 
 def main(argv=None):
@@ -170,7 +191,7 @@ def main(argv=None):
             sys.exit("compare: PyTorch is not installed; run `scripts/test.sh -k torch_reference` once (it installs torch 2.13.0, CPU build, and its pinned dependencies: requirements-test.txt)")
     seeds = args.seeds or [cfg.seed]
     base_overrides = list(args.overrides)
-    curves, accuracies = {}, {}
+    curves, accuracies, speeds = {}, {}, {}
     for seed in seeds:
         args.overrides = base_overrides + ([f"seed={seed}"] if args.seeds else [])
         results = {}
@@ -179,10 +200,11 @@ def main(argv=None):
                 results["sample_fc"] = run_sample_fc(args, models_root)
         if args.only != "sample_fc":
             results["torch"] = run_torch(args, config(args))
-        for name, (curve, accuracy) in results.items():
+        for name, (curve, accuracy, speed) in results.items():
             curves.setdefault(name, []).append(curve)
             accuracies.setdefault(name, []).append(accuracy)
-    report(curves, accuracies, seeds)
+            speeds.setdefault(name, []).append(speed)
+    report(curves, accuracies, speeds, seeds)
     return 0
 
 

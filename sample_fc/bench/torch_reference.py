@@ -167,9 +167,11 @@ def margin_logits(cosine, labels, s, m1, m2, m3):
 
 
 def train(cfg, train_iter, val_images, val_issame, world_size, clip_grad_norm=5.0, init="torch",
-          wd_all=True, mxnet_momentum=False, log=print, threads=None):
+          wd_all=True, mxnet_momentum=False, log=print, threads=None, speed_skip=20):
     """Train cfg's recipe (global batch batch_size * world_size from train_iter) and return
-    {'losses': [(step, mean loss since the last report)], 'accuracy': float, 'seconds': float}."""
+    {'losses': [(step, mean loss since the last report)], 'accuracy': float, 'seconds': float,
+    'samples_per_s': global samples per second over the steps after the first `speed_skip`
+    (None for a shorter run)}."""
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
@@ -185,6 +187,7 @@ def train(cfg, train_iter, val_images, val_issame, world_size, clip_grad_norm=5.
     optimizer = torch.optim.SGD([{"params": decayed + [centers], "weight_decay": cfg.wd},
                                  {"params": not_decayed, "weight_decay": 0.0}], lr=lr, momentum=cfg.momentum)
     losses, window, start, step = [], [], time.perf_counter(), 0
+    speed_start = None
     model.train()
     while step < cfg.max_update:
         try:
@@ -215,15 +218,21 @@ def train(cfg, train_iter, val_images, val_issame, world_size, clip_grad_norm=5.
             nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
         optimizer.step()
         window.append(float(loss.detach()))
+        if step == speed_skip:
+            speed_start = time.perf_counter()
         if step % cfg.frequent == 0 or step == cfg.max_update:
             losses.append((step, sum(window) / len(window)))
             log(f"torch step {step}/{cfg.max_update}  loss {losses[-1][1]:.4f}  "
                 f"{time.perf_counter() - start:.0f} s")
             window = []
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
+    seconds = end - start
+    samples_per_s = ((step - speed_skip) * cfg.batch_size * world_size / (end - speed_start)
+                     if speed_start is not None and step > speed_skip else None)
     model.eval()
     with torch.no_grad():
         images = torch.from_numpy(to_nchw(val_images))
         embeddings = model(images) + model(torch.flip(images, dims=[3]))
     result = score(embeddings.numpy(), val_issame)
-    return {"losses": losses, "accuracy": result.accuracy, "seconds": seconds}
+    return {"losses": losses, "accuracy": result.accuracy, "seconds": seconds, "samples_per_s": samples_per_s}
+
