@@ -147,7 +147,8 @@ def main(argv=None):
     # a second one, or the grace over, ends the process at once (nothing written yet)
     stop_signals = StopSignals(cfg.stop_signals, lambda number, reason: end_at_once(number, reason, launcher_rank()),
                                cfg.stop_grace_s).install()
-    dist.init(stall_shutdown_s=cfg.collective_timeout_s)
+    dist.init(stall_shutdown_s=cfg.collective_timeout_s,
+              on_cpu=cfg.context == "cpu" or (cfg.context == "auto" and mx.context.num_gpus() == 0))
     status = RunStatus(request)          # rank 0 records in the run's status.json from start_run on
     try:
         return train(cfg, request, status, stop_signals)
