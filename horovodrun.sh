@@ -29,11 +29,7 @@ VENV=${SAMPLE_FC_VENV:-$ROOT/.venv${GPU:+-gpu}}
 # The GPU environment's CUDA libraries (PyPI wheels): on LD_LIBRARY_PATH, which horovodrun passes on.
 if [[ -f $VENV/cuda-env.sh ]]; then . "$VENV/cuda-env.sh"; fi
 
-# One compute thread per worker when several workers share this machine's cores.
-if [[ $HOSTS == localhost:* ]]; then
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NP > 0 ? $(nproc) / NP : 1 ))}
-  export MXNET_CPU_WORKER_NTHREADS=${MXNET_CPU_WORKER_NTHREADS:-$OMP_NUM_THREADS}
-fi
+# Threads: each worker takes cores // (workers on its node) itself (train.py, sample_fc.ranks.share_cores).
 # Under --mpi, OpenMPI's mpirun kills the workers 1 s after it forwards a SIGTERM; a stopping run
 # (train.py: a checkpoint of the step reached) needs longer (README "Stopping").
 export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-60}

@@ -15,8 +15,12 @@ import os
 import sys
 import time
 
-import mxnet as mx
-import numpy as np
+from sample_fc.ranks import share_cores
+
+share_cores()                 # before mxnet starts its threads: cores // workers on this node
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
 
 import default
 from symbols.cost import backbone_cost, network_table

@@ -84,8 +84,7 @@ def run_sample_fc(args, models_root):
     """Train with horovodrun as a user would; return ([(step, loss)], {target: accuracy}, samples/s)
     from the run's progress records and its status (the last verification: the final model's)."""
     venv_bin = os.path.dirname(sys.executable)
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.np)))
-    env["MXNET_CPU_WORKER_NTHREADS"] = env["OMP_NUM_THREADS"]
+    env = dict(os.environ)                # threads: train.py's own share of the cores (ranks.share_cores)
     command = [os.path.join(venv_bin, "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}", "--gloo",
                sys.executable, os.path.join(ROOT, "train.py"), "--dataset", args.dataset,
                "--models-root", models_root] + presets(args) + [a for kv in args.overrides for a in ("--set", kv)] + args.train_arg

@@ -6,7 +6,8 @@ Every measurement runs in a process of its own, bounded in time (world size 2 th
 sample_fc.harness.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
 not fit in memory is reported with an `error` or `skipped` field and the report goes on.
 `--quick` runs tiny shapes in well under a minute; BENCHMARKS.md describes the full run.
-The workers are this module too: `python -m sample_fc.bench --worker {head,schedule,sampler,data}`.
+The workers are this module too: `python -m sample_fc.bench --worker {head,schedule,sampler,data,step}`
+(step: bench/step_breakdown.py).
 """
 import argparse
 import json
@@ -185,15 +186,16 @@ def e2e_records(plan, world=2):
 # ---- command lines -------------------------------------------------------------------------
 def worker_main(argv):
     parser = argparse.ArgumentParser(prog="python -m sample_fc.bench --worker")
-    parser.add_argument("--worker", required=True, choices=("head", "schedule", "sampler", "data"))
+    parser.add_argument("--worker", required=True, choices=("head", "schedule", "sampler", "data", "step"))
     parser.add_argument("--out", required=True, help="result prefix: OUT.rank<r>.json")
     for name in ("classes", "batch", "dim", "warmup", "min-steps", "max-steps", "repeats",
-                 "positives", "image-size", "batches", "threads", "after-steps"):
+                 "positives", "image-size", "batches", "threads", "after-steps", "steps"):
         parser.add_argument(f"--{name}", type=int)
     parser.add_argument("--ratio", type=float)
     parser.add_argument("--budget-s", type=float)
     parser.add_argument("--rec")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--network")
     args = parser.parse_args(argv)
     if args.worker == "head":
         from .cases import head_case
@@ -205,6 +207,9 @@ def worker_main(argv):
     elif args.worker == "sampler":
         from .cases import sampler_case
         record = sampler_case(args.classes, args.positives, args.ratio, args.repeats)
+    elif args.worker == "step":
+        from .step_breakdown import step_case
+        record = step_case(args.network, args.image_size, args.batch, args.steps)
     else:
         from .jobs import data_case
         record = data_case(args.rec, args.image_size, args.batch, args.batches, args.threads)
