@@ -22,6 +22,7 @@ from .host_head import HostHead, default_threads
 from .margin import CombinedMargin, MarginWarmup
 from .memory_bank import MAX_BLOCK_ELEMENTS, MemoryBank
 from .optimizers import MemoryBankSGDOptimizer
+from .errors import UsageError
 from .options import HEAD_KERNELS
 from .sampler import ClassCenterSampler, SampleRatioWarmup, most_rows_scored
 
@@ -62,7 +63,12 @@ class PartialFCOptions:
 
 def uses_host_kernel(kernel, bank_device_type, bank_dtype):
     """Whether head_kernel `kernel` runs the head on the host (NumPy BLAS): `host`, or `auto` for
-    a CPU bank of float32 or float16."""
+    a CPU bank of float32 or float16. Raises UsageError for `host` with a bank on a GPU (the
+    host kernel reads the bank's memory in place), so a run stops at its memory plan, before
+    anything is allocated."""
+    if kernel == "host" and bank_device_type != "cpu":
+        raise UsageError(f"head_kernel=host runs the head on the bank's host memory, and this run's bank is "
+                         f"on the {bank_device_type.upper()}: set bank_context=cpu, or head_kernel=auto")
     on_host = bank_device_type == "cpu" and np.dtype(bank_dtype) in (np.float32, np.float16)
     return kernel == "host" or (kernel == "auto" and on_host)
 

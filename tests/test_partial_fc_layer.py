@@ -10,6 +10,7 @@ import default
 import reference as ref
 from sample_fc.head import DeviceHead
 from sample_fc.host_head import HostHead
+from sample_fc.errors import UsageError
 from sample_fc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
 from sample_fc.sampler import ClassCenterSampler
 
@@ -128,7 +129,9 @@ def test_memory_bytes_by_hand():
 def test_kernel_choice():
     """Test that auto runs a CPU bank of float32 or float16 on the host and a GPU bank on the device."""
     assert uses_host_kernel("auto", "cpu", "float16") and uses_host_kernel("auto", "cpu", "float32")
-    assert not uses_host_kernel("auto", "gpu", "float32") and uses_host_kernel("host", "gpu", "float32")
+    assert not uses_host_kernel("auto", "gpu", "float32")
+    with pytest.raises(UsageError, match="head_kernel=host .* bank is on the GPU: set bank_context=cpu"):
+        uses_host_kernel("host", "gpu", "float32")
     assert not uses_host_kernel("device", "cpu", "float32")
     for kernel, head in (("auto", HostHead), ("device", DeviceHead)):
         layer = PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(head_kernel=kernel), lambda step: 0.1,
