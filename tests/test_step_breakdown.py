@@ -24,3 +24,13 @@ def test_one_case_gives_a_sample_fc_row_and_a_torch_row():
     stages = sum(float(cell) for cell in ours[6:])
     assert 0.6 * step_ms <= stages <= 1.8 * step_ms      # the staged steps time what the plain ones do
     assert float(rows["PyTorch"][5]) > 0
+
+
+@pytest.mark.parametrize("args,words", [(["--networks", "mbf,nosuch"], "unknown nosuch"),
+                                        (["--sizes", "30"], "multiples of 16"),
+                                        (["--worlds", "3"], "must divide --global-batch 128")])
+def test_a_case_that_cannot_run_is_one_line_before_any_job(args, words):
+    result = subprocess.run([sys.executable, "-m", "sample_fc.bench.step_breakdown"] + args,
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and words in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""

@@ -122,6 +122,23 @@ def table(rows):
     return "\n".join(lines)
 
 
+def check_args(parser, args):
+    """One line (argparse's, exit 2) for a case that cannot run, before any job starts."""
+    import default
+    networks = args.networks.split(",")
+    unknown = [n for n in networks if n not in default.NETWORKS]
+    if unknown:
+        parser.error(f"--networks: unknown {', '.join(unknown)}; choose from {', '.join(default.NETWORKS)}")
+    try:
+        sizes, worlds = [int(v) for v in args.sizes.split(",")], [int(v) for v in args.worlds.split(",")]
+    except ValueError:
+        parser.error(f"--sizes and --worlds are comma-separated integers, got {args.sizes!r} and {args.worlds!r}")
+    if any(size <= 0 or size % 16 for size in sizes):
+        parser.error(f"--sizes must be positive multiples of 16 (the backbones' strides), got {args.sizes}")
+    if any(world < 1 or args.global_batch % world for world in worlds) or args.steps < 1:
+        parser.error(f"--worlds must divide --global-batch {args.global_batch} and --steps be >= 1")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.step_breakdown", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,6 +149,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=8, help="timed steps per case (plain and staged each)")
     parser.add_argument("--no-torch", action="store_true", help="sample_fc only")
     args = parser.parse_args(argv)
+    check_args(parser, args)
     rows = []
     folder = tempfile.mkdtemp(prefix="step-breakdown-")
     for network in args.networks.split(","):
