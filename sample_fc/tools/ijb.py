@@ -18,11 +18,15 @@ standard 112x112 five-point template, scaled to the input size) and embedded wit
 embedding times its faceness score (--no-detector-score: not), averaged over the faces of one
 media (video or still), summed over the template's media, L2-normalised. A pair's score is
 the cosine of its two templates; TAR at FAR 1e-6 ... 1e-1 is read off the scores (the
-largest threshold whose FAR is at most the target, as sample_fc.verification does).
+largest threshold whose FAR is at most the target, as sample_fc.verification does). A FAR
+below 1 / (impostor pairs) cannot be measured on the set: it is printed n/a (null in
+result.json, which also gives impostor_pairs and smallest_far). A folder not named after its
+target (meta/ holding ijbc_* files in a folder named otherwise) is named with the --target to add.
 
 Writes to --out: result.json (TAR@FAR, counts, the model), roc.png (TAR against FAR, log
 scale), scores.npy (one score per pair, in the pair list's order) and cache/ (the face
-embeddings in chunks: an interrupted run goes on from the last complete chunk). The model is
+embeddings in chunks: an interrupted run goes on from the last complete chunk, a rerun with
+the same model, faces and flip reuses them and says how many). The model is
 anything the other tools take (--model, --output, --normalize).
 """
 import hashlib
@@ -129,8 +133,12 @@ def pair_scores(ids, features, pairs):
 
 
 def tar_table(scores, labels, fars=FARS):
-    """{far: TAR} for each FAR (a pair is accepted when its score exceeds the threshold)."""
-    return {far: tar_at_far(-np.asarray(scores, float), np.asarray(labels) == 1, far) for far in fars}
+    """{far: TAR} for each FAR (a pair is accepted when its score exceeds the threshold); None
+    for a FAR below 1 / (impostor pairs), which this set cannot measure (not one impostor may
+    be accepted there, whatever the threshold)."""
+    impostors = int(np.sum(np.asarray(labels) != 1))
+    return {far: tar_at_far(-np.asarray(scores, float), np.asarray(labels) == 1, far) if far * impostors >= 1
+            else None for far in fars}
 
 
 def roc_points(scores, labels):
@@ -165,7 +173,7 @@ def draw_roc(path, far, tar, table, title):
     keep = far >= 1e-6
     if keep.any():
         draw.line([to_xy(x, y) for x, y in zip(far[keep], tar[keep])], fill=(31, 119, 180), width=2)
-    for x, y in table.items():
+    for x, y in ((x, y) for x, y in table.items() if y is not None):     # None: not measurable here
         cx, cy = to_xy(x, y)
         draw.ellipse([cx - 3, cy - 3, cx + 3, cy + 3], outline=(214, 39, 40), width=2)
     draw.text((left, 8), title, fill="black")
@@ -226,11 +234,11 @@ def cache_key(model, release, flip):
 
 
 def embed_faces(model, release, root, cache, batch_size, ctx, flip=True, progress=True):
-    """(N, D) flip-summed embeddings of the aligned faces, chunk by chunk through the cache;
-    UsageError naming a crop that cannot be read."""
+    """((N, D) flip-summed embeddings of the aligned faces, how many came from the cache),
+    chunk by chunk through the cache; UsageError naming a crop that cannot be read."""
     names, landmarks = release["names"], release["landmarks"]
     embedder = None
-    rows = []
+    rows, reused = [], 0
     bar = Progress(len(names), "embedding faces", enabled=progress)
     for index, start in enumerate(range(0, len(names), CHUNK)):
         chunk = cache.get(index)
@@ -247,9 +255,26 @@ def embed_faces(model, release, root, cache, batch_size, ctx, flip=True, progres
                     raise UsageError(f"{path}: {err}") from None
             chunk = embedder(to_nchw(np.stack(faces))).astype(np.float32)
             cache.put(index, chunk)
+        else:
+            reused += len(chunk)
         rows.append(chunk)
         bar.update(stop - start)
-    return np.concatenate(rows)
+    return np.concatenate(rows), reused
+
+
+def resolve_target(root, given):
+    """The release's target name: --target, else the --root folder's name; UsageError suggesting
+    --target when that folder's meta/ holds the files of another target name."""
+    target = (given or os.path.basename(os.path.normpath(root))).lower()
+    meta = os.path.join(root, "meta")
+    suffix = "_name_5pts_score.txt"
+    if given or os.path.isfile(os.path.join(meta, target + suffix)) or not os.path.isdir(meta):
+        return target
+    found = sorted(name[:-len(suffix)] for name in os.listdir(meta) if name.endswith(suffix))
+    if found:
+        raise UsageError(f"--root {root} is named {target!r}, but its meta/ holds the files of "
+                         f"{' and '.join(found)} ({found[0]}{suffix}): add --target {found[0]}")
+    return target
 
 
 def main(argv=None):
@@ -263,9 +288,9 @@ def main(argv=None):
                         help="do not weight faces by the detector's faceness score")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     args = parser.parse_args(argv)
-    target = (args.target or os.path.basename(os.path.normpath(args.root))).lower()
 
     def work():
+        target = resolve_target(args.root, args.target)
         check_output_dir(args.out, "--out")
         release = read_release(args.root, target)
         model = load_model_from_args(args)
@@ -274,7 +299,11 @@ def main(argv=None):
               f"{len(release['pairs'])} pairs ({int(release['labels'].sum())} genuine)", flush=True)
         batch_size = batch_size_or_default(args.batch_size, model)
         cache = EmbeddingCache(os.path.join(args.out, "cache"), cache_key(model, release, args.flip))
-        embeddings = embed_faces(model, release, args.root, cache, batch_size, args.context, args.flip, args.progress)
+        embeddings, reused = embed_faces(model, release, args.root, cache, batch_size, args.context, args.flip,
+                                         args.progress)
+        if reused:
+            print(f"reused {reused} of {len(embeddings)} face embeddings from {cache.folder} (the same model, "
+                  f"faces and flip; delete that folder to embed them again)", flush=True)
         ids, features = template_features(embeddings, release["scores"], release["templates"], release["medias"],
                                           args.detector_score)
         scores = pair_scores(ids, features, release["pairs"])
@@ -282,17 +311,22 @@ def main(argv=None):
         np.save(os.path.join(args.out, "scores.npy"), scores)
         far, tar = roc_points(scores, release["labels"])
         draw_roc(os.path.join(args.out, "roc.png"), far, tar, table, f"{target.upper()} 1:1, {model.prefix}")
+        impostors = int(len(scores) - release["labels"].sum())
         result = {"target": target, "model": model.params_file, "output": model.output,
                   "faces": len(release["names"]), "templates": int(len(ids)), "pairs": int(len(scores)),
-                  "genuine_pairs": int(release["labels"].sum()), "flip": args.flip,
+                  "genuine_pairs": int(release["labels"].sum()), "impostor_pairs": impostors,
+                  "smallest_far": 1.0 / impostors, "flip": args.flip,
                   "detector_score": args.detector_score, "tar_at_far": {f"{far:g}": tar for far, tar in table.items()}}
         with open(os.path.join(args.out, "result.json"), "w") as handle:
             json.dump(result, handle, indent=2)
-        return table
+        return table, impostors
 
-    table = run_or_exit(parser, work)
+    table, impostors = run_or_exit(parser, work)
     print("FAR  " + "  ".join(f"{far:>7g}" for far in table))
-    print("TAR  " + "  ".join(f"{100 * tar:6.2f}%" for tar in table.values()))
+    print("TAR  " + "  ".join(f"{100 * tar:6.2f}%" if tar is not None else f"{'n/a':>7}" for tar in table.values()))
+    if None in table.values():
+        print(f"n/a: a FAR below 1/{impostors} (the impostor pairs) cannot be measured on this set; "
+              f"result.json has null there")
     print(f"wrote {os.path.join(args.out, 'result.json')}, roc.png, scores.npy")
     return 0
 
