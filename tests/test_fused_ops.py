@@ -166,3 +166,19 @@ def test_without_the_library_fuse_keeps_the_composite_and_says_so(monkeypatch, c
         assert fused_ops.fuse(composite) is composite
     warnings = [r.getMessage() for r in caplog.records if "fused CPU operators" in r.getMessage()]
     assert len(warnings) == 1 and "it is not built" in warnings[0] and "bootstrap.sh" in warnings[0]
+
+
+def test_a_cut_short_library_is_not_loaded_and_is_named(tmp_path, monkeypatch, caplog):
+    """dlopen of a truncated library kills the process (SIGBUS): it is checked first."""
+    whole = fused_ops.library_path()
+    assert fused_ops.whole_elf(whole)
+    cut = tmp_path / os.path.basename(whole)
+    cut.write_bytes(open(whole, "rb").read()[:100000])
+    assert not fused_ops.whole_elf(str(cut))
+    (tmp_path / "text.so").write_text("not a library")
+    assert not fused_ops.whole_elf(str(tmp_path / "text.so"))
+    monkeypatch.setattr(fused_ops, "_library", {})
+    monkeypatch.setattr(fused_ops, "library_path", lambda: str(cut))
+    with caplog.at_level("WARNING"):
+        assert not fused_ops.available()
+    assert f"{cut} is damaged" in caplog.text and "bootstrap.sh" in caplog.text
