@@ -22,6 +22,9 @@ Models from elsewhere (insightface's model zoo, the original MXNet toolkit) load
 A path ending in .pth or .pt is insightface arcface_torch's backbone.pth (a PyTorch state dict,
 read without running pickle code): torch_backbone maps it onto the network it holds (--network,
 or the one whose shapes fit), arcface_torch's input normalisation included.
+A path ending in .onnx is an ONNX model (onnx_model): the tools run it with onnxruntime (its
+input size from the graph, its normalisation by onnx_model's rule); --pretrained loads its
+initializers by name (our own exports) or by structure (_onnx_pretrained).
 """
 import difflib
 import json
@@ -33,7 +36,7 @@ from typing import Optional
 import mxnet as mx
 
 import symbols
-from . import checkpoint, torch_backbone
+from . import checkpoint, onnx_model, torch_backbone
 from .errors import MissingFileError, UsageError, mxnet_reason
 
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
@@ -48,7 +51,7 @@ INPUT_SCALING_OPS = ("_minus_scalar", "_plus_scalar", "_mul_scalar", "_div_scala
 
 @dataclass
 class LoadedModel:
-    symbol: mx.sym.Symbol       # single output: the embeddings (N, D)
+    symbol: mx.sym.Symbol       # single output: the embeddings (N, D); an onnx_model.OnnxGraph for .onnx
     arg_params: dict            # name -> mx.nd.NDArray, only those the symbol uses
     aux_params: dict
     prefix: str
@@ -192,14 +195,23 @@ def is_torch_file(path):
     return path.lower().endswith(TORCH_SUFFIXES)
 
 
-def _torch_file(spec, option):
-    """The path of a .pth/.pt spec (UsageError if it names an epoch), else None."""
+def _torch_file(spec, option, is_kind=is_torch_file, kind=".pth"):
+    """The path of a .pth/.pt spec (or of `kind` by is_kind; UsageError if it names an epoch), else None."""
     path, epoch = parse_model_spec(spec)
-    if not is_torch_file(path):
+    if not is_kind(path):
         return None
     if epoch is not None:
-        raise UsageError(f"{option} {spec}: a .pth file holds one set of weights; name the file without ',{epoch}'")
+        raise UsageError(f"{option} {spec}: a {kind} file holds one set of weights; name the file without ',{epoch}'")
     return path
+
+
+def load_onnx_model(path, image_size=None, output=None, normalize="auto", network=None):
+    """LoadedModel of an ONNX file: its symbol an onnx_model.OnnxGraph (onnxruntime), no params."""
+    if network is not None:
+        raise UsageError(f"--network {network}: only for a .pth model (an ONNX file's graph is its network)")
+    graph, side, output, note = onnx_model.load(path, image_size, output, normalize)
+    return LoadedModel(graph, {}, {}, path, 0, side, None, output, note, weights_file=path,
+                       source=" (ONNX, onnxruntime on the CPU)")
 
 
 def load_torch_model(path, image_size=None, output=None, normalize="auto", network=None):
@@ -227,6 +239,9 @@ def load_model(spec, image_size=None, output=None, normalize="auto", network=Non
     torch_file = _torch_file(spec, "--model")
     if torch_file:
         return load_torch_model(torch_file, image_size, output, normalize, network)
+    onnx_file = _torch_file(spec, "--model", onnx_model.is_onnx_file, ".onnx")
+    if onnx_file:
+        return load_onnx_model(onnx_file, image_size, output, normalize, network)
     if network is not None:
         raise UsageError(f"--network {network}: only for a .pth model (an MXNet model's symbol is its network)")
     path, epoch = parse_model_spec(spec)
@@ -268,9 +283,11 @@ def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
     named as this run's `symbol` names them load by name; params that lack some of its names
     (another toolkit's naming) are matched by structure (structural_map; note(line) says how).
     UsageError naming the layer when they do not fit. A .pth is arcface_torch's state dict
-    (torch_backbone), read as this run's `network`."""
+    (torch_backbone), read as this run's `network`; a .onnx an ONNX graph (_onnx_pretrained)."""
     if _torch_file(spec, "--pretrained"):
         return _torch_pretrained(spec, symbol, image_size, network, note)
+    if _torch_file(spec, "--pretrained", onnx_model.is_onnx_file, ".onnx"):
+        return _onnx_pretrained(spec, symbol, image_size, network, note)
     path, epoch = parse_model_spec(spec)
     prefix = resolve_prefix(path, epoch)
     epoch = epoch if epoch is not None else (available_epochs(prefix) or [None])[-1]
@@ -301,6 +318,50 @@ def _torch_pretrained(spec, symbol, image_size, network, note):
     note(f"--pretrained {spec}: arcface_torch's {network}, {len(loaded)} parameters by name "
          f"(its input normalisation and its features BatchNorm's scale folded in)")
     return backbone.arg_params, backbone.aux_params
+
+
+def _onnx_pretrained(spec, symbol, image_size, network, note):
+    """(arg_params, aux_params) for `symbol` from the initializers of the ONNX graph `spec`: by
+    name when it has every one of ours (tools.export's files), else by structure (structural_map
+    over onnx_model.weights), its input normalisation folded into the stem conv as torch_backbone
+    does. UsageError, one line, when the graph does not map onto this run's network."""
+    model = onnx_model.read_graph(spec, "--pretrained")
+    roles, arrays = onnx_model.weights(model)
+    aux = set(symbol.list_auxiliary_states())
+    ours = [n for n in symbol.list_arguments() if n != "data"] + sorted(aux)
+    if all(name in arrays for name in ours):
+        loaded = {("aux:" if n in aux else "arg:") + n: mx.nd.array(arrays[n]) for n in ours}
+        differences = checkpoint.param_differences(loaded, symbol, image_size)
+        if differences:
+            raise UsageError(f"--pretrained {spec}: the ONNX graph does not map onto this run's network "
+                             f"{network!r} at {image_size} px: {differences[0]} ({len(differences)} differences)")
+        note(f"--pretrained {spec}: ONNX initializers, {len(loaded)} parameters by name")
+        return ({k[4:]: v for k, v in loaded.items() if k.startswith("arg:")},
+                {k[4:]: v for k, v in loaded.items() if k.startswith("aux:")})
+    scaling = onnx_model.input_normalization(model)
+    if scaling is None or scaling[0] != 127.5:
+        raise UsageError(f"--pretrained {spec}: the ONNX graph's input normalisation is not (x - 127.5) * s "
+                         f"(found {scaling or 'another start'}), so it does not map onto network {network!r}, "
+                         f"which computes on (x - 127.5) / 128")
+    loaded = {"arg:" + name: mx.nd.array(value) for name, value in arrays.items()}
+    why = ("; its convolutions carry biases (BatchNorm folded into them at export, e.g. torch.onnx's constant "
+           "folding), which our networks' do not" if onnx_model.has_conv_biases(model) else "")
+    try:
+        arg_params, aux_params = structural_map(spec, loaded, roles, symbol, image_size, network, note)
+    except UsageError as err:
+        raise UsageError(str(err).replace("names its parameters otherwise and does not fit", "(ONNX) does not map onto", 1)
+                         .replace(" by structure either", " by the order and shapes of its weights", 1) + why) from None
+    target = parameter_roles(symbol)
+    scaled = [name for name, role, attrs in target if role == "bn gamma" and _fixes_gamma(attrs)
+              and (arg_params[name] != 1).sum().asscalar() > 0]
+    if scaled:
+        raise UsageError(f"--pretrained {spec}: the ONNX graph's BatchNorm mapped onto {scaled[0]} has a learned "
+                         f"scale where network {network!r} holds it at 1, so it does not map onto it")
+    stem = next(name for name, role, _ in target if role == "conv weight")
+    if scaling[1] != 1 / 128:                 # the graph computes on (x - 127.5) * s, ours on / 128
+        arg_params[stem] = arg_params[stem] * (scaling[1] * 128)
+        note(f"--pretrained {spec}: its input scale {scaling[1]:.6g} folded into {stem}")
+    return arg_params, aux_params
 
 
 # The role of a variable by the op that consumes it and its position among that op's inputs.
@@ -364,15 +425,16 @@ def _match_key(role, shape):
 
 
 def structural_map(spec, loaded, source_symbol, symbol, image_size, network, note):
-    """(arg_params, aux_params) for `symbol` from params `loaded` of `source_symbol`, a network
-    of the same architecture under other names: both graphs' parameters in graph order,
+    """(arg_params, aux_params) for `symbol` from params `loaded` of `source_symbol` (or its
+    parameter_roles list), a network of the same architecture under other names: both graphs' parameters in graph order,
     aligned by role and shape (difflib). Every parameter of `symbol` must find one; the
     source's left over (a training head, a bias our layer lacks) are named in note(line)."""
     arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, image_size, image_size))
     ours = dict(zip(symbol.list_arguments(), arg_shapes))
     ours.update(zip(symbol.list_auxiliary_states(), aux_shapes))
     saved = {name[4:]: array for name, array in loaded.items()}
-    source = [entry for entry in parameter_roles(source_symbol) if entry[0] in saved]
+    source_roles = source_symbol if isinstance(source_symbol, list) else parameter_roles(source_symbol)
+    source = [entry for entry in source_roles if entry[0] in saved]
     target = parameter_roles(symbol)
     matcher = difflib.SequenceMatcher(None, [_match_key(role, saved[name].shape) for name, role, _ in source],
                                       [_match_key(role, ours[name]) for name, role, _ in target], autojunk=False)

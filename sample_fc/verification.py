@@ -124,17 +124,27 @@ def to_nchw(images_uint8):
 
 class Embedder:
     """Embeds batches of images with a backbone symbol + params on one context; with flip
-    (the default) each embedding is that of the image plus that of its mirror."""
+    (the default) each embedding is that of the image plus that of its mirror. `symbol` may
+    also be a graph that runs itself, forward(pixels) -> (N, D) (onnx_model.OnnxGraph: an ONNX
+    model on onnxruntime, no params, on the CPU)."""
 
     def __init__(self, symbol, arg_params, aux_params, ctx, image_size, batch_size=64, flip=True, progress=None):
         self.batch_size, self.ctx, self.flip = batch_size, ctx, flip
         self.progress = progress      # progress(n), when set, is told after each n images embedded
+        if not isinstance(symbol, mx.sym.Symbol):
+            self.forward = symbol.forward
+            return
         if ctx.device_type == "cpu":
             symbol = fused_ops.fuse(symbol)      # the same outputs, faster
         self.module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=ctx)
         self.module.bind(data_shapes=[("data", (batch_size, 3, image_size, image_size))],
                          for_training=False)
         self.module.set_params(arg_params, aux_params, allow_missing=False)
+
+    def forward(self, batch):
+        """(batch_size, D) outputs of one padded batch of pixels."""
+        self.module.forward(mx.io.DataBatch([mx.nd.array(batch, ctx=self.ctx)]), is_train=False)
+        return self.module.get_outputs()[0].asnumpy()
 
     def __call__(self, images):
         """Embeddings (N, D) of images (N, 3, H, W), pixels 0..255, flip-summed if self.flip."""
@@ -145,8 +155,7 @@ class Embedder:
             padded[:len(chunk)] = chunk
             total = 0
             for view in (padded, padded[:, :, :, ::-1]) if self.flip else (padded,):
-                self.module.forward(mx.io.DataBatch([mx.nd.array(view, ctx=self.ctx)]), is_train=False)
-                total = total + self.module.get_outputs()[0].asnumpy()
+                total = total + self.forward(view)
             outputs.append(total[:len(chunk)])
             if self.progress:
                 self.progress(len(chunk))

@@ -264,6 +264,8 @@ def main(argv=None):
     def work():
         check_output_folder(args.onnx, "--onnx")
         model = load_model_from_args(args)
+        if not isinstance(model.symbol, mx.sym.Symbol):
+            raise UsageError(f"--model {args.model}: already an ONNX model; export takes an MXNet or .pth one")
         print(model.line(), flush=True)
         export_onnx(model.symbol, model.arg_params, model.aux_params, model.image_size, args.onnx,
                     args.static_batch)

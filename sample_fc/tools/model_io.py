@@ -15,8 +15,8 @@ def add_model_arguments(parser, batch_size=True):
     parser.add_argument("--model", required=True, metavar="PREFIX[,EPOCH]",
                         help="checkpoint prefix (PREFIX-symbol.json, PREFIX-EPOCH.params), a "
                              "checkpoint dir step-XXXXXXXX/, a models root (its newest "
-                             "complete checkpoint), or arcface_torch's backbone.pth (.pth/.pt); "
-                             "EPOCH defaults to the largest found")
+                             "complete checkpoint), arcface_torch's backbone.pth (.pth/.pt), or "
+                             "an ONNX model (.onnx, run by onnxruntime); EPOCH defaults to the largest found")
     parser.add_argument("--network", default=None, metavar="NAME",
                         help="for a .pth: the network it holds (r50, mbf, ...); default: the one "
                              "whose parameter shapes fit")
@@ -27,9 +27,9 @@ def add_model_arguments(parser, batch_size=True):
                              "embeddings (sample_fc's), else fc1 (insightface's MXNet models), else "
                              "the graph's only output")
     parser.add_argument("--normalize", default="auto", choices=NORMALIZE_CHOICES,
-                        help="who turns raw pixels 0..255 into (x - 127.5) / 128: the graph, or this "
-                             "tool before it; default auto: the graph if its input meets an "
-                             "arithmetic op or a BatchNorm first")
+                        help="who turns raw pixels 0..255 into (x - 127.5) / 128 (an ONNX model: "
+                             "/ 127.5): the graph, or this tool before it; default auto: the graph "
+                             "if its input meets an arithmetic op or a BatchNorm first")
     if batch_size:
         parser.add_argument("--batch-size", type=int, default=None,
                             help="images per forward pass; default: the checkpoint's training "
