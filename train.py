@@ -92,8 +92,9 @@ def make_parser():
                              "checkpoint); the run keeps its config (see default.RESUME_MUTABLE)")
     parser.add_argument("--pretrained", default=None, metavar="PREFIX[,EPOCH]",
                         help="start from a trained backbone's weights (a prefix as for "
-                             "mx.model.load_checkpoint, a checkpoint dir, a models root, or "
-                             "arcface_torch's backbone.pth of this --network); the class centers "
+                             "mx.model.load_checkpoint, a checkpoint dir, a models root, "
+                             "arcface_torch's backbone.pth of this --network, or an ONNX model that "
+                             "maps onto it); the class centers "
                              "and optimizer start fresh")
     parser.add_argument("--start-over", action="store_true",
                         help="start a new run in a models root that holds one: the old run is moved "
