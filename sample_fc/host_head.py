@@ -22,6 +22,7 @@ from threadpoolctl import ThreadpoolController
 
 from .head import NORM_EPS, Head, no_stage
 from .memory_bank import host_view
+from .ranks import cores_per_worker
 from .rounding import put_rows, rounding_key, take_rows
 
 BLOCK_ROWS = 512         # rows per update block (measured at 1M classes, ratio 0.1: 512 best of 256-16384)
@@ -36,7 +37,7 @@ def omp_threads():
 def default_threads(local_workers):
     """Threads for one rank's bank update: OMP_NUM_THREADS when set, else the cores shared
     by the ranks of this machine."""
-    return omp_threads() or max(1, (os.cpu_count() or 1) // max(1, local_workers))
+    return omp_threads() or cores_per_worker(local_workers)
 
 
 def numpy_blas():

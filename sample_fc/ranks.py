@@ -34,6 +34,11 @@ def launcher_local_size():
     return 1
 
 
+def cores_per_worker(local_workers):
+    """This node's cores shared by `local_workers` workers: cores // workers, at least 1."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_workers))
+
+
 def share_cores():
     """Unless the environment sets them: OpenMP threads = this worker's share of the node's
     cores (cores // local workers, at least 1), and one MXNet engine worker thread (its ops
@@ -41,5 +46,5 @@ def share_cores():
     -np 2` on 2 cores starts 2 of each; measured on mbf in one process, 2 engine threads x 2
     OpenMP threads made a step 1.5x slower than 1 x 2 (BENCHMARKS.md "Where a CPU step's time
     goes"). Must run before mxnet is imported."""
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // launcher_local_size())))
+    os.environ.setdefault("OMP_NUM_THREADS", str(cores_per_worker(launcher_local_size())))
     os.environ.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..harness import run_job, single_thread_env
+from ..ranks import cores_per_worker
 from ..run_root import read_progress
 
 REPO = str(Path(__file__).resolve().parents[2])   # the repository: train.py lives here
@@ -23,7 +24,7 @@ REPO = str(Path(__file__).resolve().parents[2])   # the repository: train.py liv
 # ---- bounded processes ---------------------------------------------------------------------
 def worker_env(world):
     """Each rank gets cores // world BLAS/OpenMP threads (the whole machine at world 1)."""
-    threads = str(max(1, (os.cpu_count() or 1) // world))
+    threads = str(cores_per_worker(world))
     env = single_thread_env({"OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
                              "MKL_NUM_THREADS": threads})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
