@@ -27,7 +27,7 @@ from sample_fc.config import apply_overrides
 from sample_fc.errors import UsageError
 from sample_fc.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               BANK_DTYPES, LR_SCHEDULES, MOMENTUM_FORMS, is_probability)
+                               BANK_DTYPES, BANK_MOMENTA, LR_SCHEDULES, MOMENTUM_FORMS, is_probability)
 
 
 def _base_config():
@@ -73,6 +73,9 @@ def _base_config():
     cfg.context = 'auto'                 # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
     cfg.bank_context = 'same'            # memory bank device: same (as context) | cpu
     cfg.bank_dtype = 'float32'           # bank storage: float32 | float16 (half the bytes per class; math in float32, stochastic rounding on write)
+    cfg.bank_momentum = 'same'           # the bank's momentum: same (stored as the weights) | int8 (8-bit codes, a float32 scale per 64 columns, stochastic rounding on write) | none (no momentum for the
+                                         # centers: plain SGD on them; the backbone keeps its momentum). Bytes per identity at D 512, float32 / float16 bank: same 4096 / 2048, int8 2592 / 1568,
+                                         # none 2048 / 1024. int8 and none need the bank in host memory (the host kernel: bank_context=cpu on GPUs, head_kernel auto or host)
     cfg.head_kernel = 'auto'             # head step: auto (host for a CPU bank, else device) | host (NumPy BLAS) | device (MXNet ops)
     cfg.allgather = 'native'             # embedding gather: native (hvd.allgather) | allreduce (zero-padded sum)
 
@@ -340,7 +343,8 @@ WORD_VALUES = {'sample_ratio': ('auto',)}
 VALUE_BEFORE_KEY = {'clip_grad_norm': 0.0, 'backbone_init': 'xavier', 'momentum_form': 'mxnet',
                     'sample_ratio_warmup_steps': 0,    # runs saved before the sampling warm-up sample as they did
                     'sample_correction': False,        # and before the sampled-softmax correction, uncorrected
-                    'sample_wd_correction': False}     # and before the weight-decay correction, decayed with wd
+                    'sample_wd_correction': False,     # and before the weight-decay correction, decayed with wd
+                    'bank_momentum': 'same'}           # and before bank_momentum, with the momentum stored as the weights
 
 # Keys renamed since runs were saved (old name -> new name). The old name is still read, from a
 # saved run's config and from `--set old=value`, with a one-line note; it is never written.
@@ -428,7 +432,8 @@ def check_config(cfg):
                          ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
                          ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS),
                          ('lr_schedule', LR_SCHEDULES), ('backbone_init', BACKBONE_INITS),
-                         ('momentum_form', MOMENTUM_FORMS), ('bank_dtype', BANK_DTYPES)):
+                         ('momentum_form', MOMENTUM_FORMS), ('bank_dtype', BANK_DTYPES),
+                         ('bank_momentum', BANK_MOMENTA)):
         if cfg[key] not in choices:
             _fail(key, cfg[key], f"one of: {', '.join(choices)}")
     for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',

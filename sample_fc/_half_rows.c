@@ -9,12 +9,24 @@
  *                                                      noise of row i keyed by (key, classes[i])
  *   round_rows(values, width, classes, key, out)       out[i] = round(values[i])
  *
- * Buffers are C-contiguous: block uint16 (block_rows x width), rows/classes int64, values and
- * out float32 or uint16 (n x width). Every row index is checked before anything is touched.
- * The GIL is released while rows are converted, so threads can share a step's rows.
+ * and the rows of an int8 momentum (bank_momentum=int8), whose definitions are
+ * sample_fc/momentum_codec.py's NumPy code, held to it the same way:
+ *
+ *   take_int8(codes, scales, block_rows, width, rows, out)
+ *                                                      out[i] = decode(codes, scales of rows[i])
+ *   put_int8(codes, scales, block_rows, width, rows, values, classes, key)
+ *                                                      codes, scales of rows[i] = encode(values[i]),
+ *                                                      the noise of row i keyed by (key, classes[i]);
+ *                                                      nothing written if any row is not finite
+ *
+ * Buffers are C-contiguous: block uint16 (block_rows x width), codes int8 (block_rows x width),
+ * scales float32 (block_rows x ceil(width / 64)), rows/classes int64, values and out float32 or
+ * uint16 (n x width). Every row index is checked before anything is touched. The GIL is
+ * released while rows are converted, so threads can share a step's rows.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -25,6 +37,9 @@
 
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 #define NOISE_MASK 0x1FFFu          /* 13 noise bits: float32's mantissa minus float16's */
+#define QBLOCK 64                   /* int8 momentum columns sharing one scale */
+#define CODE_LIMIT 127.0f           /* int8 codes are in [-127, 127] */
+#define CODE_NOISE_MASK 0xFFFFu     /* 16 noise bits per int8 code: u = noise / 2^16 */
 
 static inline uint64_t mix(uint64_t z)      /* splitmix64's finalizer */
 {
@@ -128,6 +143,52 @@ static int cpu_has_f16c(void)     /* F16C and AVX, with the OS saving the YMM re
 typedef void (*take_row_fn)(const uint16_t *, float *, Py_ssize_t);
 static take_row_fn take_row = take_row_portable;
 
+/* ---- int8 momentum: per block of QBLOCK columns, scale = max|m| / 127 and
+ * code = clamp(floor(m / scale + noise / 2^16), -127, 127); a block of scale 0 codes 0 ---- */
+static void encode_row(const float *values, int8_t *codes, float *scales, Py_ssize_t width, uint64_t row_key)
+{
+    for (Py_ssize_t start = 0; start < width; start += QBLOCK) {
+        Py_ssize_t count = width - start < QBLOCK ? width - start : QBLOCK;
+        float absmax = 0.0f;
+        for (Py_ssize_t c = 0; c < count; c++) {
+            float magnitude = fabsf(values[start + c]);
+            absmax = magnitude > absmax ? magnitude : absmax;
+        }
+        float scale = absmax / CODE_LIMIT;
+        scales[start / QBLOCK] = scale;
+        if (scale == 0.0f) {
+            memset(codes + start, 0, (size_t)count);
+            continue;
+        }
+        for (Py_ssize_t g = 0; g < (count + 3) / 4; g++) {      /* 64 bits per 4 columns */
+            uint64_t word = mix(row_key + (uint64_t)(start / 4 + g) * GOLDEN);
+            for (Py_ssize_t lane = 0; lane < 4 && 4 * g + lane < count; lane++) {
+                Py_ssize_t c = start + 4 * g + lane;
+                float u = (float)((uint32_t)(word >> (16 * lane)) & CODE_NOISE_MASK) * (1.0f / 65536.0f);
+                float code = floorf(values[c] / scale + u);
+                code = code < -CODE_LIMIT ? -CODE_LIMIT : (code > CODE_LIMIT ? CODE_LIMIT : code);
+                codes[c] = (int8_t)code;
+            }
+        }
+    }
+}
+
+static void decode_row(const int8_t *codes, const float *scales, float *out, Py_ssize_t width)
+{
+    for (Py_ssize_t c = 0; c < width; c++)
+        out[c] = (float)codes[c] * scales[c / QBLOCK];
+}
+
+/* The first of n rows of `values` holding a NaN or inf (all exponent bits set), or -1. */
+static Py_ssize_t first_nonfinite_row(const float *values, Py_ssize_t n, Py_ssize_t width)
+{
+    const uint32_t *bits = (const uint32_t *)values;
+    for (Py_ssize_t i = 0; i < n * width; i++)
+        if ((bits[i] & 0x7F800000u) == 0x7F800000u)
+            return i / width;
+    return -1;
+}
+
 /* ---- argument checks ----------------------------------------------------------------- */
 static int need_size(Py_buffer *buffer, Py_ssize_t bytes, const char *name)
 {
@@ -230,10 +291,82 @@ static PyObject *round_rows(PyObject *self, PyObject *args)
     return result;
 }
 
+static PyObject *take_int8(PyObject *self, PyObject *args)
+{
+    Py_buffer codes, scales, rows, out;
+    Py_ssize_t block_rows, width;
+    if (!PyArg_ParseTuple(args, "y*y*nny*w*", &codes, &scales, &block_rows, &width, &rows, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = rows.len / 8, groups = (width + QBLOCK - 1) / QBLOCK;
+    const int64_t *index = rows.buf;
+    if (need_size(&codes, block_rows * width, "codes") && need_size(&scales, block_rows * groups * 4, "scales")
+        && need_size(&out, n * width * 4, "out") && rows_in_range(index, n, block_rows)) {
+        const int8_t *src = codes.buf;
+        const float *scale = scales.buf;
+        float *dst = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++)
+            decode_row(src + index[i] * width, scale + index[i] * groups, dst + i * width, width);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&scales);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *put_int8(PyObject *self, PyObject *args)
+{
+    Py_buffer codes, scales, rows, values, classes;
+    Py_ssize_t block_rows, width;
+    unsigned long long key;
+    if (!PyArg_ParseTuple(args, "w*w*nny*y*y*K", &codes, &scales, &block_rows, &width, &rows, &values,
+                          &classes, &key))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = rows.len / 8, groups = (width + QBLOCK - 1) / QBLOCK;
+    const int64_t *index = rows.buf, *class_ids = classes.buf;
+    if (need_size(&codes, block_rows * width, "codes") && need_size(&scales, block_rows * groups * 4, "scales")
+        && need_size(&values, n * width * 4, "values") && need_size(&classes, n * 8, "classes")
+        && rows_in_range(index, n, block_rows)) {
+        int8_t *dst = codes.buf;
+        float *scale = scales.buf;
+        const float *src = values.buf;
+        Py_ssize_t bad;
+        Py_BEGIN_ALLOW_THREADS
+        bad = first_nonfinite_row(src, n, width);          /* all rows checked before any is written */
+        for (Py_ssize_t i = 0; bad < 0 && i < n; i++)
+            encode_row(src + i * width, dst + index[i] * width, scale + index[i] * groups, width,
+                       row_key(key, class_ids[i]));
+        Py_END_ALLOW_THREADS
+        if (bad >= 0) {
+            PyErr_Format(PyExc_ValueError, "the momentum of class %lld is not finite (NaN or inf): "
+                         "it cannot be stored as int8", (long long)class_ids[bad]);
+        } else {
+            result = Py_None;
+            Py_INCREF(result);
+        }
+    }
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&scales);
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&classes);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"take", take, METH_VARARGS, "take(block, block_rows, width, rows, out): float16 rows to float32"},
     {"put", put, METH_VARARGS, "put(block, block_rows, width, rows, values, classes, key): rounded rows in"},
     {"round_rows", round_rows, METH_VARARGS, "round_rows(values, width, classes, key, out): rounded rows"},
+    {"take_int8", take_int8, METH_VARARGS,
+     "take_int8(codes, scales, block_rows, width, rows, out): int8 momentum rows to float32"},
+    {"put_int8", put_int8, METH_VARARGS,
+     "put_int8(codes, scales, block_rows, width, rows, values, classes, key): int8 momentum rows in"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_half_rows", NULL, -1, methods};

@@ -1,10 +1,14 @@
 """A bank shard on disk: one rank's class centers and their momentum, and what they are.
 
-Format 2 (written), three files (their names are checkpoint.layout's bank_shard_files):
-    meta      JSON: version, num_classes, world_size, rank, class_start, num_local,
-              embedding_size, dtype
-    weight    (num_local, D) rows in NumPy's .npy format (no size limit)
-    momentum  the same for the momentum
+Format 2 (written), these files (their names are checkpoint.layout's bank_shard_files):
+    meta            JSON: version, num_classes, world_size, rank, class_start, num_local,
+                    embedding_size, dtype, momentum_storage (absent before it existed: same)
+    weight          (num_local, D) rows in NumPy's .npy format (no size limit)
+    momentum        the same for the momentum (momentum_storage same), or its int8 codes (int8);
+                    no file when the bank has no momentum (none)
+    momentum_scale  the int8 codes' float32 scales, (num_local, ceil(D / 64)) (int8 only)
+(the row files of a shard: memory_bank.shard_arrays). Codes and scales are saved as stored, so
+a restore, into the same split or any other, is bit for bit.
 Written block by block from the bank (a device block is copied to the host first); read
 CHUNK_ROWS rows at a time with plain reads (SavedRows: neither loaded whole nor mapped, so
 a restore never holds a second copy of a shard, not even as mapped pages in its RSS),
@@ -20,7 +24,7 @@ import numpy as np
 
 from .config import write_json
 from .errors import MissingFileError, UsageError
-from .memory_bank import host_view
+from .memory_bank import host_view, shard_arrays
 
 FORMAT_VERSION = 2
 CHUNK_ROWS = 65536          # rows copied per step of a restore
@@ -66,11 +70,12 @@ class SavedRows:
 
 
 def write_shard(bank, files):
-    """Write `bank` to files {"meta", "weight", "momentum"} (format 2)."""
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(bank.dtype)), "fortran_order": False,
-              "shape": (bank.num_local, bank.embedding_size)}
-    for key, blocks in (("weight", bank.weights), ("momentum", bank.momenta)):
-        with open(files[key], "wb") as handle:
+    """Write `bank` to `files` (format 2): each of its row arrays (bank.row_arrays()) to the
+    file of its name, then "meta"."""
+    for name, blocks in bank.row_arrays().items():
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(blocks[0].dtype)), "fortran_order": False,
+                  "shape": (bank.num_local, blocks[0].shape[1])}
+        with open(files[name], "wb") as handle:
             np.lib.format.write_array_header_1_0(handle, header)
             for block in blocks:
                 (host_view(block) if block.context.device_type == "cpu" else block.asnumpy()).tofile(handle)
@@ -79,25 +84,39 @@ def write_shard(bank, files):
     write_json(files["meta"], dict(bank.metadata(), version=FORMAT_VERSION))
 
 
-def read_shard(files):
-    """(meta, weight rows, momentum rows) of a saved shard: format 2 as SavedRows (read only
-    what is sliced and asked for), format 1 loaded. UsageError naming the file when it is
-    missing or not a bank shard."""
+def read_shard_arrays(files):
+    """(meta, {name: rows}) of a saved shard, one entry per row array it stores
+    (memory_bank.shard_arrays: weight, momentum, momentum_scale): format 2 as SavedRows (read
+    only what is sliced and asked for), format 1 loaded. meta["momentum_storage"] is "same" for
+    shards saved before it existed. UsageError naming the file when it is missing or not a
+    bank shard."""
     if os.path.isfile(files["meta"]):
         try:
             with open(files["meta"]) as handle:
                 meta = json.load(handle)
-            weight, momentum = (SavedRows(files[key]) for key in ("weight", "momentum"))
-        except (OSError, ValueError) as err:
+            meta.setdefault("momentum_storage", "same")
+            expected = shard_arrays(meta.get("embedding_size"), meta.get("dtype"), meta["momentum_storage"])
+            arrays = {name: SavedRows(files[name]) for name in expected}
+        except (OSError, ValueError, TypeError) as err:
             raise UsageError(f"cannot read bank shard {files['meta']}: {err}") from None
-        shape = (meta.get("num_local"), meta.get("embedding_size"))
-        if meta.get("version") != FORMAT_VERSION or weight.shape != shape or momentum.shape != shape:
-            raise UsageError(f"{files['meta']}: not a format-{FORMAT_VERSION} bank shard of {shape} rows "
-                             f"(weight {weight.shape}, momentum {momentum.shape})")
-        return meta, weight, momentum
+        found = {name: (rows.dtype, rows.shape) for name, rows in arrays.items()}
+        wanted = {name: (kind, (meta.get("num_local"), columns)) for name, (kind, columns) in expected.items()}
+        if meta.get("version") != FORMAT_VERSION or found != wanted:
+            raise UsageError(f"{files['meta']}: not a format-{FORMAT_VERSION} bank shard of "
+                             f"{(meta.get('num_local'), meta.get('embedding_size'))} rows "
+                             f"({', '.join(f'{name} {shape} {kind}' for name, (kind, shape) in found.items())})")
+        return meta, arrays
     if os.path.isfile(files["legacy"]):
-        return _read_legacy(files["legacy"])
+        meta, weight, momentum = _read_legacy(files["legacy"])
+        return meta, {"weight": weight, "momentum": momentum}
     raise MissingFileError(f"bank shard {files['meta']} not found")
+
+
+def read_shard(files):
+    """(meta, weight rows, momentum rows) of a saved shard (read_shard_arrays): the momentum as
+    stored (int8 codes with momentum_storage int8; None with none)."""
+    meta, arrays = read_shard_arrays(files)
+    return meta, arrays["weight"], arrays.get("momentum")
 
 
 def _read_legacy(path):
@@ -111,6 +130,7 @@ def _read_legacy(path):
     if meta["version"] != 1:
         raise UsageError(f"{path}: bank format version {meta['version']}, expected 1")
     meta["dtype"] = np.dtype(saved["weight"].dtype).name
+    meta["momentum_storage"] = "same"
     return meta, saved["weight"].asnumpy(), saved["momentum"].asnumpy()
 
 
@@ -122,14 +142,16 @@ def _check(bank, meta, where, keys):
                              f"{key}={mine[key]} (world size {bank.world_size}, rank {bank.rank})")
 
 
-def _copy_rows(bank, first_row, weight, momentum):
-    """Bank rows [first_row, first_row + len(weight)) = the given rows, CHUNK_ROWS at a time."""
-    for lo in range(0, len(weight), CHUNK_ROWS):
-        hi = min(lo + CHUNK_ROWS, len(weight))
+def _copy_rows(bank, first_row, sources):
+    """Bank rows [first_row, first_row + n) of each row array = the n given rows of the saved
+    array of its name (`sources`: {name: rows}), CHUNK_ROWS at a time."""
+    count, targets = len(sources["weight"]), bank.row_arrays()
+    for lo in range(0, count, CHUNK_ROWS):
+        hi = min(lo + CHUNK_ROWS, count)
         start = first_row + lo
         for block, positions, rows in bank.block_slices(np.arange(start, first_row + hi)):
             span = slice(rows[0], rows[-1] + 1)
-            for blocks, source in ((bank.weights, weight), (bank.momenta, momentum)):
+            for blocks, source in ((targets[name], sources[name]) for name in targets):
                 values = np.asarray(source[lo + positions.start:lo + positions.stop])
                 target = blocks[block]
                 if target.context.device_type == "cpu":
@@ -139,10 +161,12 @@ def _copy_rows(bank, first_row, weight, momentum):
 
 
 def restore_shard(bank, files):
-    """Fill `bank` from its own saved shard: the same classes, split and embedding size."""
-    meta, weight, momentum = read_shard(files)
-    _check(bank, meta, files["meta"], ("num_classes", "class_start", "num_local", "embedding_size", "dtype"))
-    _copy_rows(bank, 0, weight, momentum)
+    """Fill `bank` from its own saved shard: the same classes, split, embedding size, dtype and
+    momentum storage."""
+    meta, arrays = read_shard_arrays(files)
+    _check(bank, meta, files["meta"], ("num_classes", "class_start", "num_local", "embedding_size", "dtype",
+                                       "momentum_storage"))
+    _copy_rows(bank, 0, arrays)
 
 
 def restore_resharded(bank, all_files):
@@ -150,14 +174,14 @@ def restore_resharded(bank, all_files):
     rank): every class's center and momentum row lands in its new place."""
     stop, covered = bank.class_start + bank.num_local, 0
     for files in all_files:
-        meta, weight, momentum = read_shard(files)
-        _check(bank, meta, files["meta"], ("num_classes", "embedding_size", "dtype"))
+        meta, arrays = read_shard_arrays(files)
+        _check(bank, meta, files["meta"], ("num_classes", "embedding_size", "dtype", "momentum_storage"))
         old_start = meta["class_start"]
         lo, hi = max(old_start, bank.class_start), min(old_start + meta["num_local"], stop)
         if lo >= hi:
             continue
-        _copy_rows(bank, lo - bank.class_start, weight[lo - old_start:hi - old_start],
-                   momentum[lo - old_start:hi - old_start])
+        _copy_rows(bank, lo - bank.class_start, {name: rows[lo - old_start:hi - old_start]
+                                                 for name, rows in arrays.items()})
         covered += hi - lo
     if covered != bank.num_local:
         raise UsageError(f"the saved shards cover {covered} of rank {bank.rank}'s {bank.num_local} classes "

@@ -181,12 +181,15 @@ def check_world(cfg, world):
 def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
     """(host memory plan, GPU memory plan or None) of one worker (memory_plan.plan): on a CPU
     run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
-    sampler's and the head's memory where the bank is."""
+    sampler's and the head's memory where the bank is. UsageError for a bank the chosen kernel
+    cannot run (partial_fc.uses_host_kernel: bank_momentum int8 or none off the host kernel)."""
     params, activations = memory_plan.backbone_sizes(symbol, cfg.image_size)
-    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype)
+    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype,
+                                   cfg.bank_momentum)
     peak_ratio = PartialFCOptions.from_config(cfg).peak_ratio()      # the warm-up's start, if larger
     whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_ratio,
-                             np.dtype(cfg.bank_dtype).itemsize, params, activations, host_kernel, threads)
+                             np.dtype(cfg.bank_dtype).itemsize, params, activations, host_kernel, threads,
+                             cfg.bank_momentum)
     if not on_gpu:
         return whole, None
     if bank_on_gpu:
@@ -200,8 +203,11 @@ def plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, part):
     (part 1) plan, replanned by run_plan with the changed keys."""
     def replan(world=world, bank_on_gpu=bank_on_gpu, **changes):
         return run_plan(type(cfg)(dict(cfg, **changes)), world, symbol, on_gpu, bank_on_gpu, threads)
+    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype,
+                                   cfg.bank_momentum)
     return lambda share: memory_plan.ways_out(replan, part, share, world, cfg.batch_size, cfg.num_classes,
-                                              cfg.bank_dtype, on_gpu and bank_on_gpu)
+                                              cfg.bank_dtype, on_gpu and bank_on_gpu, cfg.bank_momentum,
+                                              host_kernel)
 
 
 def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size):

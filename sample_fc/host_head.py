@@ -11,6 +11,9 @@ than mx.nd.dot, and the K x D passes, not the B x K ones, are what cost:
   fit in cache (gradient block by GEMM, SGD-momentum, write-back);
 - no one-hot matrix: the margin touches only the B target entries.
 The margin is margin.py's formula on NumPy arrays, the update MemoryBankSGDOptimizer's.
+The momentum rows are read and written as the bank stores them: like the weights, as int8
+codes and scales (momentum_codec.py: decoded to float32, encoded with stochastic rounding), or
+not at all (bank_momentum=none: the update is SGD without momentum).
 Used for CPU banks of float32 by SampleDistributeModule; GPU banks run head.py on the device.
 """
 import os
@@ -20,6 +23,7 @@ import mxnet as mx
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from . import momentum_codec
 from .head import NORM_EPS, Head, no_stage
 from .memory_bank import host_view
 from .ranks import cores_per_worker
@@ -65,7 +69,8 @@ class Workspace:
 
 class HostHead(Head):
     """The Head of one rank whose MemoryBank is a CPU bank of float32 or float16 (its rows are
-    read into float32 and written back with stochastic rounding); `threads` share the update."""
+    read into float32 and written back with stochastic rounding), its momentum stored in any
+    of the bank's ways (momentum_storage); `threads` share the update."""
 
     def __init__(self, bank, optimizer, *, allreduce_max, allreduce_sum, stage=no_stage, threads=1):
         if not (isinstance(threads, int) and threads >= 1):
@@ -74,6 +79,8 @@ class HostHead(Head):
             raise ValueError(f"HostHead needs a float32 or float16 bank on the CPU, got {bank.dtype} on {bank.ctx}")
         super().__init__(bank, optimizer, allreduce_max=allreduce_max, allreduce_sum=allreduce_sum, stage=stage)
         self.weights, self.momenta = [host_view(w) for w in bank.weights], [host_view(m) for m in bank.momenta]
+        self.momentum_scales = [host_view(s) for s in bank.momentum_scales]     # int8 momentum only
+        self.momentum_storage = bank.momentum_storage
         self.workspace = Workspace()
         self.threads, self.pool = threads, None
         self.numpy_blas = numpy_blas() if threads > 1 else None
@@ -90,11 +97,14 @@ class HostHead(Head):
     def forward_backward(self, embeddings, sample, total_rows, margin):
         stage, index, target = self.stage, sample.index, sample.targets
         x = embeddings.asnumpy()
-        for block in self.bank.weights + self.bank.momenta:
-            block.wait_to_read()             # MXNet writes to the bank (a load) must have landed
+        for blocks in self.bank.row_arrays().values():
+            for block in blocks:
+                block.wait_to_read()         # MXNet writes to the bank (a load) must have landed
         self._check_index(index)
-        # sorted and distinct, every row of a one-block shard: the bank itself, in order
-        whole_shard = len(index) == self.bank.num_local and len(self.weights) == 1 and not self.half
+        # sorted and distinct, every row of a one-block shard (float32, momentum as the weights):
+        # the bank itself, in order
+        whole_shard = (len(index) == self.bank.num_local and len(self.weights) == 1 and not self.half
+                       and self.momentum_storage == "same")
         with stage("gather_rows"):   # 4. the sampled rows (momentum rows are read in `update`)
             rows = self.weights[0] if whole_shard else self._take(
                 self.weights, index, self.workspace.get("rows", (len(index), x.shape[1])))
@@ -155,7 +165,7 @@ class HostHead(Head):
         opt = self.optimizer
         step_scale, weight_scale = opt.step_scales(num_update)
         x_factor, row_factor = x_hat * step_scale, step_scale * (decay - row_radial)
-        keys = [rounding_key(self.bank.seed, num_update, stream) for stream in (0, 1)] if self.half else None
+        keys = [rounding_key(self.bank.seed, num_update, stream) for stream in (0, 1)]   # weights, momentum
         block = min(BLOCK_ROWS, len(index))
         starts = range(0, len(index), block)
         threads = min(self.threads, len(starts))
@@ -169,12 +179,11 @@ class HostHead(Head):
                 weight, n = rows[lo:hi], hi - lo
                 step = np.dot(grad[:, lo:hi].T, x_factor, out=step_buffer[:n])
                 step += np.multiply(weight, row_factor[lo:hi, None], out=scaled_buffer[:n])
-                mom = self.momenta[0][lo:hi] if whole_shard else self._take(
-                    self.momenta, index[lo:hi], momentum_buffer[:n])
+                mom = self.momenta[0][lo:hi] if whole_shard else self._take_momentum(index[lo:hi], momentum_buffer[:n])
                 opt.apply(weight, mom, step, weight_scale, scratch=scaled_buffer[:n])
                 if not whole_shard:
-                    self._put(self.weights, index[lo:hi], weight, keys and keys[0])
-                    self._put(self.momenta, index[lo:hi], mom, keys and keys[1])
+                    self._put(self.weights, index[lo:hi], weight, keys[0])
+                    self._put_momentum(index[lo:hi], mom, keys[1])
 
         if threads == 1:
             update_blocks(0)
@@ -206,6 +215,27 @@ class HostHead(Head):
                 put_rows(blocks[block], rows, values[positions], classes, key)
             else:
                 blocks[block][rows] = values[positions]
+
+    def _take_momentum(self, index, out):
+        """The float32 momentum of rows `index` (sorted) in `out`, or None for a bank without momentum."""
+        if self.momentum_storage == "none":
+            return None
+        if self.momentum_storage == "same":
+            return self._take(self.momenta, index, out)
+        for block, positions, rows in self.bank.block_slices(index):
+            momentum_codec.take_rows(self.momenta[block], self.momentum_scales[block], rows, out[positions])
+        return out
+
+    def _put_momentum(self, index, values, key):
+        """Momentum rows `index` (sorted) = float32 `values`, stored as the bank stores them (int8:
+        encoded with the noise of `key`); nothing for a bank without momentum."""
+        if self.momentum_storage == "same":
+            self._put(self.momenta, index, values, key)
+        elif self.momentum_storage == "int8":
+            for block, positions, rows in self.bank.block_slices(index):
+                classes = rows + (self.bank.class_start + self.bank.starts[block])
+                momentum_codec.put_rows(self.momenta[block], self.momentum_scales[block], rows,
+                                        values[positions], classes, key)
 
     def _check_index(self, index):
         """np.take(mode='clip') would clamp a bad index silently: check it once here."""

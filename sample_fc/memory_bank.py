@@ -5,12 +5,19 @@ Rows are read and written by index (only the sampled rows of a step); the arrays
 each at most MAX_BLOCK_ELEMENTS numbers (the PyPI MXNet build holds fewer than 2^31 elements
 in one NDArray), so a shard of any size works; a shard that fits one block is one NDArray
 of weights and one of momentum, as it always was. Saving and loading: bank_shard.py.
+
+The momentum is stored as the bank's `momentum_storage` (the config's bank_momentum) says:
+`same` as the weights (float32 or float16); `int8`, codes of the weights' shape plus a float32
+scale per 64 columns (momentum_codec.py), read and written by the host kernel only; `none`, no
+momentum at all (the bank's SGD runs without momentum). shard_arrays names the row arrays of each.
 """
 import ctypes
 
 import mxnet as mx
 import numpy as np
 
+from .momentum_codec import decode, scale_columns
+from .options import BANK_MOMENTA
 from .sampler import shard_range
 
 MAX_BLOCK_ELEMENTS = 2 ** 31 - 1   # MXNet's tensor limit without USE_INT64_TENSOR_SIZE (tests lower it)
@@ -36,6 +43,29 @@ def host_view(array):
 def rows_per_block(embedding_size):
     """The most rows of `embedding_size` numbers one block holds."""
     return max(1, MAX_BLOCK_ELEMENTS // embedding_size)
+
+
+def shard_arrays(embedding_size, dtype, momentum_storage):
+    """{name: (dtype, columns)} of the row arrays a shard of `dtype` weights stores, named as its
+    checkpoint files (checkpoint.layout.bank_shard_files): "weight"; then "momentum" like the
+    weights (same), or "momentum" int8 codes and "momentum_scale" float32 per 64 columns (int8),
+    or no momentum (none)."""
+    if momentum_storage not in BANK_MOMENTA:
+        raise ValueError(f"momentum storage must be one of {BANK_MOMENTA}, got {momentum_storage!r}")
+    arrays = {"weight": (np.dtype(dtype), embedding_size)}
+    if momentum_storage == "same":
+        arrays["momentum"] = (np.dtype(dtype), embedding_size)
+    elif momentum_storage == "int8":
+        arrays["momentum"] = (np.dtype(np.int8), embedding_size)
+        arrays["momentum_scale"] = (np.dtype(np.float32), scale_columns(embedding_size))
+    return arrays
+
+
+def row_bytes(embedding_size, dtype, momentum_storage):
+    """Bytes of one class of a shard: its weights and its momentum as stored (at D 512: 4096 for
+    float32 + same, 2592 + int8, 2048 + none; float16: 2048, 1568, 1024)."""
+    arrays = shard_arrays(embedding_size, dtype, momentum_storage).values()
+    return sum(kind.itemsize * columns for kind, columns in arrays)
 
 
 def fill_initial_centers(dest, class_start, seed):
@@ -66,38 +96,53 @@ def fill_initial_centers(dest, class_start, seed):
 
 class MemoryBank:
     """Class centers [class_start, class_start + num_local) and their momentum on `ctx`, in
-    row blocks: block b holds local rows [starts[b], starts[b] + len(weights[b]))."""
+    row blocks: block b holds local rows [starts[b], starts[b] + len(weights[b])) of `weights`,
+    `momenta` (empty with momentum_storage "none"; int8 codes with "int8") and
+    `momentum_scales` (the int8 codes' float32 scales, else empty)."""
 
     def __init__(self, num_local, embedding_size, ctx, *, class_start=0, num_classes=None, rank=0,
-                 world_size=1, seed=0, dtype="float32"):
+                 world_size=1, seed=0, dtype="float32", momentum_storage="same"):
         if num_local < 1:
             raise ValueError(f"num_local must be >= 1, got {num_local}")
         self.num_local, self.embedding_size = num_local, embedding_size
         self.class_start, self.ctx, self.dtype = class_start, ctx, dtype
+        self.momentum_storage = momentum_storage
         self.num_classes = num_classes if num_classes is not None else num_local
         self.rank, self.world_size, self.seed = rank, world_size, seed
         step = rows_per_block(embedding_size)
         self.starts = list(range(0, num_local, step))
-        self.weights, self.momenta = [], []
+        self.weights, self.momenta, self.momentum_scales = [], [], []
+        blocks = self._blocks_by_name()
         for start in self.starts:
             rows = min(step, num_local - start)
             weight = mx.nd.empty((rows, embedding_size), ctx=ctx, dtype=dtype)
             fill_initial_centers(host_view(weight) if ctx.device_type == "cpu" else weight,
                                  class_start + start, seed)
             self.weights.append(weight)
-            self.momenta.append(mx.nd.zeros((rows, embedding_size), ctx=ctx, dtype=dtype))
+            for name, (kind, columns) in shard_arrays(embedding_size, dtype, momentum_storage).items():
+                if name != "weight":      # momentum 0: zeros, as codes 0 of scale 0 too
+                    blocks[name].append(mx.nd.zeros((rows, columns), ctx=ctx, dtype=kind))
 
     @staticmethod
-    def bytes_needed(num_local, embedding_size, itemsize=4):
-        """Bytes of a shard: weights and momentum of `num_local` rows."""
-        return 2 * num_local * embedding_size * itemsize
+    def bytes_needed(num_local, embedding_size, itemsize=4, momentum_storage="same"):
+        """Bytes of a shard: weights (of `itemsize` bytes) and momentum (row_bytes) of `num_local` rows."""
+        return num_local * row_bytes(embedding_size, "float16" if itemsize == 2 else "float32", momentum_storage)
 
     @classmethod
-    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0, dtype="float32"):
+    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0, dtype="float32",
+                 momentum_storage="same"):
         """The bank of `rank` in a balanced split of `num_classes` over `world_size` ranks."""
         class_start, num_local = shard_range(num_classes, rank, world_size)
         return cls(num_local, embedding_size, ctx, class_start=class_start, num_classes=num_classes,
-                   rank=rank, world_size=world_size, seed=seed, dtype=dtype)
+                   rank=rank, world_size=world_size, seed=seed, dtype=dtype, momentum_storage=momentum_storage)
+
+    def _blocks_by_name(self):
+        return {"weight": self.weights, "momentum": self.momenta, "momentum_scale": self.momentum_scales}
+
+    def row_arrays(self):
+        """{name: row blocks} of every array this shard stores (shard_arrays' names)."""
+        blocks = self._blocks_by_name()
+        return {name: blocks[name] for name in shard_arrays(self.embedding_size, self.dtype, self.momentum_storage)}
 
     # ---- the whole shard (one block), and copies of any shard -----------------------------
     @property
@@ -107,8 +152,14 @@ class MemoryBank:
 
     @property
     def momentum(self):
-        """The shard's momentum as one NDArray (a shard of one block)."""
+        """The shard's momentum as one NDArray (a shard of one block, momentum stored as the weights)."""
+        self._check_same_momentum()
         return self._only(self.momenta)
+
+    def _check_same_momentum(self):
+        if self.momentum_storage != "same":
+            raise ValueError(f"this shard's momentum is stored as bank_momentum={self.momentum_storage}: "
+                             f"only the host kernel reads it (to_numpy() gives it decoded)")
 
     def _only(self, blocks):
         if len(blocks) != 1:
@@ -116,9 +167,16 @@ class MemoryBank:
         return blocks[0]
 
     def to_numpy(self):
-        """(weight, momentum) of the whole shard as NumPy copies (tests and tools)."""
-        return (np.concatenate([w.asnumpy() for w in self.weights]),
-                np.concatenate([m.asnumpy() for m in self.momenta]))
+        """(weight, momentum) of the whole shard as NumPy copies (tests and tools). The momentum
+        is the one the optimizer sees: as stored (same), decoded to float32 (int8), or float32
+        zeros of the weights' shape (none)."""
+        weight = np.concatenate([w.asnumpy() for w in self.weights])
+        if self.momentum_storage == "none":
+            return weight, np.zeros(weight.shape, dtype=np.float32)
+        if self.momentum_storage == "int8":
+            return weight, np.concatenate([decode(c.asnumpy(), s.asnumpy())
+                                           for c, s in zip(self.momenta, self.momentum_scales)])
+        return weight, np.concatenate([m.asnumpy() for m in self.momenta])
 
     # ---- rows by index ---------------------------------------------------------------------
     def block_slices(self, index):
@@ -135,7 +193,9 @@ class MemoryBank:
         return mx.nd.array(index, ctx=self.ctx, dtype="int64")
 
     def get(self, index):
-        """(weight rows, momentum rows) for a sorted int64 index (NumPy), as copies."""
+        """(weight rows, momentum rows) for a sorted int64 index (NumPy), as copies (momentum
+        stored as the weights only: the device kernel's path)."""
+        self._check_same_momentum()
         index = np.asarray(index)
         if len(self.weights) == 1:
             where = self.index_array(index)
@@ -145,7 +205,9 @@ class MemoryBank:
         return (mx.nd.concat(*[w for w, _ in parts], dim=0), mx.nd.concat(*[m for _, m in parts], dim=0))
 
     def set(self, index, weight, momentum):
-        """Write rows `index` (sorted, NumPy) of weight and momentum; other rows are untouched."""
+        """Write rows `index` (sorted, NumPy) of weight and momentum; other rows are untouched
+        (momentum stored as the weights only)."""
+        self._check_same_momentum()
         for b, positions, rows in self.block_slices(np.asarray(index)):
             where = self.index_array(rows)
             self.weights[b][where] = weight[positions.start:positions.stop]
@@ -154,4 +216,5 @@ class MemoryBank:
     def metadata(self):
         return {"num_classes": self.num_classes, "world_size": self.world_size, "rank": self.rank,
                 "class_start": self.class_start, "num_local": self.num_local,
-                "embedding_size": self.embedding_size, "dtype": np.dtype(self.dtype).name}
+                "embedding_size": self.embedding_size, "dtype": np.dtype(self.dtype).name,
+                "momentum_storage": self.momentum_storage}

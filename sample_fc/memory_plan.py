@@ -3,7 +3,9 @@
 Everything that grows with the class count is here, per worker, for the largest shard
 (C_r = ceil(C / W)), D the embedding size, B the global batch, K the rows scored per step
 (K = min(C_r, max(ceil(ratio * C_r), B)): the sample, which grows to every positive):
-    bank        2 * C_r * D * bank itemsize                 weights + momentum
+    bank        C_r * (D * bank itemsize + momentum)        weights + momentum as stored, a row's:
+                                                            D * itemsize (bank_momentum=same),
+                                                            D + 4 ceil(D / 64) (int8), 0 (none)
     sampler     9 * C_r + 8 K                               a bool mask and an int64 index; the
                                                             corrections' float32 logit offsets
                                                             and weight-decay scales
@@ -71,19 +73,21 @@ class Plan:
 
 
 def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_itemsize=4,
-         backbone_params=0, activations_per_image=0, host_kernel=True, threads=1):
-    """The Plan of one worker of a run of `world` workers with `batch_size` images each."""
+         backbone_params=0, activations_per_image=0, host_kernel=True, threads=1, bank_momentum="same"):
+    """The Plan of one worker of a run of `world` workers with `batch_size` images each, its
+    bank's momentum stored as `bank_momentum` (same, int8, none)."""
     if world < 1 or num_classes < world:
         raise ValueError(f"need 1 <= world <= num_classes, got world={world}, num_classes={num_classes}")
     num_local = -(-num_classes // world)
     global_batch = batch_size * world
     layer = PartialFC.memory_bytes(num_local, global_batch, embedding_size, sample_ratio, bank_itemsize,
-                                   host_kernel, threads)
+                                   host_kernel, threads, bank_momentum)
     return Plan(world=world, num_local=num_local, sampled=layer["sampled"], global_batch=global_batch,
                 bank=layer["bank"], sampler=layer["sampler"], head=layer["head"],
                 backbone=4 * (3 * backbone_params + 2 * batch_size * activations_per_image),
                 runtime=RUNTIME_BYTES,
-                checkpoint=checkpoint_bytes(backbone_params, num_classes, embedding_size, bank_itemsize),
+                checkpoint=checkpoint_bytes(backbone_params, num_classes, embedding_size, bank_itemsize,
+                                            bank_momentum),
                 allgather_per_step=global_batch * (4 * embedding_size + 8))
 
 
@@ -112,13 +116,17 @@ OTHER_WAYS = ("fewer workers per node, a smaller embedding_size or sample_ratio 
               "the plan holds the warm-up's first, largest ratio)")
 
 
-def ways_out(replan, part, share, world, batch_size, num_classes, bank_dtype, bank_on_gpu):
+def ways_out(replan, part, share, world, batch_size, num_classes, bank_dtype, bank_on_gpu, bank_momentum="same",
+             host_kernel=True):
     """The changes that bring one worker's plan within `share` bytes, each a phrase with the GB
     per worker it gives: more workers (-np doubled until it fits), bank_dtype=float16 (a float32
-    bank), bank_context=cpu (a bank on the GPU: part 1), a smaller batch_size (halved until it
+    bank), bank_momentum=int8 (a float16 bank with its momentum as the weights, run by the host
+    kernel: `host_kernel`, the bank in host memory),
+    bank_context=cpu (a bank on the GPU: part 1), a smaller batch_size (halved until it
     fits; named first, with the backbone's size, when the backbone is the largest term).
-    replan(world=, batch_size=, bank_dtype=, bank_on_gpu=) -> (host Plan, GPU Plan or None) with
-    those changed; part: 0 for host memory, 1 for GPU memory. train.py and tools.plan list these."""
+    replan(world=, batch_size=, bank_dtype=, bank_momentum=, bank_on_gpu=) -> (host Plan, GPU Plan
+    or None) with those changed; part: 0 for host memory, 1 for GPU memory. train.py and tools.plan
+    list these."""
     current = replan()[part]
     ways = []
 
@@ -136,6 +144,8 @@ def ways_out(replan, part, share, world, batch_size, num_classes, bank_dtype, ba
             ways.append(f"more workers: -np {workers} ({gb(fewer)})")
     if bank_dtype == "float32":
         ways.append(f"bank_dtype=float16, half the bank ({gb(replan(bank_dtype='float16')[part])})")
+    if bank_dtype == "float16" and bank_momentum == "same" and host_kernel and not bank_on_gpu:
+        ways.append(f"bank_momentum=int8, 8-bit momentum ({gb(replan(bank_momentum='int8')[part])})")
     if part == 1 and bank_on_gpu:
         host, device = replan(bank_on_gpu=False)
         ways.append(f"the bank on the host, bank_context=cpu (GPU memory {gb(device)}; host memory "

@@ -209,6 +209,8 @@ class MemoryBankSGDOptimizer:
         mom = momentum * mom - a * g;  weight += b * mom
     "mxnet":   (a, b) = (lr, 1): MXNet's sgd_mom_update (the momentum holds lr-scaled steps);
     "pytorch": (a, b) = (1, lr): torch.optim.SGD with mom = -buf (the momentum holds gradients).
+    A bank without momentum (bank_momentum=none) passes momentum rows None: weight -= b * a * g,
+    which is the formula above with momentum 0 in either form, bit for bit.
     """
 
     def __init__(self, lr_schedule, momentum=0.9, wd=5e-4, momentum_form="mxnet"):
@@ -224,8 +226,12 @@ class MemoryBankSGDOptimizer:
 
     def apply(self, weight_rows, momentum_rows, scaled_step, weight_scale, scratch=None):
         """mom = momentum * mom - scaled_step; weight += weight_scale * mom, in place, where
-        scaled_step = a * (grad + wd * weight). `scratch` (NumPy, the rows' shape) avoids a
+        scaled_step = a * (grad + wd * weight); momentum_rows None (no momentum stored):
+        weight -= weight_scale * scaled_step. `scratch` (NumPy, the rows' shape) avoids a
         temporary for weight_scale * mom."""
+        if momentum_rows is None:
+            self._apply_without_momentum(weight_rows, scaled_step, weight_scale, scratch)
+            return
         momentum_rows *= self.momentum
         momentum_rows -= scaled_step
         if weight_scale == 1.0:
@@ -235,14 +241,24 @@ class MemoryBankSGDOptimizer:
         else:
             weight_rows += momentum_rows * weight_scale
 
+    @staticmethod
+    def _apply_without_momentum(weight_rows, scaled_step, weight_scale, scratch=None):
+        """Plain SGD: weight -= weight_scale * scaled_step (what momentum 0 gives: mom = -scaled_step)."""
+        if weight_scale == 1.0:
+            weight_rows -= scaled_step
+        elif scratch is not None:
+            weight_rows -= np.multiply(scaled_step, weight_scale, out=scratch)
+        else:
+            weight_rows -= scaled_step * weight_scale
+
     def decay(self, decay_scales=None):
         """The weight decay of each updated row: wd, or wd * decay_scales ((K,) NumPy, the
         weight-decay correction of a sample: sampler.sampled_decay_scales) as a (K,) array."""
         return self.wd if decay_scales is None else self.wd * np.asarray(decay_scales, dtype=np.float32)
 
     def update(self, weight_rows, momentum_rows, grad_rows, num_update, decay_scales=None):
-        """Update weight_rows and momentum_rows in place with their gradient grad_rows; each
-        row decays with wd, times its entry of decay_scales if given."""
+        """Update weight_rows and momentum_rows (None: no momentum) in place with their gradient
+        grad_rows; each row decays with wd, times its entry of decay_scales if given."""
         step_scale, weight_scale = self.step_scales(num_update)
         decay = self.decay(decay_scales)
         if decay_scales is not None:     # one factor per row

@@ -13,6 +13,7 @@ LR_SCHEDULES = ("step", "poly", "cosine")   # optimizers.make_schedule kinds
 BACKBONE_INITS = ("pytorch", "xavier")      # initializers.backbone_initializer kinds
 MOMENTUM_FORMS = ("pytorch", "mxnet")       # optimizers: what SGD momentum accumulates
 BANK_DTYPES = ("float32", "float16")        # memory_bank: how class centers and momentum are stored
+BANK_MOMENTA = ("same", "int8", "none")     # memory_bank: the centers' momentum as the weights, 8-bit, or none
 
 
 def is_probability(value):

@@ -17,8 +17,9 @@ floor(|x| / 2^-24 + u) spacings, u = noise / 2^13, computed exactly in integers.
 
 The noise of entry (class, column) written at update n is a pure function of (seed, n, stream,
 class, column) (`rounding_key`, `noise`): splitmix64's finalizer of the row's key and the
-column's group of four gives 64 bits, 16 per column, of which 13 are used. So a resumed run
-rounds exactly as an uninterrupted one, whatever the threads, row blocks or kernel.
+column's group of four gives 64 bits, 16 per column, of which 13 are used (all 16 by the int8
+momentum of momentum_codec.py). So a resumed run rounds exactly as an uninterrupted one,
+whatever the threads, row blocks or kernel.
 
 This module holds the definitions in NumPy. `take_rows`, `put_rows` and `round_rows` are what
 the heads call: the C extension sample_fc._half_rows (built by setup.py; tests hold it to these
@@ -60,13 +61,17 @@ def rounding_key(seed, num_update, stream):
     return _mix_int(key ^ ((stream + GOLDEN) & _MASK64))
 
 
-def noise(key, classes, width):
-    """uint32 noise in [0, 2^13) for rows of `classes` (global class ids) and `width` columns."""
+def noise(key, classes, width, bits=DROPPED_BITS):
+    """uint32 noise in [0, 2^bits) for rows of `classes` (global class ids) and `width` columns:
+    the low `bits` (at most 16) of each column's 16-bit lane; 13 for float16 rounding, 16 for
+    int8 momentum (momentum_codec)."""
+    if not 1 <= bits <= 16:
+        raise ValueError(f"noise has 1 to 16 bits per column, got {bits}")
     with np.errstate(over="ignore"):
         rows = _mix(np.uint64(key) ^ (np.asarray(classes, dtype=np.int64).astype(np.uint64) * np.uint64(GOLDEN)))
         groups = np.arange((width + 3) // 4, dtype=np.uint64) * np.uint64(GOLDEN)
         words = _mix(rows[:, None] + groups[None, :])
-    lanes = (words[:, :, None] >> (np.arange(4, dtype=np.uint64) * np.uint64(16))) & np.uint64((1 << DROPPED_BITS) - 1)
+    lanes = (words[:, :, None] >> (np.arange(4, dtype=np.uint64) * np.uint64(16))) & np.uint64((1 << bits) - 1)
     return lanes.reshape(len(rows), -1)[:, :width].astype(np.uint32)
 
 

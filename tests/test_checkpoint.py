@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from sample_fc import dist
-from sample_fc.checkpoint import (find_checkpoint, list_checkpoints, read_rank_state, read_state,
+from sample_fc.checkpoint import (check_sound, find_checkpoint, list_checkpoints, read_rank_state, read_state,
                                   restore_checkpoint, save_checkpoint)
+from sample_fc.errors import UsageError
 from sample_fc.data import SyntheticIter
 from sample_fc.module import SampleDistributeModule
 from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
@@ -82,16 +83,17 @@ def horovod():
     assert dist.size() == 1 and dist.rank() == 0
 
 
-def build(seed, num_classes=CLASSES):
+def build(seed, num_classes=CLASSES, bank_momentum="same"):
     """(module, symbol, data iterator) of a tiny run: an FC + BatchNorm backbone, 50% sampling,
-    an lr that halves at update 3. `seed` sets the initial backbone, bank and sampler."""
+    an lr that halves at update 3, the bank's momentum stored as `bank_momentum`. `seed` sets the
+    initial backbone, bank and sampler."""
     flat = mx.sym.Flatten(mx.sym.var("data"))
     symbol = mx.sym.BatchNorm(mx.sym.FullyConnected(flat, num_hidden=EMBEDDING, name="fc_embed"),
                               fix_gamma=False, name="bn_embed")
     schedule = WarmupMultiStepSchedule(0.05, warmup_steps=0, steps=[3], factor=0.5)
     backbone_opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=0.05, momentum=0.9, wd=5e-4,
                                                          rescale_grad=1.0, lr_scheduler=schedule))
-    options = PartialFCOptions(sample_ratio=0.5, loss_s=8.0, seed=seed)
+    options = PartialFCOptions(sample_ratio=0.5, loss_s=8.0, seed=seed, bank_momentum=bank_momentum)
     partial_fc = PartialFC.for_rank(num_classes, 0, 1, EMBEDDING, mx.cpu(), options, schedule)
     module = SampleDistributeModule(symbol, partial_fc, backbone_opt, context=mx.cpu(), batch_size=BATCH,
                                     data_shape=DATA_SHAPE)
@@ -216,3 +218,52 @@ def test_keep_deletes_all_but_the_newest_checkpoints(horovod, tmp_path):
         assert [s for s, _ in list_checkpoints(models_root)] == list(range(max(1, step - 1), step + 1))
     assert sorted(os.listdir(models_root)) == ["step-00000003", "step-00000004"]
     assert "junk.params" not in os.listdir(tmp_path / "step-00000004")
+
+
+@pytest.mark.parametrize("storage", ["int8", "none"])
+def test_a_bank_without_float_momentum_saves_restores_and_is_checked(horovod, tmp_path, storage):
+    """Test that a run whose bank stores int8 momentum (or none) saves the shard files of that
+    storage (codes and their scales; no momentum file), that a fresh module restored from it holds
+    the weights, codes and scales bit for bit and steps on exactly as the original, that a module storing
+    its momentum otherwise is refused naming both storages, and that check_sound names a
+    truncated or missing file of that storage."""
+    module, symbol, data_iter = build(seed=1, bank_momentum=storage)
+    for _ in range(2):
+        assert not module.step(data_iter.next())[1]
+    config = {"num_classes": CLASSES, "embedding_size": EMBEDDING, "bank_dtype": "float32", "bank_momentum": storage,
+              "network": "fc"}
+    state = dict(train_state(), config=config)
+    checkpoint = save_checkpoint(str(tmp_path), 2, module, symbol, data_iter, state, keep=2)
+    bank_files = sorted(name for name in os.listdir(checkpoint) if name.startswith("bank-"))
+    files = ["bank-rank0.json", "bank-rank0.weight.npy"]
+    if storage == "int8":
+        files += ["bank-rank0.momentum.npy", "bank-rank0.momentum_scale.npy"]
+    assert bank_files == sorted(files)
+    check_sound(checkpoint, symbol, DATA_SHAPE[1], "fc")
+
+    def stored(a_module):
+        return {name: np.concatenate([b.asnumpy() for b in blocks])
+                for name, blocks in a_module.partial_fc.bank.row_arrays().items()}
+    restored, _, restored_iter = build(seed=1, bank_momentum=storage)    # the run's seed: its rounding noise
+    assert not np.array_equal(stored(restored)["weight"], stored(module)["weight"])
+    assert restore_checkpoint(checkpoint, restored, restored_iter, CLASSES, EMBEDDING) == 2
+    for name, values in stored(module).items():
+        np.testing.assert_array_equal(stored(restored)[name], values, err_msg=name)
+    loss, loss_restored = module.step(data_iter.next())[0], restored.step(restored_iter.next())[0]
+    np.testing.assert_allclose(loss_restored, loss, rtol=1e-6)
+    for name, values in stored(module).items():          # the same update: the same codes and scales
+        np.testing.assert_array_equal(stored(restored)[name], values, err_msg=f"{name} after a step")
+    other, _, other_iter = build(seed=2)
+    with pytest.raises(UsageError, match=f"has momentum_storage={storage}, this bank expects momentum_storage=same"):
+        restore_checkpoint(checkpoint, other, other_iter, CLASSES, EMBEDDING)
+    damaged = "bank-rank0.momentum_scale.npy" if storage == "int8" else "bank-rank0.weight.npy"
+    path = os.path.join(checkpoint, damaged)
+    with open(path, "rb") as handle:
+        data = handle.read()
+    with open(path, "wb") as handle:
+        handle.write(data[:-4])
+    with pytest.raises(UsageError, match=f"is damaged: {re.escape(damaged)} is truncated"):
+        check_sound(checkpoint, symbol, DATA_SHAPE[1], "fc")
+    os.remove(path)
+    with pytest.raises(UsageError, match=f"is damaged: {re.escape(damaged)} is missing or empty"):
+        check_sound(checkpoint, symbol, DATA_SHAPE[1], "fc")

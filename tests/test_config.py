@@ -462,6 +462,27 @@ def test_bank_dtype_is_checked_and_fixed_on_resume():
         default.config_for_run(overrides=['bank_dtype=float16'], resumed=_saved_run())
 
 
+def test_bank_momentum_is_checked_fixed_on_resume_and_same_for_older_runs():
+    """Test that bank_momentum takes same, int8 or none only; that resuming a run with another
+    momentum storage is refused in one line naming both values (its shards hold that storage);
+    and that a run saved before the key resumes with its momentum stored as the weights."""
+    assert default.get_config().bank_momentum == 'same'
+    for value in ('int8', 'none'):
+        assert default.config_for_run(overrides=[f'bank_momentum={value}']).bank_momentum == value
+    with pytest.raises(ValueError, match="'bank_momentum' is 'int4'; expected one of: same, int8, none"):
+        default.config_for_run(overrides=['bank_momentum=int4'])
+    saved = dict(_saved_run(), bank_momentum='int8')
+    assert default.config_for_run(resumed=saved, overrides=['max_update=200']).bank_momentum == 'int8'
+    with pytest.raises(ValueError) as error:
+        default.config_for_run(overrides=['bank_momentum=same'], resumed=saved)
+    assert str(error.value).startswith("bank_momentum='same' would change the run being resumed, which has "
+                                       "bank_momentum='int8'") and "\n" not in str(error.value)
+    older = {k: v for k, v in _saved_run().items() if k != 'bank_momentum'}
+    assert default.config_for_run(resumed=older).bank_momentum == 'same'
+    with pytest.raises(ValueError, match="bank_momentum='int8' would change the run being resumed"):
+        default.config_for_run(overrides=['bank_momentum=int8'], resumed=older)
+
+
 def test_renamed_keys_are_read_under_their_new_names_with_a_note():
     """Test that a saved run's config with the old names sgd_momentum and verbose resumes with
     their values under momentum_form and verify_period, that `--set verbose=N` sets

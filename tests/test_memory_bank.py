@@ -106,7 +106,7 @@ def test_save_load_round_trip_and_metadata(tmp_path):
     write_shard(bank, files)
     meta, weight, _ = read_shard(files)
     assert meta == {"version": 2, "num_classes": 101, "world_size": 2, "rank": 1, "class_start": 51,
-                    "num_local": 50, "embedding_size": 6, "dtype": "float32"}
+                    "num_local": 50, "embedding_size": 6, "dtype": "float32", "momentum_storage": "same"}
     assert not isinstance(weight, np.ndarray)             # read when asked for, not loaded whole
     np.testing.assert_array_equal(np.asarray(weight[7:9]), bank.weight.asnumpy()[7:9])
     other = MemoryBank.for_rank(101, 1, 2, 6, mx.cpu(), seed=9)

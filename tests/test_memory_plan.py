@@ -104,3 +104,33 @@ def test_ways_out_put_the_batch_first_when_the_backbone_dominates_and_offer_the_
     host, device = replan(bank_on_gpu=False)
     assert (f"the bank on the host, bank_context=cpu (GPU memory {device.total / 1e9:.1f} GB per worker, still over; "
             f"host memory then holds {host.total / 1e9:.1f} GB per worker)") in ways
+
+
+def test_the_bank_counts_its_momentum_as_stored_and_int8_is_a_way_out_for_float16():
+    """Test that the plan's bank and checkpoint hold weights plus the momentum as stored (int8:
+    D + 4 ceil(D / 64) bytes a row; none: 0), by hand for 20,000,000 classes x 512 on 2 workers; and
+    that a float16 host bank over its share is offered bank_momentum=int8 with the GB it gives
+    (not a bank on the GPU or run by the device kernel, which int8 momentum cannot have)."""
+    rows, classes = 10_000_000, 20_000_000
+    for itemsize in (4, 2):
+        same = memory_plan.plan(classes, 2, 512, 128, 0.1, itemsize)
+        int8 = memory_plan.plan(classes, 2, 512, 128, 0.1, itemsize, bank_momentum="int8")
+        none = memory_plan.plan(classes, 2, 512, 128, 0.1, itemsize, bank_momentum="none")
+        assert same.bank == rows * 2 * 512 * itemsize
+        assert int8.bank == rows * (512 * itemsize + 512 + 4 * 8)
+        assert none.bank == rows * 512 * itemsize
+        assert int8.checkpoint == classes * (512 * itemsize + 544) + 2 ** 20
+        assert none.checkpoint == classes * 512 * itemsize + 2 ** 20
+        assert int8.head == same.head == none.head
+        assert int8.total == same.total - rows * (512 * itemsize - 544)
+
+    def replan(world=2, batch_size=128, bank_dtype="float16", bank_on_gpu=False, bank_momentum="same"):
+        return memory_plan.plan(classes, world, 512, batch_size, 0.1, 2 if bank_dtype == "float16" else 4,
+                                bank_momentum=bank_momentum), None
+    ways = memory_plan.ways_out(replan, 0, 12e9, 2, 128, classes, "float16", False)
+    int8 = replan(bank_momentum="int8")[0]
+    assert f"bank_momentum=int8, 8-bit momentum ({int8.total / 1e9:.1f} GB per worker, still over)" in ways
+    assert not any("bank_dtype=float16" in way for way in ways)
+    for stored, on_gpu, host_kernel in (("int8", False, True), ("same", True, True), ("same", False, False)):
+        assert not any("bank_momentum" in way for way in memory_plan.ways_out(
+            replan, 0, 12e9, 2, 128, classes, "float16", on_gpu, stored, host_kernel))

@@ -140,3 +140,36 @@ def test_kernel_choice():
     with pytest.raises(ValueError, match="head_kernel must be one of"):
         PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(head_kernel="gpu"), lambda step: 0.1,
                            collectives=_OneProcess, threads=1)
+
+
+def test_int8_and_no_momentum_banks_need_the_host_kernel():
+    """Test that a layer with bank_momentum int8 or none builds its bank that way and runs on the
+    host kernel (auto or host), and that a bank on a GPU or head_kernel=device is refused in one
+    line naming the setting and the fix, before anything is allocated."""
+    for storage in ("int8", "none"):
+        assert uses_host_kernel("auto", "cpu", "float16", storage)
+        assert uses_host_kernel("host", "cpu", "float32", storage)
+        with pytest.raises(UsageError, match=f"bank_momentum={storage} needs the bank in host memory .* bank is on "
+                                             f"the GPU: set bank_context=cpu, or bank_momentum=same"):
+            uses_host_kernel("auto", "gpu", "float16", storage)
+        with pytest.raises(UsageError, match=f"bank_momentum={storage} runs on the host kernel only, and this run "
+                                             f"has head_kernel=device: set head_kernel=auto, or bank_momentum=same"):
+            uses_host_kernel("device", "cpu", "float32", storage)
+        layer = PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(bank_momentum=storage), lambda step: 0.1,
+                                   collectives=_OneProcess, threads=1)
+        assert type(layer.head) is HostHead and layer.bank.momentum_storage == storage
+        with pytest.raises(UsageError, match="runs on the host kernel only"):
+            PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(bank_momentum=storage, head_kernel="device"),
+                               lambda step: 0.1, collectives=_OneProcess, threads=1)
+
+
+def test_memory_bytes_count_the_momentum_as_stored():
+    """Test the layer's bank bytes with int8 momentum (D + 4 ceil(D / 64) bytes a row) and none
+    (0), and that at ratio 1.0 only a float32 bank with its momentum stored as the weights is
+    read in place (no K x D rows in the head)."""
+    same = PartialFC.memory_bytes(1000, 64, 100, 1.0, itemsize=4, host_kernel=True, threads=1)
+    int8 = PartialFC.memory_bytes(1000, 64, 100, 1.0, itemsize=4, host_kernel=True, threads=1, bank_momentum="int8")
+    none = PartialFC.memory_bytes(1000, 64, 100, 1.0, itemsize=2, host_kernel=True, threads=1, bank_momentum="none")
+    assert same["bank"] == 1000 * 2 * 4 * 100 and int8["bank"] == 1000 * (4 * 100 + 100 + 4 * 2)
+    assert none["bank"] == 1000 * 2 * 100
+    assert int8["head"] == same["head"] + 4 * 1000 * 100 == none["head"]

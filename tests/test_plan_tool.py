@@ -2,6 +2,8 @@
 code of a run that does not fit, and the checkpoints against the free disk."""
 import re
 
+import pytest
+
 from sample_fc import checkpoint, memory_plan
 from sample_fc.tools import plan
 
@@ -60,3 +62,23 @@ def test_a_checkpoint_larger_than_the_free_disk_is_a_warning(monkeypatch, capsys
     monkeypatch.setattr(checkpoint, "free_bytes", lambda path: 1e12)
     code, out = run(argv, capsys)
     assert "warning" not in out
+
+
+def test_the_plan_of_an_int8_momentum_bank_and_its_refusal_on_a_gpu(capsys, tmp_path):
+    """Test that --set bank_momentum=int8 plans the bank at D + 4 ceil(D / 64) momentum bytes a row
+    (a float16 bank in host memory), and that such a bank on the GPU (bank_context=same with
+    --gpu-memory) is refused in one line naming the setting and the fix, exit 2."""
+    argv = ["--dataset", "synthetic_1m", "-np", "2", "--memory-per-node", "1024", "--models-root", str(tmp_path),
+            "--set", "bank_dtype=float16"]
+    code, out = run(argv + ["--set", "bank_momentum=int8"], capsys)
+    bank = float(re.search(r"^  bank \(weights \+ momentum\)\s+([\d.]+) GB", out, re.M).group(1))
+    assert code == 0 and bank == round(500_000 * (2 * 512 + 512 + 32) / 1e9, 2), out
+    with pytest.raises(SystemExit) as stop:
+        run(R100_GPU + ["--gpu-memory", "80", "--set", "bank_momentum=int8", "--models-root", str(tmp_path)], capsys)
+    error = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in error
+    assert error.startswith("python -m sample_fc.tools.plan: error: bank_momentum=int8 needs the bank in host "
+                            "memory"), error
+    code, out = run(R100_GPU + ["--gpu-memory", "80", "--memory-per-node", "512", "--set", "bank_momentum=int8",
+                                "--set", "bank_context=cpu", "--models-root", str(tmp_path)], capsys)
+    assert code == 0

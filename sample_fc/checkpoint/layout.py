@@ -9,7 +9,10 @@ One checkpoint, `<models_root>/step-00000300/`:
     bank-rank<r>.json, bank-rank<r>.weight.npy, bank-rank<r>.momentum.npy
                                             every rank's bank shard (bank_shard.py: its metadata,
                                             weight and momentum rows; runs saved before wrote one
-                                            MXNet file bank-rank<r>.params, still read)
+                                            MXNet file bank-rank<r>.params, still read); with
+                                            bank_momentum=int8 the momentum file holds int8 codes
+                                            and bank-rank<r>.momentum_scale.npy their scales; with
+                                            none there is no momentum file
     rank<r>.json                            every rank's sampler RNG and data position
     aux-rank<r>.params                      every rank's own BatchNorm statistics (the model
                                             holds their average over ranks)
@@ -28,6 +31,7 @@ import mxnet as mx
 
 from ..bank_shard import SavedRows
 from ..errors import MissingFileError, UsageError, mxnet_reason
+from ..memory_bank import row_bytes, shard_arrays
 from ..sampler import shard_range
 
 PATTERN = re.compile(r"^step-(\d{8})$")
@@ -73,11 +77,12 @@ def complete_path(checkpoint):
 
 
 def bank_shard_files(checkpoint, rank):
-    """The files of rank `rank`'s bank shard (bank_shard.py): {"meta", "weight", "momentum"},
-    and "legacy", the one file of runs saved before."""
+    """The files of rank `rank`'s bank shard (bank_shard.py): {"meta", "weight", "momentum",
+    "momentum_scale"} (which row files a shard has: memory_bank.shard_arrays), and "legacy",
+    the one file of runs saved before."""
     base = os.path.join(checkpoint, f"bank-rank{rank}")
     return {"meta": base + ".json", "weight": base + ".weight.npy", "momentum": base + ".momentum.npy",
-            "legacy": base + ".params"}
+            "momentum_scale": base + ".momentum_scale.npy", "legacy": base + ".params"}
 
 
 def rank_state_path(checkpoint, rank):
@@ -88,10 +93,12 @@ def aux_path(checkpoint, rank):
     return os.path.join(checkpoint, f"aux-rank{rank}.params")
 
 
-def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4):
+def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4, bank_momentum="same"):
     """Estimated size of one checkpoint: the backbone's parameters and their momentum (float32),
-    and every class center with its momentum (all ranks' shards), plus 1 MB of small files."""
-    return 8 * backbone_values + 2 * itemsize * num_classes * embedding_size + 2 ** 20
+    and every class center with its momentum as stored (all ranks' shards: memory_bank.row_bytes),
+    plus 1 MB of small files."""
+    bank_dtype = "float16" if itemsize == 2 else "float32"
+    return 8 * backbone_values + num_classes * row_bytes(embedding_size, bank_dtype, bank_momentum) + 2 ** 20
 
 
 # ---- finding -------------------------------------------------------------------------------
@@ -170,15 +177,17 @@ def read_rank_state(checkpoint, rank):
     return _read_json(rank_state_path(checkpoint, rank))
 
 
-def _check_shard_size(checkpoint, files, num_local, embedding_size):
-    """UsageError when a saved bank shard is shorter than its rows need (a truncated file)."""
+def _check_shard_size(checkpoint, files, num_local, embedding_size, arrays):
+    """UsageError when a saved bank shard is shorter than its rows need (a truncated file);
+    `arrays`: the shard's row files, as memory_bank.shard_arrays names them."""
     if os.path.isfile(files["legacy"]):                # weight + momentum of float32, and a header
         sound = {files["legacy"]: os.path.getsize(files["legacy"]) >= 2 * 4 * num_local * embedding_size}
     else:
         sound = {}
-        for path in (files["weight"], files["momentum"]):
+        for name, (_, columns) in arrays.items():
+            path = files[name]
             try:
-                sound[path] = SavedRows(path).shape == (num_local, embedding_size)
+                sound[path] = SavedRows(path).shape == (num_local, columns)
             except (OSError, ValueError):          # shorter than its header says, or no header
                 sound[path] = False
     for path, ok in sound.items():
@@ -211,8 +220,12 @@ def check_sound(checkpoint, symbol, image_size, network):
     params = params_path(checkpoint, step)
     ranks = [rank_state_path(checkpoint, r) for r in range(world)]
     shards = [bank_shard_files(checkpoint, r) for r in range(world)]
+    # the row files of the run's bank (runs saved before bank_momentum stored it as the weights)
+    arrays = shard_arrays(saved["embedding_size"], saved.get("bank_dtype", "float32"),
+                          saved.get("bank_momentum", "same"))
     shard_files = [path for files in shards for path in
-                   ([files["legacy"]] if os.path.isfile(files["legacy"]) else [files["meta"], files["weight"], files["momentum"]])]
+                   ([files["legacy"]] if os.path.isfile(files["legacy"])
+                    else [files["meta"]] + [files[name] for name in arrays])]
     for path in [symbol_path(checkpoint), params, optimizer_path(checkpoint)] + shard_files + ranks + \
             [aux_path(checkpoint, r) for r in range(world)]:
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
@@ -223,7 +236,8 @@ def check_sound(checkpoint, symbol, image_size, network):
         except (OSError, ValueError) as err:
             raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} ({err})") from None
     for rank, files in enumerate(shards):
-        _check_shard_size(checkpoint, files, shard_range(saved["num_classes"], rank, world)[1], saved["embedding_size"])
+        _check_shard_size(checkpoint, files, shard_range(saved["num_classes"], rank, world)[1], saved["embedding_size"],
+                          arrays)
     try:
         loaded = mx.nd.load(params)
     except mx.base.MXNetError as err:
