@@ -166,6 +166,7 @@ _NETWORK_PRESETS = {
 # keeps the paper's small MobileFaceNet to train in minutes on 2 CPU cores.
 _DATASET_NETWORKS = {
     'demo': 'mbf_small',
+    'custom': 'mbf_small',
 }
 
 # Dataset presets. Schedules assume 8 workers; the step counts give about 20 epochs at a
@@ -193,6 +194,26 @@ _DATASET_PRESETS = {
         'frequent': 20,                  # log often
         'verify_period': 130,            # verify halfway and at the end
         'ckpt_period': 130,              # checkpoint halfway and at the end
+    },
+    'custom': {                          # your own set: --dataset custom --set rec=DIR/train.rec (tools.pack writes one)
+        'rec': '',                       # required: the set's train.rec (train.idx and property beside it)
+        'num_classes': 0,                # from the set's property file (train.py reads it), unless --set
+        'val_targets': [],               # none: --set 'val_targets=["NAME"]' for NAME.bin beside train.rec (tools.make_bin)
+        'loss': 'cosface',               # the demo's small-set recipe: CosFace ...
+        'loss_s': 32.0,                  # ... at s=32 (5,000 classes learned at it) ...
+        'loss_m2': 0.0,                  # ... no angular margin ...
+        'loss_m3': 0.25,                 # ... and a cosine margin of 0.25
+        'embedding_size': 128,           # small head for a small set (512 for faces at scale)
+        'batch_size': 64,                # per worker
+        'lr': 0.1,                       # ... at the base's lr, not the demo's 0.8: on 5,000 real-image classes lr 0.8 sat at chance
+                                         # (0.52 held-out at step 400) where 0.1 learned (0.80; BENCHMARKS.md, "A recipe for your own set")
+        'sample_ratio': 'auto',          # the smallest ratio where sampling matched ratio 1.0 (README "When to sample")
+        'warmup_steps': 0,               # no lr warm-up (it did not help: BENCHMARKS.md)
+        'max_update': 1000,              # set it for your set: 1000 steps x 128 images is ~2 epochs of 5,000 x 12 images
+        'lr_steps': [700, 900],          # x0.1 at 70% and 90% of max_update: move them with it
+        'frequent': 50,                  # log every 50 steps
+        'verify_period': 500,            # verify (val_targets) halfway and at the end
+        'ckpt_period': 500,              # checkpoint halfway and at the end
     },
     'webface': {
         'rec': 'data/faces_webface_112x112/train.rec',  # CASIA-WebFace, insightface's package
@@ -287,7 +308,7 @@ def _apply_preset(cfg, kind, name, presets):
     for key, value in presets[name].items():
         if key not in cfg:
             raise UsageError(f"{kind} preset {name!r} sets {key!r}, which the base config lacks")
-        if type(value) is not type(cfg[key]):
+        if type(value) is not type(cfg[key]) and value not in WORD_VALUES.get(key, ()):
             raise UsageError(f"{kind} preset {name!r} sets {key!r} to {value!r} "
                              f"({type(value).__name__}); the base has {type(cfg[key]).__name__}")
         cfg[key] = copy.deepcopy(value)  # presets are shared; configs must not alias them
@@ -319,7 +340,7 @@ def get_config(dataset='demo', network=None, loss=None):
             _apply_preset(cfg, 'dataset recipe for loss', (dataset, loss), _DATASET_LOSS_RECIPES)
     cfg.network = network                # (see above)
     cfg.dataset = dataset                # (see above)
-    check_config(cfg)
+    check_config(cfg, data=False)        # the custom preset names no data: --set rec= does
     return cfg
 
 
@@ -414,7 +435,7 @@ def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=
     apply_overrides(cfg, overrides, WORD_VALUES)
     if resumed is not None:
         resume_changes(saved, cfg)
-    check_config(cfg)
+    check_config(cfg, data=resumed is not None)   # a new run's data: once the property file is read
     return cfg
 
 
@@ -422,8 +443,10 @@ def _fail(key, value, expected):
     raise UsageError(f"config key {key!r} is {value!r}; expected {expected}")
 
 
-def check_config(cfg):
-    """Check the values a type check cannot: choices, ranges, schedule order.
+def check_config(cfg, data=True):
+    """Check the values a type check cannot: choices, ranges, schedule order; with `data`,
+    that the config names its data (rec, num_classes: the custom preset leaves them to --set
+    and the property file).
 
     Call after applying overrides. Raises UsageError naming the key, the bad value and
     what is allowed. World-size checks (num_classes >= workers) belong to train.py.
@@ -436,7 +459,13 @@ def check_config(cfg):
                          ('bank_momentum', BANK_MOMENTA)):
         if cfg[key] not in choices:
             _fail(key, cfg[key], f"one of: {', '.join(choices)}")
-    for key in ('num_classes', 'image_size', 'embedding_size', 'batch_size', 'max_update',
+    if data and not cfg.synthetic and not cfg.rec:
+        _fail('rec', cfg.rec, "a path to train.rec (or synthetic=true)" + (
+            "; dataset custom trains your own set: --set rec=DIR/train.rec (python -m sample_fc.tools.pack "
+            "--images FOLDER --out DIR/train makes one)" if cfg.dataset == 'custom' else ""))
+    if data and cfg.num_classes < 1:
+        _fail('num_classes', cfg.num_classes, "an integer >= 1 (train.py reads it from the property file beside rec)")
+    for key in ('image_size', 'embedding_size', 'batch_size', 'max_update',
                 'data_threads', 'frequent', 'ckpt_period', 'ckpt_keep', 'max_nonfinite_steps',
                 'collective_timeout_s'):
         if cfg[key] < 1:
@@ -478,5 +507,3 @@ def check_config(cfg):
     steps = cfg.lr_steps
     if any(not isinstance(s, int) or s < 1 for s in steps) or sorted(set(steps)) != list(steps):
         _fail('lr_steps', steps, "strictly increasing positive integers")
-    if not cfg.synthetic and not cfg.rec:
-        _fail('rec', cfg.rec, "a path to train.rec (or synthetic=true)")

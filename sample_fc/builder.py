@@ -140,6 +140,10 @@ def fill_from_property(cfg, explicit):
         return {}
     prop = read_property(os.path.dirname(os.path.abspath(cfg.rec)))
     if prop is None:
+        if cfg.num_classes < 1:          # the custom preset: the set must say its class count
+            where = "not found" if not os.path.isfile(cfg.rec) else "has no property file beside it"
+            raise UsageError(f"record file (.rec) {where}: {cfg.rec} (dataset {cfg.dataset} takes num_classes from "
+                             f"the property file beside it, or --set num_classes=)")
         return {}
     num_classes, height, width = prop
     if height != width and "image_size" not in explicit:

@@ -36,19 +36,20 @@ def test_every_preset_combination_builds_with_the_base_keys():
     names, and has exactly the base config's keys with the base's value types."""
     base = default._base_config()
     combos = list(itertools.product(default.DATASETS, default.NETWORKS, default.LOSSES))
-    assert len(combos) == 6 * 8 * 2
+    assert len(combos) == 7 * 8 * 2
     for dataset, network, loss in combos:
         cfg = default.get_config(dataset=dataset, network=network, loss=loss)
         assert isinstance(cfg, EasyDict)
         assert list(cfg.keys()) == list(base.keys()), (dataset, network, loss)
-        for key in base:
-            assert type(cfg[key]) is type(base[key]), (dataset, network, loss, key)
+        for key in base:      # or a word the key takes (sample_ratio=auto)
+            assert (type(cfg[key]) is type(base[key]) or cfg[key] in default.WORD_VALUES.get(key, ())), \
+                (dataset, network, loss, key)
         assert (cfg.dataset, cfg.network, cfg.loss) == (dataset, network, loss)
 
 
 def test_preset_names_are_exposed():
     """Test that DATASETS, NETWORKS and LOSSES list the presets the brief requires."""
-    assert default.DATASETS == ('demo', 'webface', 'emore', 'glint360k',
+    assert default.DATASETS == ('demo', 'custom', 'webface', 'emore', 'glint360k',
                                 'synthetic_1m', 'synthetic_10m')
     assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small'}
     assert default.LOSSES == ('arcface', 'cosface')

@@ -84,13 +84,17 @@ def main(argv=None):
         import default
         import symbols
         from .. import memory_plan
-        from ..builder import check_world, plan_ways_out, resolve_auto, run_plan
+        from ..builder import check_world, fill_from_property, plan_ways_out, resolve_auto, run_plan
         from ..run_request import default_models_root
         from ..partial_fc import PartialFCOptions
         from ..sampling_regime import regime
         from symbols.cost import backbone_cost
         from ..host_head import default_threads
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
+        explicit = {text.split("=", 1)[0].strip() for text in default.renamed_overrides(args.overrides)}
+        for note in fill_from_property(cfg, explicit):      # as train.py: the set's own classes and size
+            print(note, file=sys.stderr)
+        default.check_config(cfg)
         if args.world < 1 or (args.workers_per_node or 1) < 1:
             raise UsageError(f"-np and --workers-per-node must be >= 1, got {args.world} and {args.workers_per_node}")
         check_world(cfg, args.world)

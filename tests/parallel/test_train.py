@@ -125,8 +125,47 @@ def test_dataset_property_sets_classes_and_image_size(tmp_path):
     config = json.loads((tmp_path / "auto" / "config.json").read_text())
     assert (config["num_classes"], config["image_size"]) == (6, 48)
     assert result.output.count("image_size=48 from the dataset's property file") == 1
+    assert result.output.count("trains with the demo's recipe, tuned for its 200 synthetic identities") == 1
     result = run_job(base + ["--models-root", str(tmp_path / "explicit"), "--set", "image_size=32"],
                      num_proc=2, timeout_s=300, cwd=str(tmp_path), env=single_thread_env())
     assert result.returncode == 0, per_rank_tail(result.output)
     assert json.loads((tmp_path / "explicit" / "config.json").read_text())["image_size"] == 32
     assert result.output.count("images are 48x48 px and train at image_size=32") == 1
+
+
+def test_custom_preset_trains_your_set_from_its_property_file(tmp_path):
+    """Test that --dataset custom takes the set's class count and image size from its property
+    file, resolves sample_ratio=auto to a number saved in config.json (the smallest ratio whose
+    q*K/B reaches 35: 6 classes, global batch 8 -> 1.0), trains at the preset's lr, and that
+    without --set rec it stops in one line, exit 2, naming what to set."""
+    from sample_fc.harness import run_job
+    from sample_fc.tools.demo_data import make_demo
+    make_demo(str(tmp_path / "set"), num_identities=6, images_per_identity=8, num_val_identities=4,
+              num_pairs=10, image_size=48, progress=False)
+    base = [sys.executable, str(REPO / "train.py"), "--dataset", "custom"]
+    missing = subprocess.run(base + ["--models-root", str(tmp_path / "none")], capture_output=True, text=True,
+                             timeout=120, cwd=str(tmp_path), env=single_thread_env())
+    assert missing.returncode == 2 and not (tmp_path / "none").exists()
+    assert "dataset custom trains your own set: --set rec=DIR/train.rec" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    result = run_job(base + ["--set", f"rec={tmp_path / 'set' / 'train.rec'}", "--set", "max_update=2",
+                             "--set", "batch_size=4", "--set", "embedding_size=16",
+                             "--models-root", str(tmp_path / "run")],
+                     num_proc=2, timeout_s=300, cwd=str(tmp_path), env=single_thread_env())
+    assert result.returncode == 0, per_rank_tail(result.output)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (config["dataset"], config["num_classes"], config["image_size"]) == ("custom", 6, 48)
+    assert config["sample_ratio"] == 1.0 and config["lr"] == 0.1
+    assert "demo's recipe" not in result.output
+
+
+def test_not_learning_is_said_in_a_real_run(tiny_data, tmp_path):
+    """Test the not-learning watch on real training: at an absurd lr (200) the tiny set's loss
+    sits at or above chance with a small gradient and the warning is logged once and kept in
+    status.json; at the tiny settings' own lr the run learns and nothing is said."""
+    stuck = train(tmp_path / "stuck", tiny_data, "--set", "lr=200", "--set", "max_update=240", "--set", "frequent=20")
+    assert stuck.output.count("not learning: the loss has sat at") == 1, per_rank_tail(stuck.output)
+    assert read_status(str(tmp_path / "stuck"))["warning"].startswith("not learning: the loss has sat at")
+    learning = train(tmp_path / "learning", tiny_data, "--set", "max_update=240", "--set", "frequent=20")
+    assert "not learning" not in learning.output
+    assert read_status(str(tmp_path / "learning")).get("warning") is None
