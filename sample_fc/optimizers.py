@@ -209,8 +209,9 @@ class MemoryBankSGDOptimizer:
         mom = momentum * mom - a * g;  weight += b * mom
     "mxnet":   (a, b) = (lr, 1): MXNet's sgd_mom_update (the momentum holds lr-scaled steps);
     "pytorch": (a, b) = (1, lr): torch.optim.SGD with mom = -buf (the momentum holds gradients).
-    A bank without momentum (bank_momentum=none) passes momentum rows None: weight -= b * a * g,
-    which is the formula above with momentum 0 in either form, bit for bit.
+    A bank without momentum (bank_momentum=none) passes momentum rows None: plain SGD at the
+    step momentum SGD takes once its momentum has built up, weight -= b * a * g / (1 - momentum)
+    (with momentum 0: the formula above, bit for bit).
     """
 
     def __init__(self, lr_schedule, momentum=0.9, wd=5e-4, momentum_form="mxnet"):
@@ -227,10 +228,10 @@ class MemoryBankSGDOptimizer:
     def apply(self, weight_rows, momentum_rows, scaled_step, weight_scale, scratch=None):
         """mom = momentum * mom - scaled_step; weight += weight_scale * mom, in place, where
         scaled_step = a * (grad + wd * weight); momentum_rows None (no momentum stored):
-        weight -= weight_scale * scaled_step. `scratch` (NumPy, the rows' shape) avoids a
+        weight -= weight_scale * scaled_step / (1 - momentum). `scratch` (NumPy, the rows' shape) avoids a
         temporary for weight_scale * mom."""
         if momentum_rows is None:
-            self._apply_without_momentum(weight_rows, scaled_step, weight_scale, scratch)
+            self._apply_without_momentum(weight_rows, scaled_step, weight_scale / (1.0 - self.momentum), scratch)
             return
         momentum_rows *= self.momentum
         momentum_rows -= scaled_step

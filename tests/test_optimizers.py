@@ -112,25 +112,29 @@ def test_bank_update_in_pytorch_form_matches_torch_sgd_across_an_lr_drop():
 @pytest.mark.parametrize("form", ["mxnet", "pytorch"])
 @pytest.mark.parametrize("kind", ["ndarray", "numpy"])
 def test_bank_update_without_momentum_is_sgd_with_momentum_zero(form, kind):
-    """Test that the bank update with no momentum rows (bank_momentum=none) is NumPy's plain SGD,
-    w - lr (g + wd w) per row (decay scales included), in either form and whatever the optimizer's
-    momentum, and equals, bit for bit, the update with momentum 0 from a zero momentum."""
+    """Test that the bank update with no momentum rows (bank_momentum=none) is NumPy's plain SGD
+    at momentum SGD's built-up step, w - lr / (1 - momentum) (g + wd w) per row (decay scales
+    included), in either form, and with momentum 0 equals, bit for bit, the update from a zero momentum."""
     schedule = WarmupMultiStepSchedule(0.2, warmup_steps=0, steps=[2], factor=0.1)
     scales = np.array([1.0, 12.5, 1.0, 3.0, 40.0], dtype=np.float32)
     weight, _, grad = _bank_rows(6)
     array = mx.nd.array if kind == "ndarray" else (lambda a: np.array(a, dtype=np.float32))
     as_numpy = (lambda a: a.asnumpy()) if kind == "ndarray" else np.asarray
-    without = array(weight)
+    without, without_zero = array(weight), array(weight)
     with_zero, zeros = array(weight), array(np.zeros_like(weight))
-    expected = weight
+    expected, expected_zero = weight, weight
     for num_update, lr in ((1, 0.2), (2, 0.02)):
         MemoryBankSGDOptimizer(schedule, momentum=0.9, wd=5e-3, momentum_form=form).update(
             without, None, array(grad), num_update, scales)
         MemoryBankSGDOptimizer(schedule, momentum=0.0, wd=5e-3, momentum_form=form).update(
+            without_zero, None, array(grad), num_update, scales)
+        MemoryBankSGDOptimizer(schedule, momentum=0.0, wd=5e-3, momentum_form=form).update(
             with_zero, zeros, array(grad), num_update, scales)
-        expected = expected - lr * (grad + 5e-3 * scales[:, None] * expected)
-        ref.assert_close(as_numpy(without), expected, 1e-6)
-        np.testing.assert_array_equal(as_numpy(without), as_numpy(with_zero))
+        expected = expected - lr / (1 - 0.9) * (grad + 5e-3 * scales[:, None] * expected)
+        expected_zero = expected_zero - lr * (grad + 5e-3 * scales[:, None] * expected_zero)
+        ref.assert_close(as_numpy(without), expected, 1e-5)
+        ref.assert_close(as_numpy(without_zero), expected_zero, 1e-6)
+        np.testing.assert_array_equal(as_numpy(without_zero), as_numpy(with_zero))
 
 
 def _arrays(seed, shape=(3, 4)):

@@ -13,7 +13,7 @@ from conftest import REPO, per_rank_tail, run_train
 from sample_fc.checkpoint import bank_shard_files, list_checkpoints, model_prefix
 from sample_fc.run_root import read_progress, read_status
 from sample_fc.harness import single_thread_env
-from sample_fc.bank_shard import read_shard
+from sample_fc.bank_shard import read_shard_arrays
 
 def train(models_root, rec, *extra, num_proc=2, timeout_s=300):
     result = run_train(models_root, rec, *extra, num_proc=num_proc, timeout_s=timeout_s)
@@ -26,10 +26,10 @@ def checkpoint_arrays(path, world):
     step = int(os.path.basename(path).split("-")[1])
     _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(path), step)
     arrays = {k: v.asnumpy() for k, v in {**arg_params, **aux_params}.items()}
-    shards = sorted((read_shard(bank_shard_files(path, r)) for r in range(world)),
+    shards = sorted((read_shard_arrays(bank_shard_files(path, r)) for r in range(world)),
                     key=lambda shard: shard[0]["class_start"])
-    arrays["bank_weight"] = np.concatenate([np.asarray(s[1]) for s in shards])
-    arrays["bank_momentum"] = np.concatenate([np.asarray(s[2]) for s in shards])
+    for name in shards[0][1]:            # weight, momentum (int8: codes) and int8's momentum_scale
+        arrays[f"bank_{name}"] = np.concatenate([np.asarray(s[1][name]) for s in shards])
     return arrays
 
 
@@ -75,17 +75,21 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
     assert trained[-1][1].strip() in verify.stdout, (trained[-1][1], verify.stdout)
 
 
-@pytest.mark.parametrize("bank_dtype", ["float32", "float16"])
-def test_exact_resume_equals_uninterrupted(tiny_data, tmp_path, bank_dtype):
+@pytest.mark.parametrize("bank_dtype,bank_momentum", [("float32", "same"), ("float16", "same"), ("float16", "int8")])
+def test_exact_resume_equals_uninterrupted(tiny_data, tmp_path, bank_dtype, bank_momentum):
     """Test that k steps + resume + k steps equal 2k uninterrupted steps (backbone, optimizer
     effect, bank weights and momentum), with sampling at ratio 0.5 and data reshuffling; a
-    float16 bank too (its stochastic rounding is a function of the update, not of the run)."""
-    common = ["--set", "sample_ratio=0.5", "--set", "ckpt_period=6", "--set", f"bank_dtype={bank_dtype}"]
+    float16 bank too (its stochastic rounding is a function of the update, not of the run), and
+    with an int8 momentum (codes and scales)."""
+    common = ["--set", "sample_ratio=0.5", "--set", "ckpt_period=6", "--set", f"bank_dtype={bank_dtype}",
+              "--set", f"bank_momentum={bank_momentum}"]
     train(tmp_path / "straight", tiny_data, "--set", "max_update=12", *common)
     train(tmp_path / "resumed", tiny_data, "--set", "max_update=12", *common,
           "--resume", tmp_path / "straight" / "step-00000006")
     resumed = checkpoint_arrays(str(tmp_path / "resumed" / "step-00000012"), 2)
     assert resumed["bank_weight"].dtype == np.dtype(bank_dtype)
+    assert resumed["bank_momentum"].dtype == np.dtype(np.int8 if bank_momentum == "int8" else bank_dtype)
+    assert ("bank_momentum_scale" in resumed) == (bank_momentum == "int8")
     assert_same(resumed, checkpoint_arrays(str(tmp_path / "straight" / "step-00000012"), 2))
 
 
