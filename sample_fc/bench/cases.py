@@ -42,13 +42,23 @@ def median_ms(seconds):
 
 
 # ---- the head step -------------------------------------------------------------------------
+def bank_storage(label):
+    """(bank_dtype, bank_momentum) of a case's storage label: "float32", "float16", or a dtype
+    with its momentum's storage, "float16+int8"."""
+    dtype, _, momentum = label.partition("+")
+    return dtype, momentum or "same"
+
+
 def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, seed=0, lr=0.1, dtype="float32",
                       warmup_steps=0, sample_correction=False):
-    """SampleDistributeModule over this rank's bank (of `dtype`) with an identity backbone (no
-    parameters); its sample ratio warms up from 1.0 over `warmup_steps` updates."""
+    """SampleDistributeModule over this rank's bank (stored as the label `dtype` says:
+    bank_storage) with an identity backbone (no parameters); its sample ratio warms up from 1.0
+    over `warmup_steps` updates."""
     schedule = WarmupMultiStepSchedule(lr)
+    bank_dtype, bank_momentum = bank_storage(dtype)
     options = PartialFCOptions(sample_ratio=ratio, sample_ratio_warmup_steps=warmup_steps,
-                               sample_correction=sample_correction, bank_dtype=dtype, seed=seed)
+                               sample_correction=sample_correction, bank_dtype=bank_dtype,
+                               bank_momentum=bank_momentum, seed=seed)
     partial_fc = PartialFC.for_rank(classes, rank, world, embedding_size, mx.cpu(), options, schedule)
     backbone = mx.sym.identity(mx.sym.Variable("data"), name="embeddings")
     backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(learning_rate=lr, lr_scheduler=schedule))
@@ -112,15 +122,16 @@ def gemm_bound_ms(global_batch, num_sampled, embedding_size, repeats, seed=0):
 
 
 def rows_traffic_ms(bank, index, repeats, block_rows=BOUND_BLOCK_ROWS):
-    """Median ms of reading the sampled rows of weight and momentum and writing them back
-    (NumPy take + put through one cache-sized block, so no K x D temporary is needed)."""
-    weight, momentum = host_view(bank.weight), host_view(bank.momentum)
-    block = np.empty((block_rows, weight.shape[1]), dtype=weight.dtype)
+    """Median ms of reading the sampled rows of every array the bank stores (weight, momentum;
+    an int8 momentum's codes and scales) and writing them back (NumPy take + put through one
+    cache-sized block each, so no K x D temporary is needed)."""
+    arrays = [host_view(blocks[0]) for blocks in bank.row_arrays().values()]
+    buffers = [np.empty((block_rows, array.shape[1]), dtype=array.dtype) for array in arrays]
 
     def take_put():
         for lo in range(0, len(index), block_rows):
             rows = index[lo:lo + block_rows]
-            for array in (weight, momentum):
+            for array, block in zip(arrays, buffers):
                 np.take(array, rows, axis=0, mode="clip", out=block[:len(rows)])
                 array[rows] = block[:len(rows)]        # the same values back
     return _median_call_ms(take_put, repeats)

@@ -142,6 +142,11 @@ def targets(report):
         slower = half["ms_per_step"] / case["ms_per_step"]
         rows.append(("head 1M, ratio 0.1, world 1: float16 bank <= 1.2x float32",
                      f"{half['ms_per_step']:.0f} vs {case['ms_per_step']:.0f} ms = {slower:.2f}x", slower <= 1.2))
+    small = head.get((1_000_000, 0.1, 1, "float16+int8"))
+    if case and small and "ms_per_step" in case and "ms_per_step" in small:
+        slower = small["ms_per_step"] / case["ms_per_step"]
+        rows.append(("head 1M, ratio 0.1, world 1: float16 + int8 momentum <= 1.2x float32",
+                     f"{small['ms_per_step']:.0f} vs {case['ms_per_step']:.0f} ms = {slower:.2f}x", slower <= 1.2))
     for local, limit in ((1_250_000, 10), (4_400_000, 25)):
         measured = (report["sampler_ms"] or {}).get(str(local))
         if isinstance(measured, (int, float)):

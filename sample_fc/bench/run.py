@@ -47,7 +47,7 @@ class Plan:
     e2e_timeout_s: int
     batch_per_rank: int = 128
     embedding_size: int = 512
-    dtypes: tuple = ("float32", "float16")      # bank dtypes of every head case
+    dtypes: tuple = ("float32", "float16", "float16+int8")   # bank storages of every head case (cases.bank_storage)
     sampler_locals: tuple = (1_250_000, 4_400_000)
     sampler_positives: int = 512
     sampler_ratio: float = 0.1
@@ -74,6 +74,30 @@ HEADLINE_DATA_SIZE = 112       # the size of real training data (and of the full
 
 
 # ---- the parts of the report ---------------------------------------------------------------
+def _storage(label):
+    from ..options import BANK_DTYPES, BANK_MOMENTA
+    from .cases import bank_storage
+    dtype, momentum = bank_storage(label)
+    if dtype not in BANK_DTYPES or momentum not in BANK_MOMENTA:
+        raise ValueError(f"{label!r} is not a bank storage: a dtype ({', '.join(BANK_DTYPES)}), optionally "
+                         f"+ a momentum storage ({', '.join(BANK_MOMENTA)}), e.g. float16+int8")
+    return label
+
+
+def _ratio(text):
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError(f"ratio {text!r} is not in (0, 1]")
+    return value
+
+
+def _world(text):
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"world {text!r} is not >= 1")
+    return value
+
+
 def head_record(plan, classes, ratio, world, dtype, folder, headroom):
     """One head case; skipped when its predicted memory (all ranks) exceeds headroom x
     MemAvailable right now."""
@@ -120,8 +144,11 @@ def head_memory_mb(plan, classes, ratio, world, dtype):
     plan's bank, and its sampler and host head as the buffers (memory_plan.py)."""
     from ..host_head import default_threads
     from ..memory_plan import plan as memory_plan
+    from .cases import bank_storage
+    bank_dtype, bank_momentum = bank_storage(dtype)
     need = memory_plan(classes, world, plan.embedding_size, plan.batch_per_rank, ratio,
-                       bank_itemsize=np.dtype(dtype).itemsize, threads=default_threads(world))
+                       bank_itemsize=np.dtype(bank_dtype).itemsize, threads=default_threads(world),
+                       bank_momentum=bank_momentum)
     bank, buffers = need.bank / 1e6, (need.sampler + need.head) / 1e6
     return bank, buffers, bench_report.SLACK * (bench_report.BASELINE_MB + bank + buffers)
 
@@ -233,6 +260,10 @@ def main(argv=None):
                         help=f"comma-separated subset of {','.join(PARTS)} (default: all)")
     parser.add_argument("--classes", metavar="C1,C2", help="head cases' total classes (default: "
                         "the plan's: 100000,1000000,4000000; --quick: 20000)")
+    parser.add_argument("--dtypes", metavar="S1,S2", help="head cases' bank storages (default: "
+                        "float32,float16,float16+int8: float16 weights with an int8 momentum)")
+    parser.add_argument("--ratios", metavar="R1,R2", help="head cases' sample ratios (default: 1.0,0.1)")
+    parser.add_argument("--worlds", metavar="W1,W2", help="head cases' worker counts (default: 1,2)")
     parser.add_argument("--memory-headroom", type=float, default=0.97, metavar="F",
                         help="skip a head case whose predicted peak RSS (all ranks) exceeds F x "
                              "MemAvailable (default 0.97; near 1 risks the OOM killer)")
@@ -253,6 +284,14 @@ def main(argv=None):
             parser.error(f"--classes must be comma-separated integers >= {max(plan.worlds)} "
                          f"(one class per rank at least), got {args.classes!r}")
         plan = replace(plan, classes=classes)
+    for option, key, kind in (("--dtypes", "dtypes", _storage), ("--ratios", "ratios", _ratio),
+                              ("--worlds", "worlds", _world)):
+        text = getattr(args, key)
+        if text:
+            try:
+                plan = replace(plan, **{key: tuple(kind(value) for value in text.split(","))})
+            except ValueError as err:
+                parser.error(f"{option}: {err}")
     report = {"head": [], "schedule": None, "sampler_ms": None, "data_images_per_s": None, "e2e": [],
               "machine": bench_report.machine_info(REPO, mode)}
     start = time.monotonic()
