@@ -33,6 +33,8 @@ NOT_RUN = {
     "scripts/test.sh": "the test suite itself",
     ".venv/bin/python -m sample_fc.tools.pack --images /data/my_faces --out /data/my_set/train":
         "a user's folder; the same tool runs on faces/ above",
+    "./horovodrun.sh -np 2 --dataset custom --set rec=/data/my_set/train.rec --models-root models/my_set":
+        "a user's set; tests/parallel/test_train.py trains --dataset custom on a set it packs",
     "./horovodrun.sh -np 8 --dataset emore --network r100 --loss arcface "
     "--models-root models/r100_emore --set rec=/data/emore/train.rec --set batch_size=128": "needs MS1MV2",
     "./horovodrun.sh -np 8 --dataset glint360k --network r100": "needs Glint360K and 8 workers",
