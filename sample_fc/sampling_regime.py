@@ -17,6 +17,7 @@ SAFE_DRAWS_PER_VISIT = 35.0     # Glint360K at ratio 0.1, B = 1024: parity with 
 MEASURED = (                    # (q*K/B, what it cost against ratio 1.0), the lowest first
     (3.9, "6.4 points at 1,000 steps on 5,000 real-image identities (two seeds, BENCHMARKS.md 'When to "
           "sample'; 1.9 points on the demo's synthetic kind)"),
+    (5.8, "3.9 points at 1,000 steps on 7,400 real-image identities (one seed)"),
     (7.8, "2.4 points at 1,000 steps on 5,000 real-image identities (two seeds)"),
     (19.5, "0.9 points at 1,000 steps on 5,000 real-image identities (two seeds) and on synthetic ones "
            "(none with sample_wd_correction)"),
