@@ -334,8 +334,8 @@ def test_int8_momentum_rounds_the_same_whatever_the_threads_blocks_or_kernel(sma
 @pytest.mark.parametrize("form", ["mxnet", "pytorch"])
 def test_a_host_step_without_momentum_is_plain_sgd(monkeypatch, form):
     """Test that a host step on a bank without momentum updates the sampled rows as NumPy's SGD
-    without momentum (w - lr (g + wd w), lr in either form), however large the optimizer's
-    momentum, and leaves the other rows bit-identical."""
+    without momentum at momentum SGD's built-up step (w - lr / (1 - momentum) (g + wd w), lr in
+    either form), and leaves the other rows bit-identical."""
     monkeypatch.setattr(host_head, "BLOCK_ROWS", 3)
     bank = MemoryBank(20, 5, mx.cpu(), seed=3, momentum_storage="none")
     weight0 = bank.to_numpy()[0]
@@ -347,7 +347,7 @@ def test_a_host_step_without_momentum_is_plain_sgd(monkeypatch, form):
     ref.assert_close(loss, [want_loss], 1e-5)
     ref.assert_close(grad_x, want_x, 1e-5)
     weight = bank.to_numpy()[0]
-    ref.assert_close(weight[index], weight0[index] - 0.6 * (want_w + 0.01 * weight0[index]), 1e-5)
+    ref.assert_close(weight[index], weight0[index] - 0.6 / (1 - 0.9) * (want_w + 0.01 * weight0[index]), 1e-5)
     untouched = np.setdiff1d(np.arange(20), index)
     np.testing.assert_array_equal(weight[untouched], weight0[untouched])
 
