@@ -389,6 +389,11 @@ def renamed_overrides(overrides, note=lambda line: None):
     return renamed
 
 
+def overridden_keys(overrides):
+    """The (current) names of the keys a list of `key=value` overrides sets."""
+    return {text.split('=', 1)[0].strip() for text in renamed_overrides(overrides)}
+
+
 def config_from_checkpoint(saved, note=lambda line: None):
     """The config of a saved run (the `config` of a checkpoint's state.json): the defaults of
     its presets for keys added since it was written (VALUE_BEFORE_KEY where the default would

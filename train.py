@@ -130,7 +130,7 @@ def build_config(args, request):
         ensure_demo(os.path.dirname(cfg.rec),                # ranks and jobs wait on its lock; the
                     log=lambda line: print(f"train.py: {line}", file=sys.stderr, flush=True))  # builder says so
     if not request.resume:
-        explicit = {text.split("=", 1)[0].strip() for text in default.renamed_overrides(args.overrides)}
+        explicit = default.overridden_keys(args.overrides)
         if cfg.dataset == "demo" and cfg.rec != default.get_config("demo").rec and "lr" not in explicit:
             say(f"{cfg.rec} trains with the demo's recipe, tuned for its 200 synthetic identities (lr {cfg.lr:g} "
                 f"per 512 images); on 5,000 real-image classes that lr sat at chance where 0.1 learned: "

@@ -165,7 +165,8 @@ class HostHead(Head):
         opt = self.optimizer
         step_scale, weight_scale = opt.step_scales(num_update)
         x_factor, row_factor = x_hat * step_scale, step_scale * (decay - row_radial)
-        keys = [rounding_key(self.bank.seed, num_update, stream) for stream in (0, 1)]   # weights, momentum
+        rounded = self.half or self.momentum_storage == "int8"      # rows written back with rounding noise
+        keys = [rounding_key(self.bank.seed, num_update, stream) if rounded else None for stream in (0, 1)]
         block = min(BLOCK_ROWS, len(index))
         starts = range(0, len(index), block)
         threads = min(self.threads, len(starts))

@@ -21,11 +21,10 @@ This module holds the definitions in NumPy (`encode`, `decode`). `take_rows` and
 what the host kernel calls: the C extension sample_fc._half_rows (built by setup.py; tests hold
 it to these definitions bit for bit) or, when it was not built, the NumPy code here.
 """
-import logging
 
 import numpy as np
 
-from .rounding import noise
+from .rounding import int64_rows, noise, warn_numpy_fallback
 
 try:
     from . import _half_rows
@@ -37,7 +36,6 @@ _kernel = _half_rows if hasattr(_half_rows, "put_int8") else None
 QBLOCK = 64                    # momentum columns sharing one scale
 CODE_LIMIT = 127               # codes are in [-127, 127] (symmetric: -128 is never written)
 NOISE_BITS = 16                # noise bits per code: u = noise / 2^16
-_warned = []
 
 
 def scale_columns(width):
@@ -87,21 +85,13 @@ def check_finite(values, classes):
 
 # ---- what the host kernel calls: the C extension, or the definitions above ----------------
 def _numpy_fallback():
-    if not _warned:
-        _warned.append(True)
-        logging.getLogger(__name__).warning(
-            "sample_fc._half_rows is not built (or predates int8 momentum): int8 momentum rows use the "
-            "slow NumPy path (re-run scripts/bootstrap.sh, or pip install -e . with a C compiler)")
-
-
-def _rows(rows):
-    return np.ascontiguousarray(rows, dtype=np.int64)
+    warn_numpy_fallback("is not built (or predates int8 momentum)", "int8 momentum rows")
 
 
 def take_rows(codes, scales, rows, out):
     """out (float32, n x D, C-contiguous) = the decoded momentum of rows `rows` of one row block:
     int8 `codes` (block rows x D) and float32 `scales` (block rows x ceil(D / 64)), C-contiguous."""
-    rows = _rows(rows)
+    rows = int64_rows(rows)
     if _kernel is None:
         _numpy_fallback()
         out[...] = decode(codes[rows], scales[rows])
@@ -114,7 +104,7 @@ def put_rows(codes, scales, rows, values, classes, key):
     """Rows `rows` of one row block (`codes`, `scales`) = float32 momentum rows `values`, encoded
     with the noise of (`key`, `classes`); ValueError naming the class of a non-finite row, with
     nothing written."""
-    rows, classes = _rows(rows), _rows(classes)
+    rows, classes = int64_rows(rows), int64_rows(classes)
     values = np.ascontiguousarray(values, dtype=np.float32)
     if _kernel is None:
         _numpy_fallback()

@@ -38,7 +38,7 @@ DROPPED_BITS = 13                     # float32 mantissa (23) - float16 mantissa
 KEEP_MASK = np.uint32(0xFFFFFFFF ^ ((1 << DROPPED_BITS) - 1))
 GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
-_warned = []
+_warned = []                          # the kinds of rows warned about
 
 
 def _mix(z):
@@ -101,23 +101,25 @@ def stochastic_round_to_float16(x, noise_bits):
 
 
 # ---- what the heads call: the C extension, or the definitions above ------------------------
-def _numpy_fallback():
-    if not _warned:
-        _warned.append(True)
+def warn_numpy_fallback(what="is not built", rows="float16 bank rows"):
+    """Warn once per kind of rows that sample_fc._half_rows (`what`) and its rows take NumPy's path."""
+    if rows not in _warned:
+        _warned.append(rows)
         logging.getLogger(__name__).warning(
-            "sample_fc._half_rows is not built: float16 bank rows use the slow NumPy path "
+            f"sample_fc._half_rows {what}: {rows} use the slow NumPy path "
             "(re-run scripts/bootstrap.sh, or pip install -e . with a C compiler)")
 
 
-def _rows(rows):
+def int64_rows(rows):
+    """Row indices (or class ids) as the C-contiguous int64 array the kernel reads."""
     return np.ascontiguousarray(rows, dtype=np.int64)
 
 
 def take_rows(block, rows, out):
     """out (float32, n x D, C-contiguous) = rows `rows` of the float16 `block` (C-contiguous)."""
-    rows = _rows(rows)
+    rows = int64_rows(rows)
     if _half_rows is None:
-        _numpy_fallback()
+        warn_numpy_fallback()
         out[...] = block[rows]
         return out
     _half_rows.take(block.view(np.uint16), block.shape[0], block.shape[1], rows, out)
@@ -127,10 +129,10 @@ def take_rows(block, rows, out):
 def put_rows(block, rows, values, classes, key):
     """Rows `rows` of the float16 `block` = float32 `values`, stochastically rounded with the
     noise of (`key`, `classes`)."""
-    rows, classes = _rows(rows), _rows(classes)
+    rows, classes = int64_rows(rows), int64_rows(classes)
     values = np.ascontiguousarray(values, dtype=np.float32)
     if _half_rows is None:
-        _numpy_fallback()
+        warn_numpy_fallback()
         block[rows] = stochastic_round_to_float16(values, noise(key, classes, values.shape[1]))
         return
     _half_rows.put(block.view(np.uint16), block.shape[0], block.shape[1], rows, values, classes, key)
@@ -138,9 +140,9 @@ def put_rows(block, rows, values, classes, key):
 
 def round_rows(values, classes, key):
     """float16 copy of float32 rows `values` of `classes`, stochastically rounded."""
-    values, classes = np.ascontiguousarray(values, dtype=np.float32), _rows(classes)
+    values, classes = np.ascontiguousarray(values, dtype=np.float32), int64_rows(classes)
     if _half_rows is None:
-        _numpy_fallback()
+        warn_numpy_fallback()
         return stochastic_round_to_float16(values, noise(key, classes, values.shape[1]))
     out = np.empty(values.shape, dtype=np.float16)
     _half_rows.round_rows(values, values.shape[1], classes, key, out.view(np.uint16))

@@ -91,7 +91,7 @@ def main(argv=None):
         from symbols.cost import backbone_cost
         from ..host_head import default_threads
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
-        explicit = {text.split("=", 1)[0].strip() for text in default.renamed_overrides(args.overrides)}
+        explicit = default.overridden_keys(args.overrides)
         for note in fill_from_property(cfg, explicit):      # as train.py: the set's own classes and size
             print(note, file=sys.stderr)
         default.check_config(cfg)
