@@ -42,11 +42,13 @@ class SampleDistributeModule:
                              3-8. partial_fc (partial_fc.PartialFC): sample this rank's centers,
                                 rows of the bank, cosine, margin, exact distributed softmax,
                                 loss and gradients
+                             the finite check's flags sent (not waited for)
                              9. reducescatter d loss / d embeddings to this rank's b rows,
                                 then the backbone's backward
-      all_ranks_finite       skip the step everywhere when any rank saw NaN/Inf
+      sum_gradients          the backbone's gradients summed over the ranks and their norm; with
+                             the flags: skip the step everywhere when any rank saw NaN/Inf
       apply_updates          10. partial_fc's update of the sampled bank rows; 11. the backbone's
-                                update (its optimizer sums the gradients over ranks)
+                                update
 
     `symbol`: the backbone (input `data`, one output: the embeddings); `partial_fc`: this rank's
     PartialFC; `backbone_optimizer`: a BackboneOptimizer; `context`: one mx.Context or a list (the
@@ -76,7 +78,7 @@ class SampleDistributeModule:
         self.stage_hook = no_stage
         partial_fc.stage_hook = self.stage
         self._labels = None                 # this rank's integer labels of the current batch
-        self._grad_all_embeddings = None    # this step's d loss / d (global embeddings), partial
+        self._flags, self._request_names = None, []   # this step's pending flags (send_flags)
 
     def stage(self, name):
         """The stage hook's context for the block `name` of the step."""
@@ -136,7 +138,9 @@ class SampleDistributeModule:
         self.backbone.forward(data_batch, is_train=True)
 
     def loss_and_gradients(self):
-        """2-9 after forward_backbone: returns the global mean loss ((1,) NDArray)."""
+        """2-9 after forward_backbone: returns the global mean loss ((1,) NDArray). Sends the
+        finite check's flags (send_flags) before the reducescatter, so that both collectives
+        are negotiated together and the flags are back before the backward ends."""
         stage = self.stage
         embeddings = self.backbone.get_outputs(merge_multi_context=True)[0]
         with stage("allgather"):      # 2. the global batch: embeddings (B x D), integer labels (B)
@@ -144,49 +148,48 @@ class SampleDistributeModule:
                                             self.allgather)
             all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
         # 3-8. sample (all local positives + negatives), sampled rows, cosine, margin, exact softmax, gradients
-        loss, self._grad_all_embeddings = self.partial_fc.forward_backward(all_embeddings, all_labels,
-                                                                           self.num_update + 1)
+        loss, grad_all_embeddings = self.partial_fc.forward_backward(all_embeddings, all_labels,
+                                                                     self.num_update + 1)
+        with stage("finite_check"):
+            self._flags = self.send_flags(loss, grad_all_embeddings)
         with stage("reducescatter"):  # 9. this rank's rows of d loss / d embeddings, summed over ranks
-            grad_embeddings = dist.reducescatter_sum(self._grad_all_embeddings, "embedding_grads")
+            grad_embeddings = dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
         with stage("backbone_backward"):
             self.backbone.backward(out_grads=[grad_embeddings.as_in_context(self.contexts[0])])
         return loss
 
-    def all_ranks_finite(self, loss):
-        """True when the loss and every gradient of this step are finite on every rank.
-
-        Checks the loss, this rank's d loss / d embeddings (it shares every factor of the
-        bank-row gradients except the finite normalised rows) and the backbone gradients,
-        the latter with one fused sum of squares (NaN and Inf propagate through it). The same
-        allreduce carries this rank's `requests()` (a stop asked for by a signal, a checkpoint
-        due by the clock): `agreed` holds each one's max over the ranks, so every rank acts on
-        them after the same step, at no extra round trip.
-        """
-        checks = [loss.reshape(-1), mx.nd.sum(self._grad_all_embeddings).reshape(-1)]
-        grads_by_context = {}
-        for per_parameter in self.backbone._exec_group.grad_arrays:
-            for grad in per_parameter:
-                grads_by_context.setdefault(grad.context, []).append(grad)
-        for grads in grads_by_context.values():
-            squares = mx.nd.multi_sum_sq(*grads, num_arrays=len(grads))
-            checks.append(mx.nd.sum(squares).as_in_context(loss.context).reshape(-1))
-        local_bad = 0.0 if np.isfinite(mx.nd.add_n(*checks).asscalar()) else 1.0
+    def send_flags(self, loss, grad_all_embeddings):
+        """This rank's flags for the step's one small collective, sent and not waited for: a
+        non-finite loss or d loss / d embeddings here (they share every factor of the bank-row
+        gradients except the finite normalised rows), then this rank's `requests()` (a stop
+        asked for by a signal, a checkpoint due by the clock). Returns the pending max over the
+        ranks (sum_gradients reads it)."""
+        check = mx.nd.add_n(loss.reshape(-1), mx.nd.sum(grad_all_embeddings).reshape(-1))
+        local_bad = 0.0 if np.isfinite(check.asscalar()) else 1.0
         requests = self.requests()
-        names = sorted(requests)
-        flags = dist.allreduce_max(mx.nd.array([local_bad] + [requests[name] for name in names]),
-                                   "step.nonfinite").asnumpy()
-        self.agreed = dict(zip(names, flags[1:].tolist()))
-        return flags[0] == 0.0
+        self._request_names = sorted(requests)
+        return dist.allreduce_max(mx.nd.array([local_bad] + [requests[name] for name in self._request_names]),
+                                  "step.nonfinite")
+
+    def sum_gradients(self):
+        """The backbone's gradients summed over the ranks (one fused collective) and their global
+        norm, which the optimizer clips to. True when this step is finite on every rank: the
+        flags say so and the summed gradients' norm is finite (a NaN/Inf in any rank's backbone
+        gradients is one in the sum; float32 overflow of the sum counts too). `agreed` then holds
+        each request's max over the ranks, so every rank acts on them after the same step."""
+        self.last_grad_norm = self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays,
+                                                                    self.num_update + 1)
+        flags = self._flags.asnumpy()
+        self.agreed = dict(zip(self._request_names, flags[1:].tolist()))
+        return flags[0] == 0.0 and math.isfinite(self.last_grad_norm)
 
     def apply_updates(self):
-        """10-11: SGD-momentum on the sampled bank rows; the backbone's gradients summed over
-        the ranks (one fused collective) and clipped to the optimizer's global norm, then its update."""
+        """10-11: SGD-momentum on the sampled bank rows; the backbone's update with the gradients
+        sum_gradients summed (clipped to the optimizer's global norm)."""
         self.num_update += 1
         with self.stage("bank_update"):
             self.partial_fc.update(self.num_update)
         with self.stage("backbone_update"):
-            self.last_grad_norm = self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays,
-                                                                        self.num_update)
             self.backbone.update()
 
     # ---- one step ---------------------------------------------------------------------
@@ -201,8 +204,8 @@ class SampleDistributeModule:
         with self.stage("forward"):
             self.forward_backbone(data_batch)
         loss = self.loss_and_gradients()
-        with self.stage("finite_check"):
-            finite = self.all_ranks_finite(loss)
+        with self.stage("gradient_sum"):
+            finite = self.sum_gradients()
         if finite:
             self.apply_updates()
             self.nonfinite_in_a_row = 0

@@ -3,7 +3,7 @@ the end), verification, progress, the step watchdog, and a stop asked for by a s
 
 Everything that changes what all ranks do is decided in the step's collective: each rank's
 `requests()` (a stop's signal number, a checkpoint due by its clock) travels in the step's
-existing allreduce (module.all_ranks_finite), and every rank acts on the max over the ranks
+existing small allreduce (module.send_flags), and every rank acts on the max over the ranks
 after the same step (StepInfo.agreed).
 """
 import dataclasses

@@ -1,7 +1,7 @@
 """A stop asked for by a signal: the scheduler's SIGTERM, a terminal's SIGINT, SLURM's warning.
 
 The first signal only records the request (StopSignals.requested); the training loop carries it
-to every rank in the step's existing allreduce (module.py, all_ranks_finite), so all ranks stop
+to every rank in the step's existing small allreduce (module.py, send_flags), so all ranks stop
 after the same step, and the run ends with a checkpoint of that step (train.py). A second
 signal, or a stop that takes longer than `grace_s`, ends the process at once through `abort`
 (no new checkpoint: a partial one is never read, the previous complete one stays).

@@ -4,7 +4,7 @@ Horovod's stall check sees a rank missing from a collective the others joined; i
 a job where every rank is stuck outside a collective (all data readers on a dead file
 system, say). The watchdog can: a thread that ends the process with one line naming the
 rank, the step and the stage it was in (the module's stage hook: data, forward, allgather,
-..., bank_update, backbone_update; checkpoint, verification) when no step has finished for the timeout, so the launcher sees a
+..., gradient_sum, bank_update, backbone_update; checkpoint, verification) when no step has finished for the timeout, so the launcher sees a
 failure (and, with restarts on, restarts the job from its last checkpoint).
 
 The timeout is `timeout_s` when > 0; with 0 it is set after `warmup_steps` steps to

@@ -23,8 +23,8 @@ from ..optimizers import BackboneOptimizer, WarmupMultiStepSchedule
 from ..partial_fc import PartialFC, PartialFCOptions
 from ..sampler import class_center_sample, num_sample_for, shard_range
 
-STAGES = ("forward", "allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "reducescatter",
-          "backbone_backward", "finite_check", "bank_update", "backbone_update")   # module.step's, in order
+STAGES = ("forward", "allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "finite_check",
+          "reducescatter", "backbone_backward", "gradient_sum", "bank_update", "backbone_update")   # module.step's, in order
 BOUND_BLOCK_ROWS = 512      # rows per take + put block of the rows-traffic bound
 EMBEDDING_POOL = 4          # distinct embedding batches cycled through (labels differ every step)
 

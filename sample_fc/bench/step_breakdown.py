@@ -27,7 +27,7 @@ STAGE_COLUMNS = (("data", ("data",)), ("forward", ("forward",)),
                  ("head", ("allgather", "sample", "gather_rows", "logits", "softmax", "gradients",
                            "reducescatter")),
                  ("backward", ("backbone_backward",)), ("finite check", ("finite_check",)),
-                 ("update", ("bank_update", "backbone_update")))
+                 ("update", ("gradient_sum", "bank_update", "backbone_update")))
 
 
 def step_case(network, image_size, batch_size, steps, seed=0):

@@ -116,10 +116,12 @@ def test_allgather_strategies_agree(horovod_job, tmp_path):
     np.testing.assert_array_equal(native["fc_embed_weight"], padded["fc_embed_weight"])
 
 
-def test_nan_on_one_rank_skips_the_step_on_every_rank(horovod_job, tmp_path):
-    """Test that a NaN in one rank's features makes every rank skip that step: the result
-    equals the NumPy reference trained on the other steps only."""
-    run = _two_workers(horovod_job, tmp_path / "nan", steps=3, nan_step=1, nan_rank=1)
+@pytest.mark.parametrize("where", ["data", "gradient"])
+def test_nan_on_one_rank_skips_the_step_on_every_rank(horovod_job, tmp_path, where):
+    """Test that a NaN in one rank's features (so its loss), or in one of its backbone gradients
+    only (the loss and d loss / d embeddings finite), makes every rank skip that step: the
+    result equals the NumPy reference trained on the other steps only."""
+    run = _two_workers(horovod_job, tmp_path / "nan", steps=3, nan_step=1, nan_rank=1, nan_in=where)
     assert np.isnan(run["losses"][1]) and np.isfinite(run["losses"][[0, 2]]).all()
     weight, data, labels, centers = case.inputs(8, 11, 6, 3)
     kept = [0, 2]

@@ -27,6 +27,9 @@ parser.add_argument("--contexts", type=int, default=1)
 parser.add_argument("--head-kernel", default="auto", choices=("auto", "host", "device"))
 parser.add_argument("--nan-step", type=int, default=-1, help="put a NaN into this step's data ...")
 parser.add_argument("--nan-rank", type=int, default=0, help="... of this rank")
+parser.add_argument("--nan-in", default="data", choices=("data", "gradient"),
+                    help="gradient: the NaN goes into one backbone gradient after the backward instead "
+                         "(the loss and d loss / d embeddings stay finite)")
 parser.add_argument("--max-nonfinite", type=int, default=5)
 parser.add_argument("--sample-correction", action="store_true", help="the sampled-softmax logit correction")
 parser.add_argument("--sample-wd-correction", action="store_true", help="the bank's weight-decay correction")
@@ -76,11 +79,20 @@ def recording_sampler(all_labels, num_update=None):
     return sample
 
 
+def poisoning_backward(out_grads):
+    backward(out_grads=out_grads)
+    if len(losses) == args.nan_step and rank == args.nan_rank:
+        module.backbone._exec_group.grad_arrays[0][0][0, 0] = np.nan
+
+
 partial_fc.sampler = recording_sampler
+backward = module.backbone.backward
+if args.nan_in == "gradient":
+    module.backbone.backward = poisoning_backward
 for step in range(args.steps):
     rows = slice(rank * b, (rank + 1) * b)
     rank_data = data[step, rows].copy()
-    if step == args.nan_step and rank == args.nan_rank:
+    if step == args.nan_step and rank == args.nan_rank and args.nan_in == "data":
         rank_data[0, 0, 0, 0] = np.nan
     batch = mx.io.DataBatch(data=[mx.nd.array(rank_data)],
                             label=[mx.nd.array(labels[step, rows], dtype="int64")])
