@@ -88,7 +88,9 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
         multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form)
     partial_fc = PartialFC.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx,
                                     PartialFCOptions.from_config(cfg), schedule)
-    training_symbol = fused_ops.fuse(symbol) if ctx.device_type == "cpu" else symbol   # the same math, faster
+    data_shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
+    # the same math, faster
+    training_symbol = fused_ops.fuse(symbol, data_shape) if ctx.device_type == "cpu" else symbol
     module = SampleDistributeModule(training_symbol, partial_fc, backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
                                     data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
                                     max_nonfinite_steps=cfg.max_nonfinite_steps)

@@ -8,7 +8,19 @@ convolution and an add, which took ~40% of an mbf training step on the CPU (BENC
 parameters, checkpoints and every output are unchanged: forward values and the data gradient
 are the same bits, the slopes' gradient the same sum in another order (float rounding).
 
-Only the training module runs the fused graph (builder.build_module, CPU contexts). Saved
+MXNet 1.9 has no fast CPU kernel either for a grouped 3x3 convolution with 2 channels per
+group (mbf's stem_dw_conv: 128 channels in 64 groups): it ran 4-7x slower than a depthwise
+conv of the same size (one thread, forward + backward; ours is 3-7x faster than MXNet's at
+16x16, 2.6-3x at 56x56). `fuse(symbol, data_shape)` replaces each such Convolution (kernel
+3x3, stride 1, pad 1, no dilation, no bias, as many channels out as in, GROUP_CONV_WIDTHS
+channels per group) by one `sample_fc_group_conv3x3` node with the same name and inputs (the
+data and `<name>_weight`), so parameters and checkpoints are unchanged; outputs and gradients
+are the same sums in another order (float rounding). Its input channels are not in the graph:
+fuse finds them from the weight's shape, inferred from `data_shape`, and leaves the conv to
+MXNet when it cannot. Depthwise convs (1 channel per group) keep MXNet's own fast kernel.
+
+The training module and the verification's embedder run the fused graph on CPU contexts
+(builder.build_module, verification.Embedder). Saved
 models keep the composite form (standard operators: any MXNet, ONNX export, insightface's
 tools read them). Without the library (not built: no C++ compiler at `pip install -e .`)
 `fuse` returns the symbol unchanged and says once that training is slower.
@@ -17,6 +29,7 @@ import glob
 import json
 import logging
 import os
+import re
 import struct
 
 import mxnet as mx
@@ -24,6 +37,10 @@ import mxnet as mx
 from symbols.common import PRELU_PARTS
 
 OP_NAME = "sample_fc_prelu"
+CONV_OP_NAME = "sample_fc_group_conv3x3"
+# channels per group (in and out) of the convs CONV_OP_NAME replaces: where it beat MXNet's
+# Convolution (1 thread, fwd+bwd, batch 64 x 128 channels at 16x16 and 56x56; 4: 1.2-2.4x)
+GROUP_CONV_WIDTHS = (2, 4)
 _library = {}        # "loaded": whether this process's MXNet has the operators
 
 
@@ -48,7 +65,7 @@ def available():
         if reason:
             logging.getLogger(__name__).warning(
                 "sample_fc's fused CPU operators are not available (%s): PReLU runs as four MXNet "
-                "operators, an mbf step on the CPU about twice as slow (re-run scripts/bootstrap.sh, or "
+                "operators and mbf's grouped stem conv as MXNet's, an mbf step on the CPU about twice as slow (re-run scripts/bootstrap.sh, or "
                 "pip install -e . with a C++ compiler)", reason)
         _library["loaded"] = reason is None
     return _library["loaded"]
@@ -69,14 +86,18 @@ def whole_elf(path):
     return section_offset + entry_size * count <= size
 
 
-def fuse(symbol):
-    """`symbol` with every PReLU of symbols.common.prelu as one sample_fc_prelu node; `symbol`
-    itself when the library is not available or the symbol holds no such PReLU."""
+def fuse(symbol, data_shape=None):
+    """`symbol` with every PReLU of symbols.common.prelu as one sample_fc_prelu node and every
+    grouped 3x3 conv of group_convs as one sample_fc_group_conv3x3 node; `symbol` itself when
+    the library is not available or the symbol holds neither. `data_shape`: the shape of its
+    input `data` (unknown dimensions 0), which gives the convs' input channels; without it
+    only convs whose weight shape the symbol itself tells are replaced."""
     graph = json.loads(symbol.tojson())
     groups = prelu_groups(graph["nodes"])
-    if not groups or not available():
+    convs = group_convs(graph["nodes"], symbol, data_shape)
+    if not (groups or convs) or not available():
         return symbol
-    return mx.sym.load_json(json.dumps(rewrite(graph, groups)))
+    return mx.sym.load_json(json.dumps(rewrite(graph, groups, convs)))
 
 
 def prelu_groups(nodes):
@@ -100,9 +121,64 @@ def prelu_groups(nodes):
     return groups
 
 
-def rewrite(graph, groups):
-    """The graph (MXNet's JSON form) with each group's add node replaced by one fused node and
-    its other three nodes dropped; every node index renumbered."""
+def _ints(text):
+    """'(3, 3)' -> (3, 3); a missing attribute (None) -> None."""
+    return None if text is None else tuple(int(part) for part in re.findall(r"-?\d+", text))
+
+
+def group_convs(nodes, symbol, data_shape=None):
+    """{index of a Convolution node: (data entry, weight entry, num_group)} for each conv
+    sample_fc_group_conv3x3 computes: kernel 3x3, stride 1, pad 1, dilation 1, no bias,
+    NCHW, num_group > 1 groups of GROUP_CONV_WIDTHS channels in and out. The input channels
+    are not in the JSON: the weight variable's shape (num_filter, C_in / num_group, 3, 3)
+    gives them, inferred from `data_shape` (the symbol's input `data`); a conv whose weight
+    shape stays unknown is left out."""
+    candidates = {}
+    for index, node in enumerate(nodes):
+        attrs = node.get("attrs", {})
+        if node["op"] != "Convolution" or len(node["inputs"]) != 2:
+            continue
+        groups, filters = int(attrs.get("num_group", "1")), int(attrs.get("num_filter", "0"))
+        if (_ints(attrs.get("kernel")) != (3, 3) or _ints(attrs.get("stride")) not in (None, (1, 1))
+                or _ints(attrs.get("pad")) != (1, 1) or _ints(attrs.get("dilate")) not in (None, (1, 1))
+                or attrs.get("no_bias", "False").lower() not in ("true", "1")
+                or attrs.get("layout", "None") not in ("None", "NCHW")
+                or groups < 2 or filters % groups or filters // groups not in GROUP_CONV_WIDTHS):
+            continue
+        weight = node["inputs"][1]
+        if nodes[weight[0]]["op"] != "null":        # the weight's shape is known for variables only
+            continue
+        candidates[index] = (node["inputs"][0], weight, groups)
+    if not candidates:
+        return {}
+    shapes = weight_shapes(symbol, data_shape)
+    convs = {}
+    for index, (data, weight, groups) in candidates.items():
+        filters = int(nodes[index]["attrs"]["num_filter"])
+        if shapes.get(nodes[weight[0]]["name"]) == (filters, filters // groups, 3, 3):   # C_in == num_filter
+            convs[index] = (data, weight, groups)
+    return convs
+
+
+def weight_shapes(symbol, data_shape=None):
+    """{argument name: shape} of the arguments whose shape MXNet infers from `data_shape`
+    (the input `data`'s; None: nothing known beyond the symbol's own shape attributes)."""
+    known = {"data": tuple(data_shape)} if data_shape is not None and "data" in symbol.list_arguments() else {}
+    try:
+        arg_shapes, _, _ = symbol.infer_shape_partial(**known)
+    except mx.MXNetError:
+        return {}
+    if arg_shapes is None:
+        return {}
+    return {name: tuple(shape) for name, shape in zip(symbol.list_arguments(), arg_shapes)
+            if shape and 0 not in shape}
+
+
+def rewrite(graph, groups, convs=None):
+    """The graph (MXNet's JSON form) with each PReLU group's add node replaced by one fused node
+    and its other three nodes dropped, each conv of `convs` by one sample_fc_group_conv3x3 node;
+    every node index renumbered."""
+    convs = convs or {}
     dropped = {inner for _, _, inners in groups.values() for inner in inners}
     new_index, nodes = {}, []
     for index, node in enumerate(graph["nodes"]):
@@ -111,6 +187,10 @@ def rewrite(graph, groups):
         if index in groups:
             data, gamma, _ = groups[index]
             node = {"op": OP_NAME, "name": node["name"], "inputs": [data, gamma]}
+        elif index in convs:
+            data, weight, num_group = convs[index]
+            node = {"op": CONV_OP_NAME, "name": node["name"], "attrs": {"num_group": str(num_group)},
+                    "inputs": [data, weight]}
         new_index[index] = len(nodes)
         nodes.append(node)
 

@@ -134,10 +134,11 @@ class Embedder:
         if not isinstance(symbol, mx.sym.Symbol):
             self.forward = symbol.forward
             return
+        data_shape = (batch_size, 3, image_size, image_size)
         if ctx.device_type == "cpu":
-            symbol = fused_ops.fuse(symbol)      # the same outputs, faster
+            symbol = fused_ops.fuse(symbol, data_shape)      # the same outputs, faster
         self.module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=ctx)
-        self.module.bind(data_shapes=[("data", (batch_size, 3, image_size, image_size))],
+        self.module.bind(data_shapes=[("data", data_shape)],
                          for_training=False)
         self.module.set_params(arg_params, aux_params, allow_missing=False)
 
