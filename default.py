@@ -74,7 +74,7 @@ def _base_config():
     cfg.bank_context = 'same'            # memory bank device: same (as context) | cpu
     cfg.bank_dtype = 'float32'           # bank storage: float32 | float16 (half the bytes per class; math in float32, stochastic rounding on write)
     cfg.bank_momentum = 'same'           # the bank's momentum: same (stored as the weights) | int8 (8-bit codes, a float32 scale per 64 columns, stochastic rounding on write) | none (no momentum for the
-                                         # centers: plain SGD on them at lr / (1 - momentum), the step momentum builds up to; the backbone keeps its momentum; on the demo 1.0 point under float32 over five seeds, int8 +0.5: BENCHMARKS.md). Bytes per identity at D 512, float32 / float16 bank: same 4096 / 2048, int8 2592 / 1568,
+                                         # centers: plain SGD on them at lr / (1 - momentum), the step momentum builds up to; the backbone keeps its momentum; on the demo 1.0 point under float32 over five seeds; int8 +0.5 there, -0.24 on 5,000 glyph ids over three: BENCHMARKS.md). Bytes per identity at D 512, float32 / float16 bank: same 4096 / 2048, int8 2592 / 1568,
                                          # none 2048 / 1024. int8 and none need the bank in host memory (the host kernel: bank_context=cpu on GPUs, head_kernel auto or host)
     cfg.head_kernel = 'auto'             # head step: auto (host for a CPU bank, else device) | host (NumPy BLAS) | device (MXNet ops)
     cfg.allgather = 'native'             # embedding gather: native (hvd.allgather) | allreduce (zero-padded sum)
