@@ -18,18 +18,22 @@ class ProgressLogger:
     """Every `frequent` steps (rank 0): step, global samples/s, mean loss, lr, the mean global
     gradient norm of the backbone (before clipping) and, when `clip_grad_norm` > 0, the share
     of steps it clipped, then the ETA. All means are over the applied steps since the last line.
+    samples/s is the training speed: the time `paused()` (seconds so far outside training:
+    checkpoints, verification) grew by since the last line is not counted; the ETA counts it.
 
     The same scalars go to a tensorboardX SummaryWriter when one is given, and as a dict to
     `record` (run_root.append_progress: the file programs read) when one is given.
     """
 
-    def __init__(self, frequent, max_update, logger, writer=None, clip_grad_norm=0.0, record=None):
+    def __init__(self, frequent, max_update, logger, writer=None, clip_grad_norm=0.0, record=None,
+                 paused=lambda: 0.0):
         self.frequent, self.max_update, self.logger, self.writer = frequent, max_update, logger, writer
-        self.clip_grad_norm, self.record = clip_grad_norm, record
+        self.clip_grad_norm, self.record, self.paused = clip_grad_norm, record, paused
         self._reset(time.perf_counter())
 
     def _reset(self, now):
         self._since, self._losses, self._norms, self._samples = now, [], [], 0
+        self._paused_since = self.paused()
 
     def __call__(self, info):
         if info.skipped:                  # the module already warned; nothing was trained
@@ -41,7 +45,7 @@ class ProgressLogger:
             return
         now = time.perf_counter()
         elapsed = max(now - self._since, 1e-9)
-        speed = self._samples / elapsed
+        speed = self._samples / max(elapsed - (self.paused() - self._paused_since), 1e-9)
         steps = len(self._losses)         # applied steps since the last line
         loss, norm = sum(self._losses) / steps, sum(self._norms) / steps
         eta = datetime.timedelta(seconds=int((self.max_update - info.step) * elapsed / steps))

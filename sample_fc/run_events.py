@@ -44,6 +44,7 @@ class RunEvents:
         module.stage_hook = watchdog.stage
         module.requests = self.requests
         self.saved_steps, self.last_save, self.timed_a_checkpoint = set(), clock(), False
+        self.paused_s = 0.0               # seconds in checkpoints and verification (not training speed)
         self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
                             "embedding_size": cfg.embedding_size, "config": cfg,
                             "partial_fc": dataclasses.asdict(module.partial_fc.options)}
@@ -60,7 +61,8 @@ class RunEvents:
             self.callbacks.append(ChanceWatch(chance_loss(scored, module.partial_fc.margin(start + 1)), start,
                                               self.say_not_learning))
             self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
-                                                    lambda record: run_root.append_progress(run.models_root, record)))
+                                                    lambda record: run_root.append_progress(run.models_root, record),
+                                                    paused=lambda: self.paused_s))
             self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
         if stop_signals is not None:
             stop_signals.abort = self.abort
@@ -93,6 +95,7 @@ class RunEvents:
                                               self.run.train_iter, self.train_state, self.cfg.ckpt_keep)
         seconds = self.clock() - start
         self.last_save = self.clock()
+        self.paused_s += seconds
         self.status(step=step, checkpoint=path, checkpoint_step=step, checkpoint_seconds=round(seconds, 2))
         self.watchdog.progress()
         self.logger.info("step %d: checkpoint saved in %.1f s", step, seconds)
@@ -133,8 +136,10 @@ class RunEvents:
 
     def verify(self, step):
         """Verification on the run's targets at `step`."""
+        start = self.clock()
         with self.watchdog.stage("verification"):
             result = self.verifier(step)
+        self.paused_s += self.clock() - start
         if result:
             self.status(verification={"step": step, "accuracy": {n: r.accuracy for n, r in result.items()}})
         self.watchdog.progress()

@@ -115,6 +115,22 @@ def test_progress_logger_lines_mean_loss_speed_and_eta(recorder, monkeypatch):
                            ("loss", 5.0, 5), ("lr", 0.05, 5), ("samples_per_s", 8.0, 5), ("grad_norm", 6.5, 5)]
 
 
+def test_progress_logger_speed_leaves_out_checkpoints_and_verification(recorder, monkeypatch):
+    """Test that samples/s does not count the time `paused()` grew by in its window (a
+    checkpoint, a verification), while the ETA does: 16 samples in 10 s of which 6 paused is
+    4 samples/s (not 1.6), and the next window without a pause is measured whole."""
+    rec, logger = recorder
+    clock, paused = FakeClock(), [0.0]
+    monkeypatch.setattr(callbacks, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    progress = ProgressLogger(frequent=2, max_update=6, logger=logger, paused=lambda: paused[0])
+    for now, pause, step in ((2.0, 0.0, 1), (10.0, 6.0, 2), (12.0, 6.0, 3), (14.0, 6.0, 4)):
+        clock.now, paused[0] = now, pause
+        progress(info(step))
+    speeds, etas = [r.args[2] for r in rec.records], [str(r.args[-1]) for r in rec.records]
+    np.testing.assert_allclose(speeds, [16 / 4.0, 16 / 4.0], rtol=1e-12)
+    assert etas == ["0:00:20", "0:00:04"]        # 4 steps x 10 s / 2; 2 steps x 4 s / 2
+
+
 def test_progress_logger_without_clipping_shows_the_norm_only(recorder):
     """Test that with clip_grad_norm 0 the line has the mean norm and no clipped share."""
     rec, logger = recorder
