@@ -33,6 +33,7 @@ import re
 import struct
 
 import mxnet as mx
+import numpy as np
 
 from symbols.common import PRELU_PARTS
 
@@ -89,15 +90,26 @@ def whole_elf(path):
 def fuse(symbol, data_shape=None):
     """`symbol` with every PReLU of symbols.common.prelu as one sample_fc_prelu node and every
     grouped 3x3 conv of group_convs as one sample_fc_group_conv3x3 node; `symbol` itself when
-    the library is not available or the symbol holds neither. `data_shape`: the shape of its
-    input `data` (unknown dimensions 0), which gives the convs' input channels; without it
+    the library is not available, the symbol holds neither, or not all of its parameters are
+    float32 (a float16 backbone: the operators are float32 only). `data_shape`: the shape of
+    its input `data` (unknown dimensions 0), which gives the convs' input channels; without it
     only convs whose weight shape the symbol itself tells are replaced."""
     graph = json.loads(symbol.tojson())
     groups = prelu_groups(graph["nodes"])
     convs = group_convs(graph["nodes"], symbol, data_shape)
-    if not (groups or convs) or not available():
+    if not (groups or convs) or not all_float32(symbol) or not available():
         return symbol
     return mx.sym.load_json(json.dumps(rewrite(graph, groups, convs)))
+
+
+def all_float32(symbol):
+    """Whether every argument and auxiliary state of `symbol` is float32 for float32 `data`."""
+    try:
+        arg_types, _, aux_types = symbol.infer_type_partial(data="float32")
+    except mx.MXNetError:
+        return False
+    return arg_types is not None and all(t is not None and np.dtype(t) == np.float32
+                                         for t in list(arg_types) + list(aux_types))
 
 
 def prelu_groups(nodes):

@@ -301,6 +301,19 @@ def test_group_conv_results_do_not_depend_on_the_thread_count(tmp_path):
             assert np.array_equal(a[name], b[name]), name
 
 
+def test_a_float16_backbone_is_left_to_mxnet_and_binds():
+    """Test that fuse leaves a float16 network (its parameters float16; our operators are float32
+    only) unchanged, so that it binds on the CPU (e.g. a GPU-trained fp16 model embedded on a
+    CPU), while the float32 one of the same network is fused."""
+    assert fused_ops.available()
+    half = symbols.get_symbol("mbf", 128, 32, dtype="float16")
+    assert fused_ops.fuse(half, (2, 3, 32, 32)) is half
+    module = mx.mod.Module(fused_ops.fuse(half, (2, 3, 32, 32)), data_names=("data",), label_names=None)
+    module.bind(data_shapes=[("data", (2, 3, 32, 32))], for_training=False)
+    single = symbols.get_symbol("mbf", 128, 32)
+    assert fused_ops.fuse(single, (2, 3, 32, 32)) is not single
+
+
 def test_without_the_library_fuse_keeps_the_composite_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(fused_ops, "_library", {})
     monkeypatch.setattr(fused_ops, "library_path", lambda: None)
