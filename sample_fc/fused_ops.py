@@ -29,13 +29,12 @@ import glob
 import json
 import logging
 import os
-import re
 import struct
 
 import mxnet as mx
 import numpy as np
 
-from symbols.common import PRELU_PARTS
+from symbols.common import PRELU_PARTS, attr_ints
 
 OP_NAME = "sample_fc_prelu"
 CONV_OP_NAME = "sample_fc_group_conv3x3"
@@ -133,11 +132,6 @@ def prelu_groups(nodes):
     return groups
 
 
-def _ints(text):
-    """'(3, 3)' -> (3, 3); a missing attribute (None) -> None."""
-    return None if text is None else tuple(int(part) for part in re.findall(r"-?\d+", text))
-
-
 def group_convs(nodes, symbol, data_shape=None):
     """{index of a Convolution node: (data entry, weight entry, num_group)} for each conv
     sample_fc_group_conv3x3 computes: kernel 3x3, stride 1, pad 1, dilation 1, no bias,
@@ -151,8 +145,8 @@ def group_convs(nodes, symbol, data_shape=None):
         if node["op"] != "Convolution" or len(node["inputs"]) != 2:
             continue
         groups, filters = int(attrs.get("num_group", "1")), int(attrs.get("num_filter", "0"))
-        if (_ints(attrs.get("kernel")) != (3, 3) or _ints(attrs.get("stride")) not in (None, (1, 1))
-                or _ints(attrs.get("pad")) != (1, 1) or _ints(attrs.get("dilate")) not in (None, (1, 1))
+        if (attr_ints(attrs.get("kernel")) != (3, 3) or attr_ints(attrs.get("stride")) not in (None, (1, 1))
+                or attr_ints(attrs.get("pad")) != (1, 1) or attr_ints(attrs.get("dilate")) not in (None, (1, 1))
                 or attrs.get("no_bias", "False").lower() not in ("true", "1")
                 or attrs.get("layout", "None") not in ("None", "NCHW")
                 or groups < 2 or filters % groups or filters // groups not in GROUP_CONV_WIDTHS):

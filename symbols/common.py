@@ -17,6 +17,13 @@ DOWNSAMPLE = 16      # both backbones halve the resolution four times
 DTYPES = ('float32', 'float16')
 
 
+def attr_ints(text):
+    """An MXNet tuple attribute as ints, '(3, 3)' -> (3, 3); a missing one (None) -> None."""
+    if text is None:
+        return None
+    return tuple(int(part) for part in text.strip('()[] ').split(',') if part.strip())
+
+
 def conv(data, name, num_filter, kernel=3, stride=1, num_group=1, pad=None):
     """Square bias-free convolution; by default padded so that stride 1 keeps the
     spatial size."""

@@ -3,6 +3,8 @@ import collections
 
 import numpy as np
 
+from .common import attr_ints
+
 # params:        learnable values, the arguments except `data` (a BN gamma counts even with
 #                fix_gamma=True, as PyTorch counts a frozen weight among the parameters)
 # aux:           BN moving means and variances (auxiliary states; not learnable)
@@ -62,7 +64,7 @@ def _conv_multiply_adds(layer, shapes):
     if weight.endswith('_gamma'):
         return 0
     attrs = layer.list_attr()
-    kernel_h, kernel_w = _ints(attrs['kernel'])
+    kernel_h, kernel_w = attr_ints(attrs['kernel'])
     groups = int(attrs.get('num_group', 1))
     in_channels = shapes[data][1]
     return _size(shapes[layer.list_outputs()[0]][1:]) * kernel_h * kernel_w \
@@ -74,11 +76,6 @@ def _fc_multiply_adds(layer, shapes):
     data = layer.get_children().list_outputs()[0]
     in_features = _size(shapes[data][1:])
     return in_features * int(layer.list_attr()['num_hidden'])
-
-
-def _ints(text):
-    """'(3, 3)' -> (3, 3)."""
-    return tuple(int(part) for part in text.strip('()[] ').split(',') if part.strip())
 
 
 def _size(shape):

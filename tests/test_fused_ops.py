@@ -262,43 +262,45 @@ def test_the_library_loads_after_horovod():
     assert out.strip().splitlines()[-1] == "[-1.0, 3.0]"
 
 
-def test_slope_gradients_do_not_depend_on_the_thread_count(tmp_path):
+def results_at_one_and_two_threads(tmp_path, data_shape, param_shape, param_values, op_call):
+    """Run `op_call` (code, of x and p) forward and backward in a fresh process at
+    OMP_NUM_THREADS 1 and 2, on the same random x (data_shape) and head gradient and p
+    (param_shape, `param_values` code); returns both runs' {y, dx, dp}."""
     code = ("import sys, numpy as np, mxnet as mx\n"
             "from sample_fc import fused_ops\n"
             "assert fused_ops.available()\n"
             "rng = np.random.default_rng(0)\n"
-            "x = mx.nd.array(rng.standard_normal((32, 24, 16, 16)).astype(np.float32))\n"
-            "g = mx.nd.array(np.full((24, 1, 1, 1), 0.25, np.float32))\n"
-            "x.attach_grad(); g.attach_grad()\n"
+            f"x = mx.nd.array(rng.standard_normal({data_shape!r}).astype(np.float32))\n"
+            f"p = mx.nd.array(({param_values}).reshape({param_shape!r}).astype(np.float32))\n"
+            "x.attach_grad(); p.attach_grad()\n"
             "with mx.autograd.record():\n"
-            "    y = mx.nd.sample_fc_prelu(x, g)\n"
-            "y.backward(mx.nd.array(rng.standard_normal((32, 24, 16, 16)).astype(np.float32)))\n"
-            "np.save(%r, g.grad.asnumpy())\n")
-    one, two = tmp_path / "one.npy", tmp_path / "two.npy"
-    run_python(code % str(one), {"OMP_NUM_THREADS": "1"})
-    run_python(code % str(two), {"OMP_NUM_THREADS": "2"})
-    assert np.array_equal(np.load(one), np.load(two))
+            f"    y = {op_call}\n"
+            f"y.backward(mx.nd.array(rng.standard_normal({data_shape!r}).astype(np.float32)))\n"
+            "np.savez(sys.argv[-1], y=y.asnumpy(), dx=x.grad.asnumpy(), dp=p.grad.asnumpy())\n")
+    runs = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"threads{threads}.npz"
+        result = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300, env=dict(os.environ, OMP_NUM_THREADS=threads))
+        assert result.returncode == 0, result.stderr[-2000:]
+        with np.load(out) as arrays:
+            runs.append(dict(arrays))
+    return runs
+
+
+def test_slope_gradients_do_not_depend_on_the_thread_count(tmp_path):
+    one, two = results_at_one_and_two_threads(tmp_path, (32, 24, 16, 16), (24, 1, 1, 1), "np.full(24, 0.25)",
+                                              "mx.nd.sample_fc_prelu(x, p)")
+    assert np.array_equal(one["dp"], two["dp"])
 
 
 def test_group_conv_results_do_not_depend_on_the_thread_count(tmp_path):
     """dW: each thread sums whole groups over the batch in order; y and dx: whole planes."""
-    code = ("import sys, numpy as np, mxnet as mx\n"
-            "from sample_fc import fused_ops\n"
-            "assert fused_ops.available()\n"
-            "rng = np.random.default_rng(0)\n"
-            "x = mx.nd.array(rng.standard_normal((32, 128, 16, 16)).astype(np.float32))\n"
-            "w = mx.nd.array(rng.standard_normal((128, 2, 3, 3)).astype(np.float32))\n"
-            "x.attach_grad(); w.attach_grad()\n"
-            "with mx.autograd.record():\n"
-            "    y = mx.nd.sample_fc_group_conv3x3(x, w, num_group=64)\n"
-            "y.backward(mx.nd.array(rng.standard_normal((32, 128, 16, 16)).astype(np.float32)))\n"
-            "np.savez(%r, y=y.asnumpy(), dx=x.grad.asnumpy(), dw=w.grad.asnumpy())\n")
-    one, two = tmp_path / "one.npz", tmp_path / "two.npz"
-    run_python(code % str(one), {"OMP_NUM_THREADS": "1"})
-    run_python(code % str(two), {"OMP_NUM_THREADS": "2"})
-    with np.load(one) as a, np.load(two) as b:
-        for name in ("y", "dx", "dw"):
-            assert np.array_equal(a[name], b[name]), name
+    one, two = results_at_one_and_two_threads(tmp_path, (32, 128, 16, 16), (128, 2, 3, 3),
+                                              "rng.standard_normal(128 * 2 * 9)",
+                                              "mx.nd.sample_fc_group_conv3x3(x, p, num_group=64)")
+    for name in ("y", "dx", "dp"):
+        assert np.array_equal(one[name], two[name]), name
 
 
 def test_a_float16_backbone_is_left_to_mxnet_and_binds():

@@ -81,7 +81,7 @@ def recording_sampler(all_labels, num_update=None):
 
 def poisoning_backward(out_grads):
     backward(out_grads=out_grads)
-    if len(losses) == args.nan_step and rank == args.nan_rank:
+    if step == args.nan_step and rank == args.nan_rank:      # the loop's step below
         module.backbone._exec_group.grad_arrays[0][0][0, 0] = np.nan
 
 
