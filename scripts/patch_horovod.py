@@ -38,6 +38,9 @@ the file and text named, so a different Horovod source never gets half-patched.
    HOROVOD_GRACEFUL_TERMINATION_TIME_S (default 60 s) to exit, then whatever is left is
    killed: sample_fc's train.py stops every rank at the same step and checkpoints in that time.
    A second SIGINT/SIGTERM to horovodrun is passed on to the workers (they then end at once).
+   When the worker runs under a shell, the shell ends with it and Horovod's middleman reaps it
+   meanwhile: the termination now returns then, where psutil's NoSuchProcess for the shell
+   escaped its thread as a truncated traceback after a worker's one-line error.
 """
 import sys
 from pathlib import Path
@@ -122,10 +125,17 @@ FIXES = [
             pass
     if targets == [p]:   # the command itself: nothing else to end
         return
+    try:
+        shell_children = p.children()
+    except psutil.NoSuchProcess:   # the shell ended with its command and was reaped meanwhile
+        return
 
     # Terminate children gracefully.
-    for child in p.children():
+    for child in shell_children:
 """),
+    Fix("horovod/runner/common/util/safe_shell_exec.py",
+        "gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)",
+        "gone, alive = psutil.wait_procs(shell_children, timeout=GRACEFUL_TERMINATION_TIME_S)"),
     Fix("horovod/runner/gloo_run.py",
         """    def set_event_on_signal(signum, frame):
         event.set()

@@ -206,3 +206,19 @@ def test_patched_termination_kills_what_ignores_the_signal_after_the_grace(tmp_p
     start = time.monotonic()
     terminate(process.pid)
     assert process.wait(timeout=10) == -signal.SIGKILL and 0.9 < time.monotonic() - start < 5
+
+
+def test_patched_termination_of_a_shell_reaped_meanwhile(tmp_path):
+    """Test that termination ends quietly when the shell ends with its command and is reaped
+    while the termination runs (Horovod's middleman waits for the shell in its main thread):
+    psutil then raises NoSuchProcess for the shell, which escaped the terminating thread as a
+    traceback on the launcher's stderr after a worker's one-line error."""
+    import threading
+    terminate = _patched_terminate(tmp_path, 10)
+    for _ in range(3):
+        process = _started(STOPS_CLEANLY, tmp_path / "stopped.txt", shell=True)
+        reaper = threading.Thread(target=process.wait)     # as the middleman's main thread
+        reaper.start()
+        terminate(process.pid)                             # raised NoSuchProcess before the fix
+        reaper.join(timeout=10)
+        assert process.returncode == 0 and (tmp_path / "stopped.txt").read_text() == "stopped"
