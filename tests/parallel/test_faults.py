@@ -119,9 +119,10 @@ def test_hung_rank_ends_the_job_after_collective_timeout(tiny_data, tmp_path, hu
     names the missing rank, the waiting rank says why it stops, the checkpoint stays usable.
     Under Gloo this needs scripts/patch_horovod.py (without it the job hangs forever). The
     limit is 15 s, not less, so that start-up skew between ranks on a loaded machine cannot
-    trip it before the fault."""
+    trip it before the fault. The hung rank, stopped by the launcher while it sleeps, ends after
+    its stop_grace_s (5 s here, 25 by default)."""
     result = run_train(tmp_path / "m", tiny_data, "--set", "max_update=40", "--set", "ckpt_period=4",
-                       "--set", "collective_timeout_s=15",
+                       "--set", "collective_timeout_s=15", "--set", "stop_grace_s=5",
                        script="faulty_train.py", script_args=("hang", 6, hung_rank))
     waiting_rank = 1 - hung_rank
     _fails(result, f"INJECTING hang on rank {hung_rank}", f"{hung_rank}!: [",
