@@ -276,13 +276,11 @@ def results_at_one_and_two_threads(tmp_path, data_shape, param_shape, param_valu
             "with mx.autograd.record():\n"
             f"    y = {op_call}\n"
             f"y.backward(mx.nd.array(rng.standard_normal({data_shape!r}).astype(np.float32)))\n"
-            "np.savez(sys.argv[-1], y=y.asnumpy(), dx=x.grad.asnumpy(), dp=p.grad.asnumpy())\n")
+            "np.savez(OUT, y=y.asnumpy(), dx=x.grad.asnumpy(), dp=p.grad.asnumpy())\n")
     runs = []
     for threads in ("1", "2"):
         out = tmp_path / f"threads{threads}.npz"
-        result = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True,
-                                timeout=300, env=dict(os.environ, OMP_NUM_THREADS=threads))
-        assert result.returncode == 0, result.stderr[-2000:]
+        run_python(f"OUT = {str(out)!r}\n" + code, {"OMP_NUM_THREADS": threads})
         with np.load(out) as arrays:
             runs.append(dict(arrays))
     return runs
