@@ -5,6 +5,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -213,12 +214,12 @@ def test_patched_termination_of_a_shell_reaped_meanwhile(tmp_path):
     while the termination runs (Horovod's middleman waits for the shell in its main thread):
     psutil then raises NoSuchProcess for the shell, which escaped the terminating thread as a
     traceback on the launcher's stderr after a worker's one-line error."""
-    import threading
     terminate = _patched_terminate(tmp_path, 10)
-    for _ in range(3):
-        process = _started(STOPS_CLEANLY, tmp_path / "stopped.txt", shell=True)
+    for attempt in range(3):
+        marker = tmp_path / f"stopped{attempt}.txt"        # each worker's own: proof it stopped cleanly
+        process = _started(STOPS_CLEANLY, marker, shell=True)
         reaper = threading.Thread(target=process.wait)     # as the middleman's main thread
         reaper.start()
         terminate(process.pid)                             # raised NoSuchProcess before the fix
         reaper.join(timeout=10)
-        assert process.returncode == 0 and (tmp_path / "stopped.txt").read_text() == "stopped"
+        assert process.returncode == 0 and marker.read_text() == "stopped"
