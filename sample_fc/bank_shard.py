@@ -2,7 +2,9 @@
 
 Format 2 (written), these files (their names are checkpoint.layout's bank_shard_files):
     meta            JSON: version, num_classes, world_size, rank, class_start, num_local,
-                    embedding_size, dtype, momentum_storage (absent before it existed: same)
+                    embedding_size, dtype, momentum_storage (absent before it existed: same),
+                    checksums: each row file's size and xxh3_64, taken as it was written
+                    (absent in shards saved before; checkpoint/checksums.py)
     weight          (num_local, D) rows in NumPy's .npy format (no size limit)
     momentum        the same for the momentum (momentum_storage same), or its int8 codes (int8);
                     no file when the bank has no momentum (none)
@@ -71,30 +73,33 @@ class SavedRows:
 
 def write_shard(bank, files):
     """Write `bank` to `files` (format 2): each of its row arrays (bank.row_arrays()) to the
-    file of its name, then "meta"."""
+    file of its name, hashed as it is written, then "meta", which records those files' checksums
+    ("checksums": {name: {"bytes", "xxh3_64"}}, checkpoint/checksums.py)."""
+    from .checkpoint.checksums import SummedFile      # here: checkpoint/ imports this module
+    checksums = {}
     for name, blocks in bank.row_arrays().items():
         header = {"descr": np.lib.format.dtype_to_descr(np.dtype(blocks[0].dtype)), "fortran_order": False,
                   "shape": (bank.num_local, blocks[0].shape[1])}
-        with open(files[name], "wb") as handle:
-            np.lib.format.write_array_header_1_0(handle, header)
+        with SummedFile(files[name]) as out:
+            np.lib.format.write_array_header_1_0(out, header)
             for block in blocks:
-                (host_view(block) if block.context.device_type == "cpu" else block.asnumpy()).tofile(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-    write_json(files["meta"], dict(bank.metadata(), version=FORMAT_VERSION))
+                out.write(host_view(block) if block.context.device_type == "cpu" else block.asnumpy())
+        checksums[name] = out.entry
+    write_json(files["meta"], dict(bank.metadata(), version=FORMAT_VERSION, checksums=checksums))
 
 
 def read_shard_arrays(files):
     """(meta, {name: rows}) of a saved shard, one entry per row array it stores
     (memory_bank.shard_arrays: weight, momentum, momentum_scale): format 2 as SavedRows (read
     only what is sliced and asked for), format 1 loaded. meta["momentum_storage"] is "same" for
-    shards saved before it existed. UsageError naming the file when it is missing or not a
-    bank shard."""
+    shards saved before it existed; meta leaves out the files' checksums. UsageError naming the
+    file when it is missing or not a bank shard."""
     if os.path.isfile(files["meta"]):
         try:
             with open(files["meta"]) as handle:
                 meta = json.load(handle)
             meta.setdefault("momentum_storage", "same")
+            meta.pop("checksums", None)        # of the files, not the shard: the checkpoint checks them
             expected = shard_arrays(meta.get("embedding_size"), meta.get("dtype"), meta["momentum_storage"])
             arrays = {name: SavedRows(files[name]) for name in expected}
         except (OSError, ValueError, TypeError) as err:

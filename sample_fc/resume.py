@@ -3,16 +3,17 @@
 `--resume PATH` names a checkpoint directory or a models root. A models root offers the
 complete checkpoints of the run being continued (run_root: a restart's run, else the root's
 own), newest first; one that turns out damaged (checkpoint.check_sound: a file
-missing, empty, truncated or unreadable) is skipped with a warning and the previous one is
-used. A checkpoint named directly must be intact, and one that holds another network is an
-error, not a reason to go back further.
+missing, empty, truncated, unreadable or failing its checksum) is skipped with a warning and
+the previous one is used. A checkpoint named directly must be intact, and one that holds
+another network is an error, not a reason to go back further.
 
 A run saved under a network name that has since changed meaning resumes as the network it
 holds (RENAMED_NETWORKS), with a note saying so.
 """
 import json
 
-from .checkpoint.layout import OtherNetworkError, check_sound, find_checkpoint, is_complete, read_state, symbol_path
+from .checkpoint.layout import (OtherNetworkError, check_sound, find_checkpoint, is_complete, read_state, symbol_path,
+                                verify_files)
 from .errors import UsageError
 from .run_root import checkpoints_of_run
 
@@ -60,11 +61,13 @@ def network_now(checkpoint, config, note):
 
 
 def saved_config(path, run_id=None, note=lambda line: None):
-    """The config saved with the newest candidate whose state.json reads (see candidates), its
-    network under today's name (network_now; note(line) says when it was renamed)."""
+    """The config saved with the newest candidate whose state.json reads and matches its checksum
+    (see candidates), its network under today's name (network_now; note(line) says when it was
+    renamed). A damaged state.json is passed over here as choose passes over its checkpoint."""
     problems = []
     for checkpoint in candidates(path, run_id):
         try:
+            verify_files(checkpoint, files="state")
             config = read_state(checkpoint, needs=("step", "world_size", "config"))["config"]
         except UsageError as err:
             problems.append(str(err))

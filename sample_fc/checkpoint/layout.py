@@ -18,10 +18,14 @@ One checkpoint, `<models_root>/step-00000300/`:
                                             holds their average over ranks)
     state.json                              step, world size, class count, embedding size, config,
                                             the Partial FC layer's options (partial_fc)
-    COMPLETE                                written last
+    COMPLETE                                written last: {"step": N, "files": {name: {"bytes": n,
+                                            "xxh3_64": hex}}}, every other file's size and checksum,
+                                            taken as it was written (checksums.py); empty or
+                                            {"step": N} in checkpoints saved before
 It is written as `step-00000300.partial/` and renamed once COMPLETE is in it (save_restore.py),
 so a directory named step-XXXXXXXX with a COMPLETE file is a finished checkpoint; nothing
-else is ever read as one.
+else is ever read as one. Whatever reads one checks its files against COMPLETE first
+(verify_files): resume every file, the tools the backbone's.
 """
 import json
 import os
@@ -33,6 +37,7 @@ from ..bank_shard import SavedRows
 from ..errors import MissingFileError, UsageError, mxnet_reason
 from ..memory_bank import row_bytes, shard_arrays
 from ..sampler import shard_range
+from .checksums import first_difference
 
 PATTERN = re.compile(r"^step-(\d{8})$")
 MODEL_PREFIX = "model"
@@ -196,6 +201,60 @@ def _check_shard_size(checkpoint, files, num_local, embedding_size, arrays):
                              f"({os.path.getsize(path)} bytes for {num_local} classes)")
 
 
+def read_complete(checkpoint):
+    """COMPLETE's record, {"step": N, "files": {name: {"bytes", "xxh3_64"}}}, or {} (an empty
+    COMPLETE of a checkpoint saved before {"step": N}); UsageError when it does not read."""
+    try:
+        with open(complete_path(checkpoint), "rb") as handle:
+            text = handle.read()
+        record = json.loads(text) if text.strip() else {}
+    except (OSError, ValueError) as err:
+        raise UsageError(f"checkpoint {checkpoint} is damaged: {COMPLETE_FILE} cannot be read ({err})") from None
+    files = record.get("files", {}) if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(entry, dict) for entry in files.values()):
+        raise UsageError(f"checkpoint {checkpoint} is damaged: {COMPLETE_FILE} holds no file record")
+    return record
+
+
+def _is_backbone_file(name):
+    return name.startswith(MODEL_PREFIX + "-") or name == STATE_FILE
+
+
+VERIFIED_FILES = {"all": lambda name: True,              # a resume
+                  "backbone": _is_backbone_file,         # the tools: model-*, state.json
+                  "state": lambda name: name == STATE_FILE}   # the config a resume starts from
+
+
+def verify_files(checkpoint, files="all"):
+    """UsageError `checkpoint <dir> is damaged: <file> <what>` when a file COMPLETE records is
+    missing, has another size or fails its checksum (checksums.first_difference); `files`: which
+    of them (VERIFIED_FILES). A checkpoint saved before checksums (COMPLETE without "files") has
+    its symbol JSON parsed instead (unless files is "state"). A directory without COMPLETE (a plain
+    MXNet model's folder) has nothing to verify."""
+    if not is_complete(checkpoint):
+        return
+    recorded = read_complete(checkpoint).get("files")
+    if recorded is None:
+        if files != "state":
+            _check_symbol_reads(checkpoint)
+        return
+    wanted = VERIFIED_FILES[files]
+    difference = first_difference(checkpoint, {name: entry for name, entry in recorded.items() if wanted(name)})
+    if difference:
+        raise UsageError(f"checkpoint {checkpoint} is damaged: {' '.join(difference)}")
+
+
+def _check_symbol_reads(checkpoint):
+    """UsageError naming model-symbol.json when MXNet cannot parse it (when it exists)."""
+    path = symbol_path(checkpoint)
+    try:
+        if os.path.isfile(path):
+            mx.sym.load(path)
+    except mx.base.MXNetError as err:
+        raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} cannot be read "
+                         f"({mxnet_reason(err)})") from None
+
+
 def param_differences(loaded, symbol, image_size):
     """How saved params ({"arg:name"/"aux:name": NDArray}, as mx.nd.load gives them) differ
     from what `symbol` needs at this input size: a list of "layer ..." sentences."""
@@ -212,9 +271,11 @@ def param_differences(loaded, symbol, image_size):
 
 def check_sound(checkpoint, symbol, image_size, network):
     """The checkpoint's state (with its config) when everything a restore reads is there and
-    sound: UsageError naming the missing, empty, truncated or unreadable file, or how the
-    checkpoint's backbone differs from this run's (`symbol` of `network`). Restoring then never
-    meets a missing file (MXNet can crash on one) or a shape it cannot load."""
+    sound: UsageError naming the missing, empty, truncated, unreadable or changed file (its
+    checksum: verify_files, first), or how the checkpoint's backbone differs from this run's
+    (`symbol` of `network`). Restoring then never meets a missing file (MXNet can crash on one),
+    damaged bytes or a shape it cannot load."""
+    verify_files(checkpoint)
     state = read_state(checkpoint, needs=("step", "world_size", "config"))
     step, world, saved = state["step"], state["world_size"], state["config"]
     params = params_path(checkpoint, step)

@@ -1,12 +1,14 @@
 """Saving and restoring training checkpoints (the layout is layout.py's): complete-or-absent
 directories, the last K kept.
 
-Every rank writes into `step-XXXXXXXX.partial`; after the ranks agree, rank 0 writes COMPLETE
-and renames the directory, so a kill at any point leaves either the finished checkpoint or a
+Every rank writes into `step-XXXXXXXX.partial`, taking each file's checksum as it writes it
+(checksums.py); after the ranks agree, rank 0 writes COMPLETE with every rank's checksums and
+renames the directory, so a kill at any point leaves either the finished checkpoint or a
 `.partial` directory that nothing reads. For multi-node jobs `models_root` must be on a
 filesystem every node sees. Saving and restoring are collectives (they import sample_fc.dist
 when called).
 """
+import json
 import os
 import shutil
 
@@ -16,9 +18,10 @@ import numpy as np
 from ..config import write_json
 from ..errors import UsageError, mxnet_reason
 from ..bank_shard import restore_resharded, restore_shard, write_shard
+from . import checksums
 from .layout import (PARTIAL_SUFFIX, aux_path, bank_shard_files, checkpoint_bytes, checkpoint_path, complete_path,
-                     list_checkpoints, model_prefix, optimizer_path, rank_state_path, read_rank_state,
-                     read_state, state_path)
+                     list_checkpoints, model_prefix, optimizer_path, params_path, rank_state_path, read_rank_state,
+                     read_state, STATE_FILE, state_path, symbol_path)
 
 
 def _updater(module):
@@ -55,6 +58,24 @@ def load_optimizer_states(module, path):
     updater.states = {index: arrays[0] if len(arrays) == 1 else tuple(arrays)
                       for index, arrays in parts.items()}
     updater.states_synced = dict.fromkeys(updater.states, False)   # moved to the weights' devices on use
+
+
+def _read_back(*paths):
+    """{file name: checksum entry} of files MXNet has just written (mx.nd.save,
+    mx.model.save_checkpoint: their bytes cannot be seen as they go), read back while they are
+    still in the page cache."""
+    return {os.path.basename(path): checksums.sum_of_file(path) for path in paths}
+
+
+def _shard_checksums(files):
+    """{file name: checksum entry} of a bank shard write_shard has just written: its row files'
+    entries, which it recorded in its metadata as it wrote them, and the metadata file's own
+    (a few hundred bytes, read back)."""
+    with open(files["meta"]) as handle:
+        recorded = json.load(handle)["checksums"]
+    sums = {os.path.basename(files[name]): entry for name, entry in recorded.items()}
+    sums.update(_read_back(files["meta"]))
+    return sums
 
 
 def _fsync_dir(path):
@@ -107,13 +128,14 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
     arg_params, aux_params = module.get_export_params()        # collective
 
     def agree(stage, work):
-        """Run this rank's `work`; then every rank learns whether all of them succeeded."""
+        """Run this rank's `work`; then every rank learns whether all of them succeeded, and
+        gets every rank's result (in rank order)."""
         try:
-            work()
-            problem = None
+            result, problem = work(), None
         except (OSError, mx.base.MXNetError) as error:     # MXNet's writers raise MXNetError
-            problem = f"rank {rank}: {mxnet_reason(error)}"
-        problems = [p for p in dist.allgather_object(problem, f"checkpoint.{step}.{stage}") if p]
+            result, problem = None, f"rank {rank}: {mxnet_reason(error)}"
+        outcomes = dist.allgather_object((problem, result), f"checkpoint.{step}.{stage}")
+        problems = [p for p, _ in outcomes if p]
         if problems:
             if rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
@@ -126,6 +148,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
                                   f"{_space_note(models_root, needed)}; the partial checkpoint was "
                                   f"removed, the last complete one is "
                                   f"{previous[-1][1] if previous else 'none'}")
+        return [r for _, r in outcomes]
 
     def begin():
         if rank == 0:
@@ -133,19 +156,25 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
             os.makedirs(partial)
 
     def write_files():
-        write_shard(module.partial_fc.bank, bank_shard_files(partial, rank))
-        mx.nd.save(aux_path(partial, rank), module.backbone.get_params()[1])
-        write_json(rank_state_path(partial, rank),
-                   {"sampler": module.partial_fc.sampler.state_dict(), "data": data_iter.state_dict()})
+        """This rank's files, written; {file name: checksum entry} of each."""
+        shard, aux, own_state = bank_shard_files(partial, rank), aux_path(partial, rank), rank_state_path(partial, rank)
+        write_shard(module.partial_fc.bank, shard)
+        mx.nd.save(aux, module.backbone.get_params()[1])
+        sums = dict(_shard_checksums(shard), **_read_back(aux))
+        sums[os.path.basename(own_state)] = checksums.write_json(
+            own_state, {"sampler": module.partial_fc.sampler.state_dict(), "data": data_iter.state_dict()})
         if rank == 0:
             mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
                                      remove_amp_cast=False)
             save_optimizer_states(module, optimizer_path(partial))
-            write_json(state_path(partial), dict(train_state, step=step))
+            sums.update(_read_back(symbol_path(partial), params_path(partial, step), optimizer_path(partial)))
+            sums[STATE_FILE] = checksums.write_json(state_path(partial), dict(train_state, step=step))
+        return sums
 
-    def finish():
+    def finish(every_ranks_sums):
         if rank == 0:
-            write_json(complete_path(partial), {"step": step})
+            files = {name: entry for sums in every_ranks_sums for name, entry in sums.items()}
+            write_json(complete_path(partial), {"step": step, "files": files})
             _fsync_dir(partial)
             if os.path.exists(final):            # re-saving a step, e.g. after resume
                 shutil.rmtree(final)
@@ -155,8 +184,8 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
                 shutil.rmtree(old, ignore_errors=True)
 
     agree("begin", begin)
-    agree("written", write_files)
-    agree("done", finish)
+    every_ranks_sums = agree("written", write_files)
+    agree("done", lambda: finish(every_ranks_sums))
     return final
 
 

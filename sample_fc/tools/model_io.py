@@ -1,10 +1,12 @@
 """The tools' model options (--model, --image-size, --context, --batch-size); loading is
 sample_fc.saved_model's."""
 import argparse
+import os
 import re
 
 import mxnet as mx
 
+from ..checkpoint import verify_files
 from ..errors import UsageError
 from ..gpus import check_gpu_context
 from ..saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, resolve_prefix  # noqa: F401
@@ -40,9 +42,13 @@ def add_model_arguments(parser, batch_size=True):
 
 def load_model_from_args(args):
     """The model the tool's --model, --image-size, --output, --normalize and --network name,
-    after checking that --context names a device MXNet has."""
+    after checking that --context names a device MXNet has; a checkpoint's backbone files must
+    match the checksums they were saved with (UsageError naming the file)."""
     check_context(args.context)
-    return load_model(args.model, args.image_size, args.output, args.normalize, args.network)
+    model = load_model(args.model, args.image_size, args.output, args.normalize, args.network)
+    if model.weights_file is None:                      # an MXNet model, maybe a checkpoint's
+        verify_files(os.path.dirname(model.prefix), files="backbone")
+    return model
 
 
 def check_context(ctx):
