@@ -1,112 +1,120 @@
-"""Training configuration: one easydict, every default commented where it is set.
+"""Training configuration: every key declared once with its type, range, default and meaning.
 
     from default import get_config
     cfg = get_config(dataset='emore', network='r100', loss='arcface')
 
-`get_config` builds a fresh config each call: the base below, then the network preset,
+`_declare_keys` below is the one table of keys: each has a declared type (sample_fc.config:
+Flag, Int, Real, Text, Choice, ListOf, with its range and any words it takes besides its
+values, e.g. sample_ratio=auto). Every reader of a value converts and checks through it:
+the presets, command-line `key=value` overrides (sample_fc.config.apply_overrides), a
+resumed run's saved config (config_from_checkpoint) and check_config.
+
+`get_config` builds a fresh config each call: the declared defaults, then the network preset,
 then the dataset preset, then the loss preset when one is named (later presets win; only
 the demo dataset overlaps a network preset, shrinking the batch for CPU). Without a named
 loss the dataset's own recipe stands: the base's ArcFace, or the demo's CosFace m=0.25. A loss
 preset sets the published margins only; the scale s is the dataset's (64 as published for
 10^4-10^7 identities; 32 for the demo's 200). A dataset may add its own recipe for a named
-loss (_DATASET_LOSS_RECIPES: the demo warms ArcFace's lr up). Presets may only change keys
-the base defines, and only to a value of the same type. Command-line `key=value`
-overrides (sample_fc.config.apply_overrides) follow the same rule; call `check_config`
-after them. The presets are chosen by name, so pass them to `get_config` rather than
+loss (_DATASET_LOSS_RECIPES: the demo warms ArcFace's lr up). Call `check_config` after
+overrides. The presets are chosen by name, so pass them to `get_config` rather than
 overriding `dataset=...`, which would only rename the run.
 
 This module imports nothing heavy (no mxnet): contexts are stored as strings and
 resolved by train.py. Library code never imports this file.
 """
 import copy
-import math
 
-from easydict import EasyDict as edict
-
-from sample_fc.config import apply_overrides
+from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, apply_overrides, defaults
 from sample_fc.errors import UsageError
 from sample_fc.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               BANK_DTYPES, BANK_MOMENTA, LR_SCHEDULES, MOMENTUM_FORMS, is_probability)
+                               BANK_DTYPES, BANK_MOMENTA, LR_SCHEDULES, MOMENTUM_FORMS)
 
 
-def _base_config():
-    """Return the base config: every key that exists, with its default and meaning."""
-    cfg = edict()
+def _target_name(name):
+    """A verification set's name: NAME.bin is looked up beside train.rec (ValueError if not one)."""
+    if not name or '/' in name:
+        raise ValueError(f"{name!r} is not a file name: NAME for NAME.bin beside train.rec")
+
+
+def _declare_keys():
+    """Every config key that exists: its declared type (range, allowed words), its default
+    and its meaning. Presets, `--set`, a saved run's config and tools convert through it."""
+    keys = KeyTable()
 
     # ---- data -------------------------------------------------------------------
-    cfg.dataset = 'demo'                 # dataset preset name, one of DATASETS
-    cfg.rec = 'data/demo/train.rec'      # path to train.rec; train.idx and property sit next to it
-    cfg.num_classes = 200                # number of identities C (must be >= world size)
-    cfg.image_size = 112                 # square input side in pixels (images are 112x112 aligned faces)
-    cfg.num_images = 0                   # number of training images; informational only, 0 = unknown
-    cfg.val_targets = ['demo_val']       # verification sets, <name>.bin looked up next to rec
-    cfg.data_threads = 2                 # decoding threads per worker for the RecordIO iterator
-    cfg.synthetic = False                # True: random images and labels instead of reading rec
-    cfg.aug_downscale = 0.0              # probability of shrinking an image to a random 0.5-1 of its side and back (low resolution; 0 = off)
-    cfg.aug_blur = 0.0                   # probability of a Gaussian blur of radius 0.5-1.5 px (0 = off)
-    cfg.aug_color_jitter = 0.0           # probability of scaling brightness, contrast and saturation by 0.8-1.2 each (0 = off)
-    cfg.aug_grayscale = 0.0              # probability of converting an image to gray (0 = off)
+    keys.dataset = Choice('demo', DATASETS)                             # dataset preset name, one of DATASETS
+    keys.rec = Text('data/demo/train.rec')                              # path to train.rec; train.idx and property sit next to it
+    keys.num_classes = Int(200, lo=0, hi=2 ** 40)                       # number of identities C (must be >= world size)
+    keys.image_size = Int(112, lo=16, hi=1024, multiple=16)             # square input side in pixels (images are 112x112 aligned faces)
+    keys.num_images = Int(0, lo=0, hi=2 ** 48)                          # number of training images; informational only, 0 = unknown
+    keys.val_targets = ListOf(['demo_val'], Text(''), check=_target_name)  # verification sets, <name>.bin looked up next to rec
+    keys.data_threads = Int(2, lo=1, hi=256)                            # decoding threads per worker for the RecordIO iterator
+    keys.synthetic = Flag(False)                                        # True: random images and labels instead of reading rec
+    keys.aug_downscale = Real(0.0, lo=0, hi=1)                          # probability of shrinking an image to a random 0.5-1 of its side and back (low resolution; 0 = off)
+    keys.aug_blur = Real(0.0, lo=0, hi=1)                               # probability of a Gaussian blur of radius 0.5-1.5 px (0 = off)
+    keys.aug_color_jitter = Real(0.0, lo=0, hi=1)                       # probability of scaling brightness, contrast and saturation by 0.8-1.2 each (0 = off)
+    keys.aug_grayscale = Real(0.0, lo=0, hi=1)                          # probability of converting an image to gray (0 = off)
 
     # ---- network ----------------------------------------------------------------
-    cfg.network = 'mbf'                  # backbone preset name, one of NETWORKS (symbols/; the demo's is mbf_small)
-    cfg.embedding_size = 512             # embedding dimension D produced by the backbone
-    cfg.dropout = 0.0                    # dropout before the embedding layer (0 = off)
-    cfg.fp16 = False                     # mixed precision for the backbone (GPU only)
-    cfg.backbone_init = 'pytorch'        # pytorch: U(+-1/sqrt(fan_in)) conv/FC weights, PyTorch's default | xavier: MXNet Xavier magnitude 2
+    keys.network = Choice('mbf', NETWORKS)                              # backbone preset name, one of NETWORKS (symbols/; the demo's is mbf_small)
+    keys.embedding_size = Int(512, lo=1, hi=65536)                      # embedding dimension D produced by the backbone
+    keys.dropout = Real(0.0, lo=0, hi=1, hi_open=True)                  # dropout before the embedding layer (0 = off)
+    keys.fp16 = Flag(False)                                             # mixed precision for the backbone (GPU only)
+    keys.backbone_init = Choice('pytorch', BACKBONE_INITS)              # pytorch: U(+-1/sqrt(fan_in)) conv/FC weights, PyTorch's default | xavier: MXNet Xavier magnitude 2
 
     # ---- loss: combined margin cos(m1*theta + m2) - m3, times s -------------------
-    cfg.loss = 'arcface'                 # margin preset name, one of LOSSES
-    cfg.loss_s = 64.0                    # scale s applied to the cosine logits (the dataset's: loss presets keep it)
-    cfg.loss_m1 = 1.0                    # multiplicative angular margin m1 (SphereFace); 1 = off
-    cfg.loss_m2 = 0.5                    # additive angular margin m2 (ArcFace), radians
-    cfg.loss_m3 = 0.0                    # additive cosine margin m3 (CosFace)
-    cfg.margin_warmup_steps = 0          # grow m2, m3 (and m1) linearly from 0 over this many steps (0 = full margin from the start)
+    keys.loss = Choice('arcface', LOSSES)                               # margin preset name, one of LOSSES
+    keys.loss_s = Real(64.0, lo=0, lo_open=True, hi=1e4)                # scale s applied to the cosine logits (the dataset's: loss presets keep it)
+    keys.loss_m1 = Real(1.0, lo=0, lo_open=True, hi=100)                # multiplicative angular margin m1 (SphereFace); 1 = off
+    keys.loss_m2 = Real(0.5, lo=0, hi=100)                              # additive angular margin m2 (ArcFace), radians
+    keys.loss_m3 = Real(0.0, lo=0, hi=100)                              # additive cosine margin m3 (CosFace)
+    keys.margin_warmup_steps = Int(0, lo=0, hi=2 ** 40)                 # grow m2, m3 (and m1) linearly from 0 over this many steps (0 = full margin from the start)
 
     # ---- Partial FC ---------------------------------------------------------------
-    cfg.sample_ratio = 1.0               # fraction of each rank's centers scored per step, in (0, 1]; or auto: the smallest ratio whose q*K/B
+    keys.sample_ratio = Real(1.0, lo=0, lo_open=True, hi=1, words=('auto',))  # fraction of each rank's centers scored per step, in (0, 1]; or auto: the smallest ratio whose q*K/B
                                          # (draws of a center per visit of its class) reaches 35, where sampling matched ratio 1.0 (1.0 if none does; README "When to sample")
-    cfg.sample_ratio_warmup_steps = 200  # score more centers first: the ratio goes linearly from sample_ratio_warmup_start at step 1 to sample_ratio at this step + 1 (0 = sample_ratio throughout; no effect at ratio 1). At ratio 0.1, 1000 steps, 5000 ids: 0.8475 held-out with it, 0.8170 without (BENCHMARKS.md)
-    cfg.sample_ratio_warmup_start = 1.0  # the ratio at step 1 of that warm-up, in (0, 1] (the memory plan holds the larger of it and sample_ratio)
-    cfg.sample_correction = True         # sampled-softmax correction: each sampled negative's logit + log(1/q), q its chance to be drawn, so the sample's softmax and loss estimate the full one's (no effect at ratio 1; no extra GEMM or collective). Held-out accuracy unchanged within one seed's spread, TAR@FAR=1e-3 up in each pair measured (BENCHMARKS.md)
-    cfg.sample_wd_correction = False     # weight-decay correction: each sampled negative's bank row decays with wd / q in the update, not only wd in the 1 in 1/q updates it is drawn in (no effect at ratio 1; no extra GEMM or collective). 1000 steps, 5000 ids, 10k held-out pairs: at ratio 0.5 it closes the gap to ratio 1 (0.8721 vs 0.8644, four seeds); at ratio 0.1 it does not help (-0.4 +- 0.8 points over five seeds, a higher loss), so it is off by default (BENCHMARKS.md)
-    cfg.context = 'auto'                 # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
-    cfg.bank_context = 'same'            # memory bank device: same (as context) | cpu
-    cfg.bank_dtype = 'float32'           # bank storage: float32 | float16 (half the bytes per class; math in float32, stochastic rounding on write)
-    cfg.bank_momentum = 'same'           # the bank's momentum: same (stored as the weights) | int8 (8-bit codes, a float32 scale per 64 columns, stochastic rounding on write) | none (no momentum for the
+    keys.sample_ratio_warmup_steps = Int(200, lo=0, hi=2 ** 40)         # score more centers first: the ratio goes linearly from sample_ratio_warmup_start at step 1 to sample_ratio at this step + 1 (0 = sample_ratio throughout; no effect at ratio 1). At ratio 0.1, 1000 steps, 5000 ids: 0.8475 held-out with it, 0.8170 without (BENCHMARKS.md)
+    keys.sample_ratio_warmup_start = Real(1.0, lo=0, lo_open=True, hi=1)  # the ratio at step 1 of that warm-up, in (0, 1] (the memory plan holds the larger of it and sample_ratio)
+    keys.sample_correction = Flag(True)                                 # sampled-softmax correction: each sampled negative's logit + log(1/q), q its chance to be drawn, so the sample's softmax and loss estimate the full one's (no effect at ratio 1; no extra GEMM or collective). Held-out accuracy unchanged within one seed's spread, TAR@FAR=1e-3 up in each pair measured (BENCHMARKS.md)
+    keys.sample_wd_correction = Flag(False)                             # weight-decay correction: each sampled negative's bank row decays with wd / q in the update, not only wd in the 1 in 1/q updates it is drawn in (no effect at ratio 1; no extra GEMM or collective). 1000 steps, 5000 ids, 10k held-out pairs: at ratio 0.5 it closes the gap to ratio 1 (0.8721 vs 0.8644, four seeds); at ratio 0.1 it does not help (-0.4 +- 0.8 points over five seeds, a higher loss), so it is off by default (BENCHMARKS.md)
+    keys.context = Choice('auto', CONTEXTS)                             # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
+    keys.bank_context = Choice('same', BANK_CONTEXTS)                   # memory bank device: same (as context) | cpu
+    keys.bank_dtype = Choice('float32', BANK_DTYPES)                    # bank storage: float32 | float16 (half the bytes per class; math in float32, stochastic rounding on write)
+    keys.bank_momentum = Choice('same', BANK_MOMENTA)                   # the bank's momentum: same (stored as the weights) | int8 (8-bit codes, a float32 scale per 64 columns, stochastic rounding on write) | none (no momentum for the
                                          # centers: plain SGD on them at lr / (1 - momentum), the step momentum builds up to; the backbone keeps its momentum; on the demo 1.0 point under float32 over five seeds; int8 +0.5 there, -0.24 on 5,000 glyph ids over three: BENCHMARKS.md). Bytes per identity at D 512, float32 / float16 bank: same 4096 / 2048, int8 2592 / 1568,
                                          # none 2048 / 1024. int8 and none need the bank in host memory (the host kernel: bank_context=cpu on GPUs, head_kernel auto or host)
-    cfg.head_kernel = 'auto'             # head step: auto (host for a CPU bank, else device) | host (NumPy BLAS) | device (MXNet ops)
-    cfg.allgather = 'native'             # embedding gather: native (hvd.allgather) | allreduce (zero-padded sum)
+    keys.head_kernel = Choice('auto', HEAD_KERNELS)                     # head step: auto (host for a CPU bank, else device) | host (NumPy BLAS) | device (MXNet ops)
+    keys.allgather = Choice('native', ALLGATHERS)                       # embedding gather: native (hvd.allgather) | allreduce (zero-padded sum)
 
     # ---- optimisation -------------------------------------------------------------
-    cfg.batch_size = 128                 # images per worker per step; global batch = batch_size * world size
-    cfg.lr = 0.1                         # lr for a global batch of 512, scaled linearly by global batch / 512
-    cfg.lr_scale_by_world = True         # True: apply that linear scaling; False: use lr as given
-    cfg.momentum = 0.9                   # SGD momentum, backbone and memory bank alike
-    cfg.momentum_form = 'pytorch'        # SGD momentum form, backbone and bank: pytorch: momentum of gradients, lr applied per step (no overshoot at lr drops) | mxnet: of lr-scaled steps
-    cfg.wd = 5e-4                        # weight decay, backbone and memory bank alike (not on biases and BN betas)
-    cfg.clip_grad_norm = 5.0             # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
-    cfg.lr_schedule = 'step'             # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
-    cfg.warmup_steps = 0                 # linear lr warm-up from 0 over this many steps (0 = none)
-    cfg.lr_steps = [100000, 160000, 220000]  # steps at which lr is multiplied by lr_factor (increasing)
-    cfg.lr_factor = 0.1                  # lr decay factor at each of lr_steps
-    cfg.max_update = 240000              # total training steps; the loop stops after this one
+    keys.batch_size = Int(128, lo=1, hi=2 ** 20)                        # images per worker per step; global batch = batch_size * world size
+    keys.lr = Real(0.1, lo=0, lo_open=True, hi=1e6)                     # lr for a global batch of 512, scaled linearly by global batch / 512
+    keys.lr_scale_by_world = Flag(True)                                 # True: apply that linear scaling; False: use lr as given
+    keys.momentum = Real(0.9, lo=0, hi=1, hi_open=True)                 # SGD momentum, backbone and memory bank alike
+    keys.momentum_form = Choice('pytorch', MOMENTUM_FORMS)              # SGD momentum form, backbone and bank: pytorch: momentum of gradients, lr applied per step (no overshoot at lr drops) | mxnet: of lr-scaled steps
+    keys.wd = Real(5e-4, lo=0, hi=1)                                    # weight decay, backbone and memory bank alike (not on biases and BN betas)
+    keys.clip_grad_norm = Real(5.0, lo=0, hi=1e12)                      # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
+    keys.lr_schedule = Choice('step', LR_SCHEDULES)                     # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
+    keys.warmup_steps = Int(0, lo=0, hi=2 ** 40)                        # linear lr warm-up from 0 over this many steps (0 = none)
+    keys.lr_steps = ListOf([100000, 160000, 220000], Int(1, lo=1, hi=2 ** 40), increasing=True)  # steps at which lr is multiplied by lr_factor (increasing)
+    keys.lr_factor = Real(0.1, lo=0, hi=1e6)                            # lr decay factor at each of lr_steps
+    keys.max_update = Int(240000, lo=1, hi=2 ** 40)                     # total training steps; the loop stops after this one
 
     # ---- run control --------------------------------------------------------------
-    cfg.seed = 0                         # random seed: data order (shared by all ranks), sampler (offset by rank), init
-    cfg.frequent = 20                    # log speed and loss every N steps
-    cfg.verify_period = 2000             # run verification on val_targets every N steps (0 = never; and at the end)
-    cfg.ckpt_period = 10000              # save a checkpoint every N steps (and at the end)
-    cfg.ckpt_keep = 3                    # keep the N most recent checkpoints, delete older ones
-    cfg.ckpt_minutes = 30.0              # also save when the newest checkpoint is older than this (0 = off): a SIGKILL loses at most that
-    cfg.stop_signals = ['SIGTERM', 'SIGINT', 'SIGUSR1']   # these stop the run cleanly: every rank ends the same step, checkpoint, exit 128+signal
-    cfg.stop_grace_s = 25.0              # a stop taking longer (or a second signal) ends the job at once; below SLURM's/Kubernetes' 30 s
-    cfg.tensorboard = False              # write tensorboardX event files to the output dir
-    cfg.max_nonfinite_steps = 5          # stop with an error after N consecutive steps with NaN/Inf loss
-    cfg.collective_timeout_s = 60        # stall limit: ranks waiting this long in a collective others miss end the job
-    cfg.step_timeout_s = 0               # a rank with no finished step for this long ends the job (0 = max(300 s, 10x median step))
-    return cfg
+    keys.seed = Int(0, lo=0, hi=2 ** 31 - 1)                            # random seed: data order (shared by all ranks), sampler (offset by rank), init
+    keys.frequent = Int(20, lo=1, hi=2 ** 40)                           # log speed and loss every N steps
+    keys.verify_period = Int(2000, lo=0, hi=2 ** 40)                    # run verification on val_targets every N steps (0 = never; and at the end)
+    keys.ckpt_period = Int(10000, lo=1, hi=2 ** 40)                     # save a checkpoint every N steps (and at the end)
+    keys.ckpt_keep = Int(3, lo=1, hi=10 ** 6)                           # keep the N most recent checkpoints, delete older ones
+    keys.ckpt_minutes = Real(30.0, lo=0, hi=10 ** 6)                    # also save when the newest checkpoint is older than this (0 = off): a SIGKILL loses at most that
+    keys.stop_signals = ListOf(['SIGTERM', 'SIGINT', 'SIGUSR1'], Text(''), check=signal_number)  # these stop the run cleanly: every rank ends the same step, checkpoint, exit 128+signal
+    keys.stop_grace_s = Real(25.0, lo=0, lo_open=True, hi=3600)         # a stop taking longer (or a second signal) ends the job at once; below SLURM's/Kubernetes' 30 s
+    keys.tensorboard = Flag(False)                                      # write tensorboardX event files to the output dir
+    keys.max_nonfinite_steps = Int(5, lo=1, hi=2 ** 40)                 # stop with an error after N consecutive steps with NaN/Inf loss
+    keys.collective_timeout_s = Int(60, lo=1, hi=10 ** 6)               # stall limit: ranks waiting this long in a collective others miss end the job
+    keys.step_timeout_s = Int(0, lo=0, hi=10 ** 7)                      # a rank with no finished step for this long ends the job (0 = max(300 s, 10x median step))
+    return vars(keys)
 
 
 # Network presets: backbone shape and per-worker batch. Batch 128 x 8 GPUs (global 1024)
@@ -298,20 +306,26 @@ _DATASET_LOSS_RECIPES = {
 DATASETS = tuple(_DATASET_PRESETS)       # valid dataset preset names
 NETWORKS = tuple(_NETWORK_PRESETS)       # valid network preset names
 LOSSES = tuple(_LOSS_PRESETS)            # valid loss preset names
+KEYS = _declare_keys()                   # {key: its declared type (sample_fc.config.KeyType)}
+
+
+def _base_config():
+    """A new config of every key at its declared default."""
+    return defaults(KEYS)
 
 
 def _apply_preset(cfg, kind, name, presets):
-    """Copy preset `name` of `presets` into cfg; the preset may only change existing keys
-    to values of the same type."""
+    """Copy preset `name` of `presets` into cfg; the preset may only change declared keys,
+    to values their declared types take."""
     if name not in presets:
         raise UsageError(f"unknown {kind} preset {name!r}; choose one of: {', '.join(presets)}")
     for key, value in presets[name].items():
         if key not in cfg:
             raise UsageError(f"{kind} preset {name!r} sets {key!r}, which the base config lacks")
-        if type(value) is not type(cfg[key]) and value not in WORD_VALUES.get(key, ()):
-            raise UsageError(f"{kind} preset {name!r} sets {key!r} to {value!r} "
-                             f"({type(value).__name__}); the base has {type(cfg[key]).__name__}")
-        cfg[key] = copy.deepcopy(value)  # presets are shared; configs must not alias them
+        try:
+            cfg[key] = copy.deepcopy(KEYS[key].accept(key, value))   # presets are shared: no aliases
+        except UsageError as err:
+            raise UsageError(f"{kind} preset {name!r}: {err}") from None
 
 
 def default_network(dataset):
@@ -354,10 +368,6 @@ RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'freque
                   'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'context', 'bank_context',
                   'head_kernel', 'allgather', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
 
-# Keys that take a word besides their type's values: resolved when the run's shape is known
-# (builder.resolve_auto), and saved resolved in the run's config.
-WORD_VALUES = {'sample_ratio': ('auto',)}
-
 # Keys added after runs were saved without them, with the value that behaves as those runs
 # did (a run resumed from such a checkpoint goes on as it trained; the preset default
 # would change its loss).
@@ -399,11 +409,15 @@ def config_from_checkpoint(saved, note=lambda line: None):
     its presets for keys added since it was written (VALUE_BEFORE_KEY where the default would
     change how it trains), then every saved value (under its current name: RENAMED_KEYS).
     Raises UsageError for a preset name this version does not know."""
+    if not isinstance(saved, dict):
+        raise UsageError(f"the saved config is a {type(saved).__name__}, not a JSON object of config keys")
     saved = {_renamed(key, note): value for key, value in saved.items()}
-    cfg = get_config(saved.get('dataset'), saved.get('network'), saved.get('loss'))
+    presets = [None if saved.get(key) is None else KEYS[key].accept(key, saved[key])
+               for key in ('dataset', 'network', 'loss')]
+    cfg = get_config(*presets)
     for key in cfg:
         if key in saved:
-            cfg[key] = copy.deepcopy(saved[key])
+            cfg[key] = KEYS[key].accept(key, copy.deepcopy(saved[key]))
         elif key in VALUE_BEFORE_KEY:
             cfg[key] = VALUE_BEFORE_KEY[key]
     return cfg
@@ -433,11 +447,14 @@ def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=
         dataset = dataset or 'demo'
         cfg = get_config(dataset, network, loss)
     else:
-        saved = config_from_checkpoint(resumed, note)
+        try:
+            saved = config_from_checkpoint(resumed, note)
+        except UsageError as err:
+            raise UsageError(f"the saved config of the run being resumed: {err}") from None
         cfg = copy.deepcopy(saved)
         cfg.update({key: value for key, value in (('dataset', dataset), ('network', network),
                                                   ('loss', loss)) if value is not None})
-    apply_overrides(cfg, overrides, WORD_VALUES)
+    apply_overrides(cfg, overrides, KEYS)
     if resumed is not None:
         resume_changes(saved, cfg)
     check_config(cfg, data=resumed is not None)   # a new run's data: once the property file is read
@@ -449,66 +466,26 @@ def _fail(key, value, expected):
 
 
 def check_config(cfg, data=True):
-    """Check the values a type check cannot: choices, ranges, schedule order; with `data`,
-    that the config names its data (rec, num_classes: the custom preset leaves them to --set
-    and the property file).
+    """Check every key against its declared type (KEYS: kind, range, words), then what one
+    key alone cannot say: the warm-up against the run's length; with `data`, that the config
+    names its data (rec, num_classes: the custom preset leaves them to --set and the
+    property file).
 
     Call after applying overrides. Raises UsageError naming the key, the bad value and
     what is allowed. World-size checks (num_classes >= workers) belong to train.py.
     """
-    for key, choices in (('dataset', DATASETS), ('network', NETWORKS), ('loss', LOSSES),
-                         ('context', CONTEXTS), ('bank_context', BANK_CONTEXTS),
-                         ('allgather', ALLGATHERS), ('head_kernel', HEAD_KERNELS),
-                         ('lr_schedule', LR_SCHEDULES), ('backbone_init', BACKBONE_INITS),
-                         ('momentum_form', MOMENTUM_FORMS), ('bank_dtype', BANK_DTYPES),
-                         ('bank_momentum', BANK_MOMENTA)):
-        if cfg[key] not in choices:
-            _fail(key, cfg[key], f"one of: {', '.join(choices)}")
+    unknown = sorted(set(cfg) - set(KEYS))
+    if unknown:
+        raise UsageError(f"unknown config key {unknown[0]!r}")
+    for key, kind in KEYS.items():
+        if key not in cfg:
+            raise UsageError(f"config key {key!r} is missing")
+        kind.accept(key, cfg[key])
     if data and not cfg.synthetic and not cfg.rec:
         _fail('rec', cfg.rec, "a path to train.rec (or synthetic=true)" + (
             "; dataset custom trains your own set: --set rec=DIR/train.rec (python -m sample_fc.tools.pack "
             "--images FOLDER --out DIR/train makes one)" if cfg.dataset == 'custom' else ""))
     if data and cfg.num_classes < 1:
         _fail('num_classes', cfg.num_classes, "an integer >= 1 (train.py reads it from the property file beside rec)")
-    for key in ('image_size', 'embedding_size', 'batch_size', 'max_update',
-                'data_threads', 'frequent', 'ckpt_period', 'ckpt_keep', 'max_nonfinite_steps',
-                'collective_timeout_s'):
-        if cfg[key] < 1:
-            _fail(key, cfg[key], "an integer >= 1")
-    if not (math.isfinite(cfg.ckpt_minutes) and cfg.ckpt_minutes >= 0):
-        _fail('ckpt_minutes', cfg.ckpt_minutes, "a finite float >= 0 (0 = no checkpoints by the clock)")
-    if not (math.isfinite(cfg.stop_grace_s) and cfg.stop_grace_s > 0):
-        _fail('stop_grace_s', cfg.stop_grace_s, "a finite float > 0 (seconds)")
-    for name in cfg.stop_signals:
-        try:
-            signal_number(name)
-        except ValueError as err:
-            _fail('stop_signals', cfg.stop_signals, f"signal names ({err})")
-    if cfg.image_size % 16:
-        _fail('image_size', cfg.image_size, "a multiple of 16 (every backbone downsamples by 16: 112 -> 7x7; "
-              "a dataset's images are resized to it)")
-    for key in ('num_images', 'warmup_steps', 'verify_period', 'step_timeout_s', 'margin_warmup_steps',
-                'sample_ratio_warmup_steps'):
-        if cfg[key] < 0:
-            _fail(key, cfg[key], "an integer >= 0")
-    for key in ('sample_ratio', 'sample_ratio_warmup_start'):
-        if cfg[key] in WORD_VALUES.get(key, ()):
-            continue
-        if not 0.0 < cfg[key] <= 1.0:
-            _fail(key, cfg[key], "a float in (0, 1]" + (" or auto" if key in WORD_VALUES else ""))
-    if not 0.0 <= cfg.dropout < 1.0:
-        _fail('dropout', cfg.dropout, "a float in [0, 1)")
-    for key in ('aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale'):
-        if not is_probability(cfg[key]):
-            _fail(key, cfg[key], "a float in [0, 1] (a probability)")
-    for key in ('lr', 'loss_s', 'loss_m1'):
-        if not (math.isfinite(cfg[key]) and cfg[key] > 0):
-            _fail(key, cfg[key], "a finite float > 0")
-    for key in ('momentum', 'wd', 'lr_factor', 'loss_m2', 'loss_m3', 'clip_grad_norm'):
-        if not (math.isfinite(cfg[key]) and cfg[key] >= 0):
-            _fail(key, cfg[key], "a finite float >= 0")
     if cfg.lr_schedule != 'step' and cfg.warmup_steps >= cfg.max_update:
         _fail('warmup_steps', cfg.warmup_steps, f"fewer than max_update={cfg.max_update} for lr_schedule={cfg.lr_schedule}")
-    steps = cfg.lr_steps
-    if any(not isinstance(s, int) or s < 1 for s in steps) or sorted(set(steps)) != list(steps):
-        _fail('lr_steps', steps, "strictly increasing positive integers")

@@ -4,6 +4,7 @@ import importlib.util
 import io
 import itertools
 import json
+import re
 import subprocess
 import sys
 import tokenize
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 from easydict import EasyDict
 
-from sample_fc.config import (apply_overrides, format_config, load_config, parse_override,
-                              save_config)
+from sample_fc.config import (Flag, Int, KeyTable, ListOf, Real, Text, apply_overrides, defaults,
+                              format_config, load_config, parse_override, save_config)
+from sample_fc.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PY = REPO / 'default.py'
@@ -33,7 +35,8 @@ default = _load_default()
 
 def test_every_preset_combination_builds_with_the_base_keys():
     """Test that every dataset x network x loss combination builds, records its preset
-    names, and has exactly the base config's keys with the base's value types."""
+    names, and has exactly the declared keys, each holding a value its declared type takes
+    (a float where a number goes, even when the preset wrote an integer)."""
     base = default._base_config()
     combos = list(itertools.product(default.DATASETS, default.NETWORKS, default.LOSSES))
     assert len(combos) == 7 * 8 * 2
@@ -41,9 +44,9 @@ def test_every_preset_combination_builds_with_the_base_keys():
         cfg = default.get_config(dataset=dataset, network=network, loss=loss)
         assert isinstance(cfg, EasyDict)
         assert list(cfg.keys()) == list(base.keys()), (dataset, network, loss)
-        for key in base:      # or a word the key takes (sample_ratio=auto)
-            assert (type(cfg[key]) is type(base[key]) or cfg[key] in default.WORD_VALUES.get(key, ())), \
-                (dataset, network, loss, key)
+        for key, kind in default.KEYS.items():      # or a word the key takes (sample_ratio=auto)
+            assert kind.accept(key, cfg[key]) == cfg[key], (dataset, network, loss, key)
+            assert type(cfg[key]) in (type(base[key]), str), (dataset, network, loss, key)
         assert (cfg.dataset, cfg.network, cfg.loss) == (dataset, network, loss)
 
 
@@ -129,29 +132,54 @@ def test_unknown_preset_is_rejected_with_choices(kwargs, value):
 
 
 def test_preset_cannot_add_a_key_or_change_a_type(monkeypatch):
-    """Test that a preset setting a key the base lacks, or a value of another type, fails."""
+    """Test that a preset setting an undeclared key, or a value its declared type does not
+    take, fails naming the preset and the key; an integer for a number is taken as a float."""
     monkeypatch.setitem(default._LOSS_PRESETS, 'bad', {'loss_mm': 1.0})
     with pytest.raises(ValueError, match="'loss_mm'"):
         default.get_config(loss='bad')
-    monkeypatch.setitem(default._LOSS_PRESETS, 'bad', {'loss_s': 64})
-    with pytest.raises(ValueError, match="'loss_s'.*int"):
-        default.get_config(loss='bad')
+    emore = default._DATASET_PRESETS['emore']
+    for value in ('64', [64.0], True, float('nan'), -1.0):
+        monkeypatch.setitem(default._DATASET_PRESETS, 'emore', dict(emore, loss_s=value))
+        with pytest.raises(UsageError, match="dataset preset 'emore': config key 'loss_s' is "):
+            default.get_config('emore')
+    monkeypatch.setitem(default._DATASET_PRESETS, 'emore', dict(emore, loss_s=64))
+    assert type(default.get_config('emore').loss_s) is float
 
 
 @pytest.mark.parametrize('override, key', [
     ('context=tpu', 'context'), ('bank_context=gpu', 'bank_context'),
     ('allgather=ring', 'allgather'), ('sample_ratio=0', 'sample_ratio'),
     ('sample_ratio=1.5', 'sample_ratio'), ('batch_size=0', 'batch_size'),
-    ('lr_steps=300,200', 'lr_steps'), ('lr=-0.1', 'lr'), ('dataset=nope', 'dataset'),
+    ('lr_steps=300,200', 'lr_steps'), ('lr=-0.1', 'lr'),
     ('rec=', 'rec'), ('clip_grad_norm=-1', 'clip_grad_norm'), ('clip_grad_norm=nan', 'clip_grad_norm'),
     ('backbone_init=kaiming', 'backbone_init'), ('image_size=100', 'image_size')])
 def test_check_config_rejects_bad_values(override, key):
-    """Test that check_config names the key and the bad value for out-of-range settings."""
-    cfg = apply_overrides(default.get_config(), [override])
-    with pytest.raises(ValueError) as info:
+    """Test that a bad `--set` value is refused in one line naming the key, the value and what
+    the key takes, whether its declared type (config_for_run) or check_config finds it."""
+    with pytest.raises(UsageError) as info:
+        default.check_config(default.config_for_run(overrides=[override]))
+    message = str(info.value)
+    assert message.startswith(f"config key {key!r} is ") and "; expected " in message and "\n" not in message
+    assert override.split('=', 1)[1] in message
+
+
+def test_check_config_checks_every_key_against_its_declared_type():
+    """Test that check_config refuses a config whose value was set past the readers (by code):
+    a wrong kind, a value out of range, a missing or unknown key."""
+    for key, value in (('lr', 'fast'), ('batch_size', 2.0), ('fp16', 1), ('lr_steps', [2, 1]),
+                       ('momentum', 1.5), ('val_targets', 'lfw'), ('seed', -1)):
+        cfg = default.get_config()
+        cfg[key] = value
+        with pytest.raises(UsageError, match=re.escape(f"config key '{key}' is {value!r}; expected")):
+            default.check_config(cfg)
+    cfg = default.get_config()
+    del cfg['lr']
+    with pytest.raises(UsageError, match="'lr' is missing"):
         default.check_config(cfg)
-    assert repr(key) in str(info.value)
-    assert repr(cfg[key]) in str(info.value)
+    cfg = default.get_config()
+    cfg['lrr'] = 0.1
+    with pytest.raises(UsageError, match="unknown config key 'lrr'"):
+        default.check_config(cfg)
 
 
 # ---- default.py: style and imports ----------------------------------------------------
@@ -225,10 +253,27 @@ def test_importing_default_does_not_import_mxnet():
 
 # ---- sample_fc/config.py: overrides -----------------------------------------------------
 
+def _keys():
+    """A small table of declared keys, one of each kind."""
+    table = KeyTable()
+    table.lr = Real(0.1, lo=0, lo_open=True)                          # a number > 0
+    table.batch_size = Int(64, lo=1)                                  # an integer >= 1
+    table.fp16 = Flag(False)                                          # a flag
+    table.rec = Text('a.rec')                                         # any string
+    table.lr_steps = ListOf([10, 20], Int(1, lo=1), increasing=True)  # increasing integers
+    table.val_targets = ListOf(['lfw'], Text(''))                     # strings
+    table.ratios = ListOf([0.5], Real(0.5, lo=0))                     # numbers
+    table.sample_ratio = Real(1.0, lo=0, lo_open=True, hi=1, words=('auto',))   # or a word
+    table.momentum = Real(0.9, lo=0, hi=1, hi_open=True)              # a number in [0, 1)
+    return vars(table)
+
+
 def _cfg():
-    return EasyDict({'lr': 0.1, 'batch_size': 64, 'fp16': False, 'rec': 'a.rec',
-                     'lr_steps': [10, 20], 'val_targets': ['lfw'], 'ratios': [0.5],
-                     'empty': [], 'pretrained': None, 'bank_momentum': 0.9})
+    return defaults(_keys())
+
+
+def _override(cfg, texts):
+    return apply_overrides(cfg, texts, _keys())
 
 
 def test_parse_override_splits_at_the_first_equals():
@@ -245,85 +290,91 @@ def test_malformed_override_is_rejected(text):
         parse_override(text)
     assert repr(text) in str(info.value)
     with pytest.raises(ValueError, match='malformed override'):
-        apply_overrides(_cfg(), [text])
+        _override(_cfg(), [text])
 
 
-def test_scalar_overrides_are_converted_to_the_existing_type():
-    """Test that int, float, bool and str overrides get the existing value's type."""
-    cfg = apply_overrides(_cfg(), ['batch_size=100000', 'lr=1', 'fp16=TRUE', 'rec=b c.rec'])
+def test_scalar_overrides_are_converted_to_the_declared_type():
+    """Test that int, float, bool and str overrides get the key's declared type."""
+    cfg = _override(_cfg(), ['batch_size=100000', 'lr=1', 'fp16=TRUE', 'rec=b c.rec'])
     assert cfg.batch_size == 100000 and type(cfg.batch_size) is int
     assert cfg.lr == 1.0 and type(cfg.lr) is float
     assert cfg.fp16 is True
     assert cfg.rec == 'b c.rec' and cfg['rec'] == 'b c.rec'
     for text, value in [('yes', True), ('no', False), ('1', True), ('0', False),
                         ('False', False), ('True', True)]:
-        assert apply_overrides(_cfg(), [f'fp16={text}']).fp16 is value
-    assert apply_overrides(_cfg(), ['lr=2.5e-3']).lr == 2.5e-3
+        assert _override(_cfg(), [f'fp16={text}']).fp16 is value
+    assert _override(_cfg(), ['lr=2.5e-3']).lr == 2.5e-3
 
 
 def test_list_overrides_accept_json_and_commas():
-    """Test that lists parse from JSON or comma text, typed like the existing elements."""
-    assert apply_overrides(_cfg(), ['lr_steps=[1, 2, 3]']).lr_steps == [1, 2, 3]
-    assert apply_overrides(_cfg(), ['lr_steps=100,200']).lr_steps == [100, 200]
-    assert apply_overrides(_cfg(), ['lr_steps=']).lr_steps == []
-    assert apply_overrides(_cfg(), ['lr_steps=[]']).lr_steps == []
-    assert apply_overrides(_cfg(), ['val_targets=lfw, cfp_fp']).val_targets == ['lfw', 'cfp_fp']
-    assert apply_overrides(_cfg(), ['val_targets=["agedb_30"]']).val_targets == ['agedb_30']
-    ratios = apply_overrides(_cfg(), ['ratios=1,0.25']).ratios
+    """Test that lists parse from JSON or comma text, each element of the declared item type."""
+    assert _override(_cfg(), ['lr_steps=[1, 2, 3]']).lr_steps == [1, 2, 3]
+    assert _override(_cfg(), ['lr_steps=100,200']).lr_steps == [100, 200]
+    assert _override(_cfg(), ['lr_steps=']).lr_steps == []
+    assert _override(_cfg(), ['lr_steps=[]']).lr_steps == []
+    assert _override(_cfg(), ['val_targets=lfw, cfp_fp']).val_targets == ['lfw', 'cfp_fp']
+    assert _override(_cfg(), ['val_targets=["agedb_30"]']).val_targets == ['agedb_30']
+    ratios = _override(_cfg(), ['ratios=1,0.25']).ratios
     assert ratios == [1.0, 0.25] and all(type(r) is float for r in ratios)
-    assert apply_overrides(_cfg(), ['empty=1,2.5,x']).empty == [1, 2.5, 'x']
-    assert apply_overrides(_cfg(), ['empty=[3, "y"]']).empty == [3, 'y']
+    assert _override(_cfg(), ['ratios=[2, 0.5]']).ratios == [2.0, 0.5]
 
 
-def test_none_and_atomic_overrides():
-    """Test that None keys take strings, and a failing batch of overrides leaves the config
-    unchanged."""
-    cfg = apply_overrides(_cfg(), ['pretrained=models/r100-0001', 'bank_momentum=0.5'])
-    assert cfg.pretrained == 'models/r100-0001' and cfg.bank_momentum == 0.5
+def test_words_and_atomic_overrides():
+    """Test that a key's declared words are taken (any case) beside its values, whatever the
+    key holds now (the custom preset's sample_ratio=auto took no number before), and that a
+    failing batch of overrides leaves the config unchanged."""
+    cfg = _override(_cfg(), ['sample_ratio=auto'])
+    assert cfg.sample_ratio == 'auto'
+    assert _override(cfg, ['sample_ratio=0.5']).sample_ratio == 0.5
+    assert _override(cfg, ['sample_ratio= AUTO ']).sample_ratio == 'auto'
     cfg = _cfg()
     with pytest.raises(ValueError):
-        apply_overrides(cfg, ['lr=0.5', 'batch_size=big'])
+        _override(cfg, ['lr=0.5', 'batch_size=big'])
     assert cfg == _cfg()
 
 
-@pytest.mark.parametrize('override, bad, typename', [
-    ('batch_size=0.5', '0.5', 'int'), ('batch_size=1e3', '1e3', 'int'),
-    ('lr=fast', 'fast', 'float'), ('fp16=maybe', 'maybe', 'bool'), ('fp16=', '', 'bool'),
-    ('lr_steps=10,x', '10,x', 'int'), ('lr_steps=[1.5]', '[1.5]', 'int'),
-    ('lr_steps=[1,', '[1,', 'JSON list'), ('lr_steps={"a": 1}', '{"a": 1}', 'list of int'),
-    ('val_targets=[1]', '[1]', 'str'), ('bank_momentum=x', 'x', 'float')])
-def test_wrong_type_names_key_value_and_type(override, bad, typename):
-    """Test that a value of the wrong type raises ValueError naming key, value and type."""
-    key = override.split('=', 1)[0]
-    with pytest.raises(ValueError) as info:
-        apply_overrides(_cfg(), [override])
+@pytest.mark.parametrize('override, typename', [
+    ('batch_size=0.5', 'integer'), ('batch_size=1e3', 'integer'), ('batch_size=0', 'integer >= 1'),
+    ('batch_size=' + '9' * 5000, 'integer'), ('lr=fast', 'number'), ('lr=0', 'number > 0'),
+    ('lr=inf', 'finite'), ('lr=nan', 'finite'), ('fp16=maybe', 'true or false'), ('fp16=', 'true or false'),
+    ('lr_steps=10,x', 'each an integer'), ('lr_steps=[1.5]', 'each an integer'), ('lr_steps=[1,', 'list'),
+    ('lr_steps={"a": 1}', 'list'), ('lr_steps=' + '[' * 100000, 'list'),
+    ('lr_steps=20,10', 'strictly increasing'), ('val_targets=[1]', 'each a string'),
+    ('momentum=x', 'number'), ('momentum=1', '[0, 1)'), ('sample_ratio=automatic', 'or auto')])
+def test_wrong_type_names_key_value_and_type(override, typename):
+    """Test that a value of the wrong kind or range raises one UsageError line naming the key,
+    the value as typed and what the key takes."""
+    key, raw = override.split('=', 1)
+    with pytest.raises(UsageError) as info:
+        _override(_cfg(), [override])
     message = str(info.value)
-    assert repr(key) in message and repr(bad) in message and typename in message
+    assert message.startswith(f"config key {key!r} is {repr(raw)[:100]}") and typename in message
+    assert '\n' not in message
 
 
 def test_unknown_key_suggests_the_close_one():
     """Test that an unknown key is named with a difflib suggestion, or the valid keys."""
     with pytest.raises(ValueError) as info:
-        apply_overrides(_cfg(), ['lrr=0.1'])
+        _override(_cfg(), ['lrr=0.1'])
     assert str(info.value) == "unknown config key 'lrr'; did you mean 'lr'?"
-    with pytest.raises(ValueError, match=r"did you mean 'bank_momentum'\?"):
-        apply_overrides(_cfg(), ['bank_momentun=0.1'])
+    with pytest.raises(ValueError, match=r"did you mean 'momentum'\?"):
+        _override(_cfg(), ['momentun=0.1'])
     with pytest.raises(ValueError) as info:
-        apply_overrides(_cfg(), ['zzzzzz=1'])
+        _override(_cfg(), ['zzzzzz=1'])
     assert "'zzzzzz'" in str(info.value) and 'valid keys:' in str(info.value)
-    assert 'batch_size' in str(info.value) and 'bank_momentum' in str(info.value)
+    assert 'batch_size' in str(info.value) and 'sample_ratio' in str(info.value)
 
 
 def test_overrides_work_on_the_real_config():
     """Test that overrides apply to a default.py config and keep it valid."""
     cfg = apply_overrides(default.get_config(dataset='emore', network='r50'),
                           ['lr_steps=1000,2000', 'max_update=3000', 'context=cpu',
-                           'val_targets=lfw'])
+                           'val_targets=lfw'], default.KEYS)
     assert cfg.lr_steps == [1000, 2000] and cfg.max_update == 3000
     assert cfg.context == 'cpu' and cfg.val_targets == ['lfw']
     default.check_config(cfg)
     with pytest.raises(ValueError, match="did you mean 'lr'"):
-        apply_overrides(cfg, ['lrr=0.2'])
+        apply_overrides(cfg, ['lrr=0.2'], default.KEYS)
 
 
 # ---- sample_fc/config.py: save, load, format -----------------------------------------------
@@ -362,9 +413,9 @@ def test_format_config_lists_every_key():
     """Test that format_config prints one aligned "key: value" line per leaf key."""
     text = format_config(_cfg())
     lines = text.splitlines()
-    assert len(lines) == 10
+    assert len(lines) == 9
     assert lines[0].split() == ['lr:', '0.1']
-    assert "pretrained: None" in [' '.join(line.split()) for line in lines]
+    assert "rec: 'a.rec'" in [' '.join(line.split()) for line in lines]
     assert len({line.index(line.split()[1]) for line in lines}) == 1  # values aligned
     cfg = default.get_config()
     assert len(format_config(cfg).splitlines()) == len(cfg)

@@ -163,6 +163,27 @@ def test_custom_preset_trains_your_set_from_its_property_file(tmp_path):
     assert "demo's recipe" not in result.output
 
 
+def test_custom_preset_trains_at_a_ratio_chosen_by_hand(tmp_path):
+    """Test that --dataset custom takes a sample ratio by hand (its preset holds the word auto,
+    and `--set sample_ratio=0.5` once ended in a TypeError traceback): 0.5 and 0.1 train, are
+    saved in config.json as numbers, and 0.1 says once that the regime has cost accuracy."""
+    from sample_fc.harness import run_job
+    from sample_fc.tools.demo_data import make_demo
+    make_demo(str(tmp_path / "set"), num_identities=40, images_per_identity=2, num_val_identities=4,
+              num_pairs=10, image_size=32, progress=False)
+    for ratio in ("0.5", "0.1"):
+        root = tmp_path / f"run{ratio}"
+        result = run_job([sys.executable, str(REPO / "train.py"), "--dataset", "custom",
+                          "--set", f"rec={tmp_path / 'set' / 'train.rec'}", "--set", f"sample_ratio={ratio}",
+                          "--set", "max_update=2", "--set", "batch_size=4", "--set", "embedding_size=16",
+                          "--models-root", str(root)],
+                         num_proc=2, timeout_s=300, cwd=str(tmp_path), env=single_thread_env())
+        assert result.returncode == 0, per_rank_tail(result.output)
+        assert "Traceback" not in result.output
+        assert json.loads((root / "config.json").read_text())["sample_ratio"] == float(ratio)
+        assert result.output.count(f"sample_ratio={ratio} is where sampling has cost accuracy") == 1
+
+
 def test_not_learning_is_said_in_a_real_run(tiny_data, tmp_path):
     """Test the not-learning watch on real training: at an absurd lr (200) the tiny set's loss
     sits at or above chance with a small gradient and the warning is logged once and kept in
