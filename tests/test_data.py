@@ -259,3 +259,32 @@ def test_truncated_rec_and_swapped_paths_are_named(dataset, tmp_path):
         FaceRecordIter(str(tmp_path / "train.rec"), 4, (3, SIZE, SIZE))
     with pytest.raises(ValueError, match="is the index; give the record file"):
         FaceRecordIter(str(tmp_path / "train.idx"), 4, (3, SIZE, SIZE))
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda idx: idx[: len(idx) // 2 + 3], "line"),                           # cut inside a line
+    (lambda idx: idx.replace(b"\t", b" ", 1), "line 1"),                      # no tab
+    (lambda idx: b"\x93NUMPY\x01\x00" + idx, "line 1"),                       # another file's bytes first
+    (lambda idx: idx + idx.splitlines(keepends=True)[0], "listed twice"),     # a key twice
+], ids=["cut", "no-tab", "other-bytes", "key-twice"])
+def test_a_damaged_index_is_named_with_its_line(dataset, tmp_path, damage, named):
+    """Test that an .idx whose lines are not 'key<TAB>offset' (cut short, other bytes, a key
+    twice) is a UsageError naming the index, not MXNet's IndexError or UnicodeDecodeError."""
+    import shutil
+    from sample_fc.errors import UsageError
+    folder, _ = dataset
+    for name in ("train.rec", "property"):
+        shutil.copy(folder / name, tmp_path / name)
+    (tmp_path / "train.idx").write_bytes(damage((folder / "train.idx").read_bytes()))
+    with pytest.raises(UsageError, match=f"index file .*train.idx is not a RecordIO index.*{named}"):
+        FaceRecordIter(str(tmp_path / "train.rec"), 4, (3, SIZE, SIZE))
+
+
+def test_a_property_file_of_binary_bytes_is_named(dataset, tmp_path):
+    """Test that a property file holding bytes that are not text (another file in its place) is
+    a UsageError naming it, not a UnicodeDecodeError."""
+    from sample_fc.data.recordio import read_property
+    from sample_fc.errors import UsageError
+    (tmp_path / "property").write_bytes(b"16,\x9c32,32")
+    with pytest.raises(UsageError, match="property: expected 'num_classes,height,width'.*not text"):
+        read_property(str(tmp_path))

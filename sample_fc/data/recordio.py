@@ -27,8 +27,13 @@ def read_property(folder):
     path = os.path.join(folder, "property")
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        text = f.read().strip()
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: expected 'num_classes,height,width' (three integers), got {len(raw)} "
+                         f"bytes that are not text (damaged, or another file in its place)") from None
     fields = text.split(",")
     if len(fields) != 3 or not all(x.strip().isdigit() for x in fields):
         raise UsageError(f"{path}: expected 'num_classes,height,width' (three integers), got {text!r}")
@@ -51,6 +56,27 @@ def label_to_int(header, key):
     return int(value)
 
 
+def check_index(path):
+    """UsageError naming the line unless every line of the .idx at `path` is 'key<TAB>offset',
+    two non-negative integers, each key once (what MXIndexedRecordIO reads, unchecked)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    keys = set()
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        fields = line.strip().split(b"\t")
+        if len(fields) != 2 or not all(field.isdigit() for field in fields):
+            shown = line[:60].decode("latin-1")
+            raise UsageError(f"index file {path} is not a RecordIO index: line {number} is {shown!r}, "
+                             f"not 'key<TAB>offset' (damaged, or another file in its place)")
+        key = int(fields[0])
+        if key in keys:
+            raise UsageError(f"index file {path} is not a RecordIO index: key {key} is listed twice "
+                             f"(line {number})")
+        keys.add(key)
+
+
 def open_record(path_imgrec, path_imgidx=None):
     """Open a .rec/.idx pair; return (reader, image_keys sorted np.int64, identity_range).
 
@@ -63,10 +89,8 @@ def open_record(path_imgrec, path_imgidx=None):
     for path, what in ((path_imgrec, "record file (.rec)"), (path_imgidx, "index file (.idx)")):
         if not os.path.isfile(path):
             raise MissingFileError(f"{what} not found: {path}")
-    try:
-        reader = mx.recordio.MXIndexedRecordIO(path_imgidx, path_imgrec, "r")
-    except ValueError as err:        # a line of the .idx is not "key<TAB>offset"
-        raise UsageError(f"index file {path_imgidx} is not a RecordIO index ({err})") from None
+    check_index(path_imgidx)
+    reader = mx.recordio.MXIndexedRecordIO(path_imgidx, path_imgrec, "r")
     keys = np.array(sorted(reader.keys), dtype=np.int64)
     if len(keys) == 0:
         raise UsageError(f"index file {path_imgidx} lists no records")
