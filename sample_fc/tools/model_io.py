@@ -9,7 +9,7 @@ import mxnet as mx
 from ..checkpoint import verify_files
 from ..errors import UsageError
 from ..gpus import check_gpu_context
-from ..saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, resolve_prefix  # noqa: F401
+from ..saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, parse_model_spec, resolve_prefix  # noqa: F401
 
 
 def add_model_arguments(parser, batch_size=True):
@@ -42,13 +42,13 @@ def add_model_arguments(parser, batch_size=True):
 
 def load_model_from_args(args):
     """The model the tool's --model, --image-size, --output, --normalize and --network name,
-    after checking that --context names a device MXNet has; a checkpoint's backbone files must
+    after checking that --context names a device MXNet has and that a checkpoint's backbone files
     match the checksums they were saved with (UsageError naming the file)."""
     check_context(args.context)
-    model = load_model(args.model, args.image_size, args.output, args.normalize, args.network)
-    if model.weights_file is None:                      # an MXNet model, maybe a checkpoint's
-        verify_files(os.path.dirname(model.prefix), files="backbone")
-    return model
+    path, epoch = parse_model_spec(args.model)
+    if os.path.isdir(path):             # a checkpoint or a models root: the checkpoint's files as written
+        verify_files(os.path.dirname(resolve_prefix(path, epoch)), files="backbone")
+    return load_model(args.model, args.image_size, args.output, args.normalize, args.network)
 
 
 def check_context(ctx):

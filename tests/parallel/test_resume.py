@@ -64,14 +64,20 @@ def test_changing_a_fixed_key_on_resume_is_refused(tiny_data, tmp_path):
 
 
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tiny_data, tmp_path):
-    """Test that with a bank shard of the newest checkpoint deleted, resume says so, uses the
+    """Test that with one byte flipped in rank 1's bank rows of the newest checkpoint (its
+    checksum reached rank 0's COMPLETE from rank 1), resume says so in one warning, uses the
     previous complete checkpoint, and finishes the run."""
     root = tmp_path / "run"
     assert run_train(root, tiny_data, "--set", "max_update=8", *CUSTOM).returncode == 0
-    os.remove(bank_shard_files(str(root / "step-00000008"), 1)["weight"])
+    weight = bank_shard_files(str(root / "step-00000008"), 1)["weight"]
+    data = bytearray(open(weight, "rb").read())
+    data[-5] ^= 0x01
+    open(weight, "wb").write(data)
     result = resume_only("--resume", root, "--set", "max_update=10")
     assert result.returncode == 0, per_rank_tail(result.output)
-    assert "bank-rank1.weight.npy is missing" in result.output and "at step 4" in result.output
+    warnings = [line for line in result.output.splitlines() if "is damaged" in line]
+    assert len(warnings) == 1 and "bank-rank1.weight.npy fails its xxh3_64 checksum" in warnings[0], result.output
+    assert "at step 4" in result.output
     assert [s for s, _ in list_checkpoints(root)][-1] == 10
 
 
@@ -85,7 +91,7 @@ def test_damaged_checkpoint_named_directly_is_one_line(tiny_data, tmp_path):
     data = params.read_bytes()
     params.write_bytes(data[: len(data) // 2])
     before = snapshot(root)
-    assert "model-0004.params cannot be read" in one_error_line(resume_only("--resume", checkpoint))
+    assert f"model-0004.params is truncated ({len(data) // 2} bytes" in one_error_line(resume_only("--resume", checkpoint))
     os.remove(params)
     assert "model-0004.params is missing" in one_error_line(resume_only("--resume", checkpoint))
     assert snapshot(root) == {k: v for k, v in before.items() if k != params}
@@ -132,11 +138,13 @@ def test_pretrained_loads_backbone_weights_only(tiny_data, tmp_path):
 
 def saved_as_old_mbf(root):
     """Make a run trained as mbf_small look as runs saved before the rename did: network 'mbf'
-    in config.json and in every checkpoint's state.json."""
+    in config.json and in every checkpoint's state.json, and no checksums in COMPLETE."""
     for path in [root / "config.json", *root.glob("step-*/state.json")]:
         data = json.loads(path.read_text())
         (data["config"] if "config" in data and "network" not in data else data)["network"] = "mbf"
         path.write_text(json.dumps(data))
+    for path in root.glob("step-*/COMPLETE"):
+        path.write_text(json.dumps({"step": json.loads(path.read_text())["step"]}))
 
 
 def test_a_run_saved_as_the_old_mbf_resumes_as_mbf_small(tiny_data, tmp_path):
