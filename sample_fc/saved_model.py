@@ -37,6 +37,7 @@ import mxnet as mx
 
 import symbols
 from . import checkpoint, onnx_model, torch_backbone
+from .data.mxnet_files import ndarray_file_problem, symbol_file_problem
 from .errors import MissingFileError, UsageError, mxnet_reason
 
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
@@ -103,16 +104,23 @@ def available_epochs(prefix):
 
 
 def _read_saved(read, path, option, spec):
-    """read(path) (mx.sym.load or mx.nd.load); UsageError with MXNet's reason (the last line of
-    its message, after its C++ traceback) when the file is damaged, offering the previous
-    complete checkpoint of its models root, as --resume would fall back to it."""
-    try:
-        return read(path)
-    except mx.base.MXNetError as err:
-        previous = checkpoint.previous_checkpoint(os.path.dirname(path))
-        offer = (f"; the previous complete checkpoint is {previous[1]}: {option} "
-                 f"{checkpoint.models_root_of(previous[1])},{previous[0]}" if previous else "")
-        raise UsageError(f"{option} {spec}: {path} is damaged ({mxnet_reason(err)}){offer}") from None
+    """read(path) (mx.sym.load or mx.nd.load), the file checked first (data.mxnet_files: MXNet's
+    C++ loaders trust its sizes); UsageError with the reason (for MXNet's, the last line of its
+    message, after its C++ traceback) when the file is damaged, offering the previous complete
+    checkpoint of its models root, as --resume would fall back to it."""
+    check = ndarray_file_problem if read is mx.nd.load else symbol_file_problem
+    reason = check(path)
+    if reason is None:
+        try:
+            return read(path)
+        except mx.base.MXNetError as err:
+            reason = mxnet_reason(err)
+        except UnicodeDecodeError:           # MXNet's message about the file is not UTF-8
+            reason = "MXNet cannot parse it"
+    previous = checkpoint.previous_checkpoint(os.path.dirname(path))
+    offer = (f"; the previous complete checkpoint is {previous[1]}: {option} "
+             f"{checkpoint.models_root_of(previous[1])},{previous[0]}" if previous else "")
+    raise UsageError(f"{option} {spec}: {path} is damaged ({reason}){offer}") from None
 
 
 def _read_config(prefix):
@@ -297,7 +305,8 @@ def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
     loaded = _read_saved(mx.nd.load, params, "--pretrained", spec)
     differences = checkpoint.param_differences(loaded, symbol, image_size)
     if any(line.endswith(" is missing") for line in differences):      # named otherwise
-        return structural_map(spec, loaded, mx.sym.load(prefix + "-symbol.json"), symbol, image_size, network, note)
+        source = _read_saved(mx.sym.load, prefix + "-symbol.json", "--pretrained", spec)
+        return structural_map(spec, loaded, source, symbol, image_size, network, note)
     if differences:
         raise UsageError(f"--pretrained {spec} does not fit this run's network {network!r} at "
                          f"{image_size} px: {differences[0]} ({len(differences)} differences)")

@@ -482,3 +482,30 @@ def test_gpu_context_on_a_cpu_build_is_one_line(workspace, tmp_path):
         assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
         assert "--context gpu:0: MXNet sees 0 GPU(s) here; use --context cpu" in lines[0]
         assert not (tmp_path / "e.npy").exists()
+
+
+@pytest.mark.parametrize("file, damage", [
+    ("model-symbol.json", lambda data: b""),                                  # MXNet's message is not UTF-8
+    ("model-symbol.json", lambda data: b"\x80\x02\x8a\x0a" + data[:100]),     # binary bytes
+    (f"model-{STEP:04d}.params", lambda data: data[:-2] + b"\xff\xfe"),       # a name that is not UTF-8
+    (f"model-{STEP:04d}.params", lambda data: data + b"\0" * 100),           # appended bytes
+], ids=["empty-symbol", "binary-symbol", "name-bytes", "appended"])
+def test_damage_mxnet_cannot_describe_is_one_line_in_load_model_and_pretrained(workspace, tmp_path, file, damage):
+    """Test that a symbol or .params file damaged so that MXNet's own loader fails with bytes it
+    cannot decode (or does not notice) is a UsageError naming the file, in --model and (the
+    .params; --pretrained reads the symbol only to map other names) --pretrained, not a
+    UnicodeDecodeError traceback or a silently accepted file."""
+    import shutil
+    from sample_fc.saved_model import load_pretrained
+    checkpoint = tmp_path / "models" / f"step-{STEP:08d}"
+    shutil.copytree(workspace["checkpoint"], checkpoint)
+    path = checkpoint / file
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(UsageError, match=f"--model {checkpoint}: {path} is damaged \\("):
+        model_io.load_model(str(checkpoint))
+    if file.endswith(".params"):
+        with pytest.raises(UsageError, match=f"--pretrained {checkpoint}: .*is damaged"):
+            load_pretrained(str(checkpoint), workspace["symbol"], SIZE, "mbf")
+    else:
+        arg_params, _ = load_pretrained(str(checkpoint), workspace["symbol"], SIZE, "mbf")
+        assert set(arg_params) == set(workspace["arg_params"])
