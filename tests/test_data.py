@@ -288,3 +288,23 @@ def test_a_property_file_of_binary_bytes_is_named(dataset, tmp_path):
     (tmp_path / "property").write_bytes(b"16,\x9c32,32")
     with pytest.raises(UsageError, match="property: expected 'num_classes,height,width'.*not text"):
         read_property(str(tmp_path))
+
+
+@pytest.mark.parametrize("field, value", [(0, 0x12345678), (4, (1 << 29) - 1)], ids=["magic", "length"])
+def test_a_record_with_damaged_framing_is_named_by_key(dataset, tmp_path, field, value):
+    """Test that a record whose RecordIO magic or length word is damaged (a length past the end
+    of the file) is a DataError naming the file and the key when it is read, not MXNet's
+    'Invalid RecordIO File' error or an allocation of what the length says."""
+    import shutil
+    import struct
+    from sample_fc.data.iterators import DataError
+    folder, _ = dataset
+    for name in ("train.rec", "train.idx", "property"):
+        shutil.copy(folder / name, tmp_path / name)
+    offsets = dict(line.split("\t") for line in (tmp_path / "train.idx").read_text().split("\n") if line)
+    data = bytearray((tmp_path / "train.rec").read_bytes())
+    struct.pack_into("<I", data, int(offsets["7"]) + field, value)
+    (tmp_path / "train.rec").write_bytes(bytes(data))
+    it = FaceRecordIter(str(tmp_path / "train.rec"), 48, (3, SIZE, SIZE), shuffle=False, num_threads=1)
+    with pytest.raises(DataError, match=r"train.rec: record key 7 at offset \d+ is damaged"):
+        next(it)

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import UsageError
 from .augment import Augmentation, augment_image
 from .images import decode_rgb
-from .recordio import label_to_int, open_record, read_property
+from .recordio import label_to_int, open_record, read_property, read_record
 
 DTYPES = ("float32", "float16")
 
@@ -184,12 +184,11 @@ class FaceRecordIter(_EpochIter):
         mirror `keys` into the given slices (runs in a pool thread)."""
         height, width = self.data_shape[1:]
         for j, key in enumerate(keys):
-            with self._lock:
-                record = self._reader.read_idx(int(key))
-            if not record:
-                raise DataError(f"{self.path}: record key {key} cannot be read (the file ends "
-                                f"before it: truncated, or the .idx belongs to another .rec)")
-            header, encoded = mx.recordio.unpack(record)
+            try:
+                with self._lock:
+                    header, encoded = read_record(self._reader, self.path, int(key))
+            except UsageError as err:
+                raise DataError(f"{self.path}: {err}") from None
             try:
                 label = label_to_int(header, key)
             except ValueError as err:

@@ -13,6 +13,7 @@ is the identity). They become np.int64 here; a label that is not a non-negative 
 below 2**24 (where float32 stops representing every integer) is an error naming its key.
 """
 import os
+import struct
 
 import mxnet as mx
 import numpy as np
@@ -20,6 +21,8 @@ import numpy as np
 from ..errors import MissingFileError, UsageError
 
 FLOAT32_EXACT_LIMIT = 2 ** 24  # float32 represents every integer below this exactly
+RECORD_MAGIC = 0xCED7230A      # dmlc RecordIO: each record starts with it and its length word
+LENGTH_BITS = 29               # the length word: 3 bits of continuation flag, 29 of length
 
 
 def read_property(folder):
@@ -77,6 +80,31 @@ def check_index(path):
         keys.add(key)
 
 
+def read_record(reader, rec_path, key):
+    """(IRHeader, payload bytes) of record `key` of an open MXIndexedRecordIO of `rec_path`. Its framing is
+    checked first (the magic and a length that ends within the file), so that a damaged record
+    is a UsageError naming the key instead of MXNet reading or allocating what the bytes say."""
+    offset = reader.idx[key]
+    with open(rec_path, "rb") as rec:
+        rec.seek(offset)
+        frame = rec.read(8)
+        size = os.fstat(rec.fileno()).st_size
+    magic, length_word = struct.unpack("<II", frame) if len(frame) == 8 else (None, 0)
+    length = length_word & ((1 << LENGTH_BITS) - 1)
+    if magic != RECORD_MAGIC or offset + 8 + length > size:
+        raise UsageError(f"record key {key} at offset {offset} is damaged (no RecordIO record starts there, or its "
+                         f"length {length} runs past the end of the {size}-byte file)")
+    try:
+        record = reader.read_idx(key)
+        header, payload = mx.recordio.unpack(record)
+        if header.flag > 0 and len(np.atleast_1d(header.label)) != header.flag:
+            raise ValueError(f"label of {header.flag} values cut short")
+    except (mx.base.MXNetError, struct.error, ValueError, TypeError) as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise UsageError(f"record key {key} at offset {offset} is damaged ({reason})") from None
+    return header, payload
+
+
 def open_record(path_imgrec, path_imgidx=None):
     """Open a .rec/.idx pair; return (reader, image_keys sorted np.int64, identity_range).
 
@@ -100,7 +128,10 @@ def open_record(path_imgrec, path_imgidx=None):
                          f"{size} bytes: the .rec is truncated or the .idx belongs to another file")
     if keys[0] != 0:
         return reader, keys, None
-    header, _ = mx.recordio.unpack(reader.read_idx(0))
+    try:
+        header, _ = read_record(reader, path_imgrec, 0)
+    except UsageError as err:
+        raise UsageError(f"{path_imgrec}: {err}") from None
     if header.flag == 0:
         return reader, keys, None
     label = np.asarray(header.label).reshape(-1)
