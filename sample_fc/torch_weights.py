@@ -26,6 +26,7 @@ from .errors import MissingFileError, UsageError
 
 # the first bytes of torch's legacy format: pickle protocol 2, then its magic number as a long
 LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+REASON_CHARS = 300        # of an error's text quoted in the one-line message
 # torch.<Type>Storage -> the NumPy dtype of its elements (bfloat16 is widened to float32)
 STORAGE_DTYPES = {"FloatStorage": "f4", "DoubleStorage": "f8", "HalfStorage": "f2", "BFloat16Storage": "u2",
                   "LongStorage": "i8", "IntStorage": "i4", "ShortStorage": "i2", "CharStorage": "i1",
@@ -155,7 +156,8 @@ def read_state_dict(path):
     except UsageError:
         raise
     except Exception as err:   # with only ADMITTED callables, any failure means a damaged file
-        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        reason = " ".join(f"{type(err).__name__}: {err}".split())   # one line; zipfile's may quote
+        reason = reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS] + " ..."   # KBs of the file
         raise UsageError(f"{path}: not a readable PyTorch state dict ({reason})") from None
     if not isinstance(content, dict):
         raise UsageError(f"{path}: holds a {type(content).__name__}, not a state dict")

@@ -244,3 +244,21 @@ def test_legacy_garbage_whole_model_and_missing_files_are_one_line(files, tmp_pa
         assert f"--model {path}: {message}" in str(raised.value) and "\n" not in str(raised.value), raised.value
     with pytest.raises(MissingFileError, match=f"--pretrained {tmp_path / 'none.pth'}: no such file"):
         load_pretrained(str(tmp_path / "none.pth"), symbols.get_symbol("mbf_small", 32, 32), 32, "mbf_small")
+
+
+def test_a_pth_whose_member_header_disagrees_is_one_short_line(tmp_path):
+    """Test that a .pth whose zip member header no longer matches its directory entry (a flipped
+    byte in the header's name length) is a UsageError of one short line naming the file, not
+    zipfile's message quoting kilobytes of the file's bytes."""
+    import re
+    data = one_tensor_pkl((2, 2), (2, 1), 4) * 40          # a long data.pkl (the quote grows with it)
+    path = handmade_pth(tmp_path / "model.pth", data, {"0": np.arange(4, dtype="<f4").tobytes()})
+    raw = bytearray(open(path, "rb").read())
+    struct.pack_into("<H", raw, 26, struct.unpack_from("<H", raw, 26)[0] + 200)   # local header: name length
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(UsageError) as raised:
+        read_state_dict(path)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: not a readable PyTorch state dict (")
+    assert "\n" not in message and len(message) < 500, message[:1000]
+    assert re.search(r"BadZipFile", message)
