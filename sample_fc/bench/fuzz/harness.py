@@ -69,7 +69,7 @@ class Harness:
         changed = changed_files(before, file_hashes(os.path.join(folder, "in")), may_change)
         outcome = classify(case.command, finished, changed)
         result = dict(case.to_json(), outcome=outcome, code=finished.code, seconds=round(seconds, 2),
-                      changed=changed, stderr_tail=finished.stderr.strip().splitlines()[-12:])
+                      changed=changed, stderr_tail=[line[:500] for line in finished.stderr.strip().splitlines()[-12:]])
         if not self.keep:
             shutil.rmtree(folder, ignore_errors=True)
         with self._lock:

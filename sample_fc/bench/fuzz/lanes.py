@@ -64,7 +64,7 @@ class WorkerLane:
     worker dies or hangs. `folder` holds the cases/state files and the worker's own stderr."""
 
     def __init__(self, folder, memory_gb):
-        self.folder, self.memory_gb, self.process, self.started = folder, memory_gb, None, 0
+        self.folder, self.memory_gb, self.process, self.started, self.retired = folder, memory_gb, None, 0, False
         os.makedirs(folder, exist_ok=True)
 
     def _start(self):
@@ -73,7 +73,7 @@ class WorkerLane:
         self.cases_path, self.state_path = base + ".cases.jsonl", base + ".state.jsonl"
         open(self.cases_path, "w").close()
         open(self.state_path, "w").close()
-        self.state_offset = 0
+        self.state_offset, self.retired = 0, False
         self.log = open(base + ".stderr", "w")
         self.process = subprocess.Popen([sys.executable, "-m", "sample_fc.bench.fuzz.worker", self.cases_path,
                                          self.state_path], cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL,
@@ -89,23 +89,40 @@ class WorkerLane:
         return [json.loads(line) for line in complete.splitlines() if line]
 
     def run(self, case_id, module, argv, timeout_s):
-        """Finished of `module`.main(argv) in the worker; the clock starts when it starts the case."""
-        if self.process is None or self.process.poll() is not None:
+        """Finished of `module`.main(argv) in the worker; the clock starts when it starts the case.
+        A worker that retired (worker.worn_out) before starting the case is replaced and given it again."""
+        for _ in range(3):
+            finished = self._run_once(case_id, module, argv, timeout_s)
+            if finished is not None:
+                return finished
+        raise RuntimeError(f"three workers in a row ended before starting case {case_id}; see {self.folder}")
+
+    def _run_once(self, case_id, module, argv, timeout_s):
+        if self.process is None or self.process.poll() is not None or self.retired:
+            if self.process is not None:
+                self.process.wait()
             self._start()
         with open(self.cases_path, "a") as handle:
             handle.write(json.dumps({"id": case_id, "module": module, "argv": argv}) + "\n")
         started_at = None
         waited_from = time.monotonic()
         while True:
-            for event in self._events():
-                if event["id"] != case_id:
+            events = self._events()
+            self.retired = self.retired or any(event.get("event") == "retired" for event in events)
+            for event in events:
+                if event.get("id") != case_id:
                     continue
                 if event["event"] == "start":
                     started_at = time.monotonic()
                 elif event["event"] == "end":
                     return Finished(event["code"], event["stderr"])
             code = self.process.poll()
-            if code is not None:             # died in the case (or before starting it)
+            if code is not None and started_at is None and not self._events_left():
+                self.process = None          # ended before the case: retired, or died starting up
+                if code != 0:
+                    return Finished(code, self._own_stderr(), "signal" if code < 0 else "")
+                return None
+            if code is not None and not self._events_left():   # died in the case
                 self.process = None
                 tail = self._own_stderr()
                 return Finished(code, tail, "signal" if code < 0 else "")
@@ -115,6 +132,12 @@ class WorkerLane:
                 self.process = None
                 return Finished(-signal.SIGKILL, self._own_stderr(), "hang")
             time.sleep(POLL_S)
+
+    def _events_left(self):
+        """Whether the state file holds lines not read yet (read them before deciding)."""
+        with open(self.state_path) as handle:
+            handle.seek(self.state_offset)
+            return bool(handle.read())
 
     def _own_stderr(self):
         self.log.flush()

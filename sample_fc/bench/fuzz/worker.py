@@ -9,7 +9,8 @@ failed case left running is stopped after it.
 
 CASES is a JSON-lines file the harness appends to: {"id", "module", "argv"} per case, then
 {"stop": true}. For each case the worker appends to STATE {"id", "event": "start"} before it
-runs and {"id", "event": "end", "code", "stderr"} after: `code` is what the process would have
+runs and {"id", "event": "end", "code", "stderr"} after (and {"event": "retired"} when it ends
+itself after a case, worn_out): `code` is what the process would have
 exited with (main's return, SystemExit's code, 1 for an exception, whose traceback is printed
 to the case's stderr as Python prints it), `stderr` the case's captured stderr. If the worker
 dies (a signal) or stops writing (a hang), the harness sees the case started and not ended.
@@ -103,6 +104,19 @@ def cases(path):
             yield case
 
 
+def worn_out():
+    """Whether this worker should end after its case, for a fresh one: train.py cases that fail
+    mid-run leave threads (a data iterator's decoders) and memory behind, which in one process
+    would pile up until thread creation or an allocation fails (a signal or an error not the
+    case's own). True past 48 threads or half the address space allowed."""
+    import resource
+    import threading
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    with open("/proc/self/status") as status:
+        size_kb = next((int(line.split()[1]) for line in status if line.startswith("VmSize:")), 0)
+    return threading.active_count() > 48 or (limit != resource.RLIM_INFINITY and size_kb * 1024 > limit // 2)
+
+
 def main(argv=None):
     cases_path, state_path = argv or sys.argv[1:]
     with open(state_path, "a") as state:
@@ -112,7 +126,10 @@ def main(argv=None):
         for case in cases(cases_path):
             record({"id": case["id"], "event": "start"})
             code, stderr = run_case(case["module"], case["argv"])
-            record({"id": case["id"], "event": "end", "code": code, "stderr": stderr[-4000:]})
+            record({"id": case["id"], "event": "end", "code": code, "stderr": stderr[-65536:]})
+            if worn_out():
+                record({"event": "retired"})
+                break
     sys.stdout.flush()
     os._exit(0)      # no interpreter teardown under MXNet's threads: the harness has every result
 
