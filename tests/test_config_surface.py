@@ -28,7 +28,7 @@ KEYS = default.KEYS
 PRESET_KEYS = ('dataset', 'network', 'loss')
 SETTABLE = sorted(set(KEYS) - set(PRESET_KEYS))
 # The suite runs a fixed (derandomized) 400 examples per property; SAMPLE_FC_SURFACE_EXAMPLES=N runs N
-# fresh random ones each (the long run: README, "Reliability").
+# fresh random ones each, and N/10 through train.py and tools.plan (the long run: README, "Reliability").
 LONG_RUN = int(os.environ.get('SAMPLE_FC_SURFACE_EXAMPLES', '0'))
 EXAMPLES = settings(max_examples=LONG_RUN or 400, derandomize=not LONG_RUN, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -214,7 +214,7 @@ def _run_main(main, argv):
     return code, out.getvalue(), err.getvalue()
 
 
-@settings(max_examples=25, derandomize=not LONG_RUN, deadline=None, database=None,
+@settings(max_examples=LONG_RUN // 10 or 25, derandomize=not LONG_RUN, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=override_cases(keys=[key for key in SETTABLE if key not in ('rec', 'synthetic')]))
 def test_train_print_config_takes_generated_overrides_or_says_one_line(case, tiny_set):
@@ -241,7 +241,7 @@ option_texts = st.one_of(st.sampled_from(ODD_TEXTS), st.integers(-2 ** 70, 2 ** 
                          st.floats(allow_nan=True, allow_infinity=True).map(repr), st.text(max_size=12))
 
 
-@settings(max_examples=60, derandomize=not LONG_RUN, deadline=None, database=None)
+@settings(max_examples=LONG_RUN // 10 or 60, derandomize=not LONG_RUN, deadline=None, database=None)
 @given(st.sampled_from(['-np', '--workers-per-node', '--memory-per-node', '--gpu-memory']), option_texts,
        override_cases())
 def test_plan_takes_generated_options_or_says_one_line(option, text, case):
