@@ -178,6 +178,7 @@ def load(path, image_size=None, output=None, normalize="auto"):
     """(OnnxGraph, image side, output name, a note saying who normalises the pixels) for the
     tools' --model X.onnx (normalize: auto, graph or tool; module docstring)."""
     model = read_graph(path, "--model")
+    check_finite_weights(model, path, "--model")
     input_name, batch, side = image_input(model, path, "--model", image_size)
     tool = normalize == "tool" or (normalize == "auto" and not normalizes_input(model))
     graph = OnnxGraph(path, input_name, batch, output, tool)
@@ -188,6 +189,23 @@ def load(path, image_size=None, output=None, normalize="auto"):
     else:
         note = "the graph normalises raw pixels" + (" (--normalize graph)" if normalize == "graph" else "")
     return graph, side, graph.output, note
+
+
+def check_finite_weights(model, path, option):
+    """UsageError naming the first weight (an initializer a layer of INPUT_ROLES takes: conv, FC,
+    BatchNorm, PReLU) holding a NaN or an infinity: a damaged file (onnx.checker does not look at
+    values, and onnxruntime would give NaN embeddings). Other constants may be infinite (a Clip's
+    bound in our exports' PReLU)."""
+    from onnx import numpy_helper
+    layer_inputs = {name for node in model.graph.node if node.op_type in INPUT_ROLES for name in node.input[1:]}
+    for tensor in model.graph.initializer:
+        if tensor.name not in layer_inputs:
+            continue
+        values = numpy_helper.to_array(tensor)
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            bad = int(values.size - np.isfinite(values).sum())
+            raise UsageError(f"{option} {path}: its weight {tensor.name} holds {bad} non-finite values (NaN or "
+                             f"infinity) of {values.size}: the file is damaged")
 
 
 def weights(model):

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import mxnet as mx
+import numpy as np
 
 import symbols
 from . import checkpoint, onnx_model, torch_backbone
@@ -213,6 +214,18 @@ def _torch_file(spec, option, is_kind=is_torch_file, kind=".pth"):
     return path
 
 
+def check_finite(params, path, option):
+    """UsageError naming the first parameter of `params` ({name: NDArray or array}) that holds a
+    NaN or an infinity: a trained network never does, so the file is damaged (or its run diverged)
+    and would give NaN embeddings or a training run that stops at its first step."""
+    for name, value in params.items():
+        values = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        bad = int(values.size - np.isfinite(values).sum())
+        if bad:
+            raise UsageError(f"{option} {path}: {name} holds {bad} non-finite values (NaN or infinity) of "
+                             f"{values.size}: the file is damaged, or the run that wrote it diverged")
+
+
 def load_onnx_model(path, image_size=None, output=None, normalize="auto", network=None):
     """LoadedModel of an ONNX file: its symbol an onnx_model.OnnxGraph (onnxruntime), no params."""
     if network is not None:
@@ -229,6 +242,7 @@ def load_torch_model(path, image_size=None, output=None, normalize="auto", netwo
         raise UsageError(f"--normalize tool: the network built from {path} normalises raw pixels itself, "
                          f"as arcface_torch does ((x - 127.5) / 127.5); omit --normalize")
     backbone = torch_backbone.load(path, network, "--model")
+    check_finite({**backbone.arg_params, **backbone.aux_params}, path, "--model")
     if image_size is not None and image_size != backbone.image_size:
         raise UsageError(f"--image-size {image_size}: {path} ({backbone.network}) fits "
                          f"{backbone.image_size}x{backbone.image_size} inputs; omit --image-size")
@@ -275,6 +289,7 @@ def load_model(spec, image_size=None, output=None, normalize="auto", network=Non
         raise UsageError(f"{params_file} lacks parameters of the symbol: {', '.join(missing[:10])}")
     arg_params = {n: arg_params[n] for n in symbol.list_arguments() if n != "data"}
     aux_params = {n: aux_params[n] for n in symbol.list_auxiliary_states()}
+    check_finite({**arg_params, **aux_params}, params_file, "--model")
     if image_size is None:
         image_size = infer_image_size(symbol, arg_params, aux_params)
     elif image_size <= 0 or not params_fit(symbol, arg_params, aux_params, image_size):
@@ -285,6 +300,14 @@ def load_model(spec, image_size=None, output=None, normalize="auto", network=Non
 
 
 def load_pretrained(spec, symbol, image_size, network, note=lambda line: None):
+    """(arg_params, aux_params) of a trained backbone for fine-tuning (_load_pretrained), every
+    value finite (check_finite)."""
+    arg_params, aux_params = _load_pretrained(spec, symbol, image_size, network, note)
+    check_finite({**arg_params, **aux_params}, spec, "--pretrained")
+    return arg_params, aux_params
+
+
+def _load_pretrained(spec, symbol, image_size, network, note):
     """(arg_params, aux_params) of a trained backbone for fine-tuning: `spec` is PREFIX[,EPOCH]
     (as mx.model.load_checkpoint), a checkpoint dir or a models root. Only the .params file
     (MXNet's NDArray format, never the optimizer state) and the symbol JSON are read. Params

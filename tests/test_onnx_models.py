@@ -278,3 +278,27 @@ def test_a_graph_normalised_outside_runs_and_loads_with_its_scale_folded(tmp_pat
         original = np.ones(16, np.float32) if name == "embeddings_gamma" else \
             (arg_params[name] if name in arg_params else aux_params[name]).asnumpy()
         np.testing.assert_allclose(value.asnumpy(), original, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_an_onnx_file_with_a_nan_weight_is_one_line_in_the_tools_and_pretrained(workspace, exported, tmp_path,  # noqa: F811
+                                                                                 capsys):
+    """Test that an ONNX model one of whose weights holds a NaN (a damaged file onnx.checker
+    passes) ends embed in one line naming the weight, and is refused as --pretrained, instead of
+    NaN embeddings or a training run that stops at its first step."""
+    import onnx
+    from onnx import numpy_helper
+    from sample_fc.errors import UsageError
+    from sample_fc.saved_model import load_pretrained
+    model = onnx.load(str(exported))
+    first = next(t for t in model.graph.initializer if numpy_helper.to_array(t).size > 4)
+    values = numpy_helper.to_array(first).copy()
+    values.flat[3] = np.nan
+    first.CopyFrom(numpy_helper.from_array(values, first.name))
+    damaged = tmp_path / "nan.onnx"
+    onnx.save(model, str(damaged))
+    write_faces(str(tmp_path / "images"), 2)
+    line = one_line_exit_2(embed.main, ["--model", str(damaged), "--images", str(tmp_path / "images"),
+                                        "--out", str(tmp_path / "e.npy")], capsys)
+    assert f"{damaged}: its weight {first.name} holds 1 non-finite values" in line, line
+    with pytest.raises(UsageError, match=f"--pretrained {damaged}: .* holds 1 non-finite values"):
+        load_pretrained(str(damaged), workspace["symbol"], SIZE, "mbf")
