@@ -16,7 +16,7 @@ from .damage import DAMAGES
 from .inputs import TRAIN_SETTINGS
 
 CHECKPOINT = "models/step-00000004"
-MODEL_OF_GROUP = {"models": "{in}/models", "torch": "{in}/torch/backbone.pth", "onnx": "{in}/onnx/model.onnx"}
+MODEL_OF_GROUP = {"models": "{in}/models", "mxnet": "{in}/mxnet/model", "torch": "{in}/torch/backbone.pth", "onnx": "{in}/onnx/model.onnx"}
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,12 @@ FORMATS = {f.name: f for f in [
     Format("idx", "data", "data/train.idx", ("train", "plan")),
     Format("property", "data", "data/property", ("train", "plan")),
     Format("bin", "data", "data/demo_val.bin", ("train", "verify")),
-    Format("symbol", "models", f"{CHECKPOINT}/model-symbol.json", TOOLS_ON_MODELS + ("train_resume",)),
-    Format("params", "models", f"{CHECKPOINT}/model-0004.params", TOOLS_ON_MODELS + ("train_resume",)),
+    Format("symbol", "mxnet", "mxnet/model-symbol.json", TOOLS_ON_MODELS, model_group="mxnet"),
+    Format("params", "mxnet", "mxnet/model-0004.params", TOOLS_ON_MODELS, model_group="mxnet"),
     Format("pth", "torch", "torch/backbone.pth", TOOLS_ON_MODELS, model_group="torch"),
     Format("onnx", "onnx", "onnx/model.onnx", ("verify", "embed", "ijb", "train_pretrained"), model_group="onnx"),
+    Format("ckpt_symbol", "models", f"{CHECKPOINT}/model-symbol.json", ("train_resume", "verify"), checkpoint=True),
+    Format("ckpt_params", "models", f"{CHECKPOINT}/model-0004.params", ("train_resume", "verify"), checkpoint=True),
     Format("state", "models", f"{CHECKPOINT}/state.json", ("train_resume", "verify"), checkpoint=True),
     Format("rank_state", "models", f"{CHECKPOINT}/rank*.json", ("train_resume",), checkpoint=True),
     Format("bank_npy", "models", f"{CHECKPOINT}/bank-rank*.npy", ("train_resume",), checkpoint=True),

@@ -4,6 +4,8 @@
     models/   a models root trained by train.py (mbf_small, 2 + 2 steps): step-00000002/ and
               step-00000004/, each a complete checkpoint (symbol, params, state.json, rank0.json,
               bank .npy/.json, optimizer.params, aux params, COMPLETE)
+    mxnet/    model-symbol.json, model-0004.params: the step-4 model as a plain MXNet prefix (as the
+              model zoo's), read by the tools without the checkpoint's checksums in front
     torch/    backbone.pth: the step-4 backbone as arcface_torch's state dict (hand-pickled, no torch)
     onnx/     model.onnx: tools.export of the step-4 model
     faces/    pack's input: one folder per identity, PNG and JPEG images
@@ -12,6 +14,7 @@
 Each group is a folder copied whole into a case, so a case reads nothing shared.
 """
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -26,7 +29,7 @@ TRAIN_SETTINGS = ["--dataset", "demo", "--network", "mbf_small", "--set", f"embe
                   "--set", f"batch_size={BATCH}", "--set", "verify_period=0", "--set", "frequent=1",
                   "--set", "data_threads=1", "--set", "sample_ratio_warmup_steps=0", "--set", "max_update=2",
                   "--set", "ckpt_minutes=0"]
-GROUPS = ("data", "models", "torch", "onnx", "faces", "ijb")
+GROUPS = ("data", "models", "mxnet", "torch", "onnx", "faces", "ijb")
 
 
 def child_env():
@@ -146,6 +149,9 @@ def build_inputs(folder, log=print):
     log(f"fuzz: building the sound inputs in {folder}")
     build_data(path["data"])
     build_models(path["models"], path["data"])
+    os.makedirs(path["mxnet"], exist_ok=True)
+    for name in ("model-symbol.json", "model-0004.params"):
+        shutil.copy(os.path.join(path["models"], "step-00000004", name), path["mxnet"])
     os.makedirs(path["torch"], exist_ok=True)
     build_pth(os.path.join(path["torch"], "backbone.pth"), path["models"])
     os.makedirs(path["onnx"], exist_ok=True)
