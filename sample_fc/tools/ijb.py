@@ -35,7 +35,6 @@ import os
 import sys
 
 import numpy as np
-from PIL import Image, ImageDraw
 
 from ..data.alignment import TEMPLATE_112, align, similarity_transform  # noqa: F401 (also ijb's names)
 from ..data.images import open_image
@@ -43,6 +42,7 @@ from ..errors import UsageError
 from ..verification import Embedder, tar_at_far, to_nchw
 from .cli import Progress, check_output_dir, make_parser, run_or_exit
 from .model_io import add_model_arguments, batch_size_or_default, load_model_from_args
+from .plots import roc_figure, roc_points
 
 FARS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 CHUNK = 2048                       # faces per cache file
@@ -139,46 +139,6 @@ def tar_table(scores, labels, fars=FARS):
     impostors = int(np.sum(np.asarray(labels) != 1))
     return {far: tar_at_far(-np.asarray(scores, float), np.asarray(labels) == 1, far) if far * impostors >= 1
             else None for far in fars}
-
-
-def roc_points(scores, labels):
-    """(FAR, TAR) of every threshold between distinct scores, FAR increasing."""
-    order = np.argsort(-np.asarray(scores, float), kind="stable")
-    genuine = np.asarray(labels)[order] == 1
-    tar = np.cumsum(genuine) / max(genuine.sum(), 1)
-    far = np.cumsum(~genuine) / max((~genuine).sum(), 1)
-    return far, tar
-
-
-def draw_roc(path, far, tar, table, title):
-    """A PNG of TAR against FAR (log scale 1e-6 ... 1), with the table's points marked."""
-    width, height, left, bottom, top, right = 640, 480, 60, 50, 30, 20
-    image = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(image)
-    plot_w, plot_h = width - left - right, height - top - bottom
-
-    def to_xy(x, y):
-        fraction = (np.log10(np.clip(x, 1e-6, 1.0)) + 6) / 6
-        return left + fraction * plot_w, top + (1 - y) * plot_h
-
-    for decade in range(-6, 1):
-        x, _ = to_xy(10.0 ** decade, 0)
-        draw.line([(x, top), (x, top + plot_h)], fill=(220, 220, 220))
-        draw.text((x - 12, top + plot_h + 5), f"1e{decade}", fill="black")
-    for tenth in range(0, 11, 2):
-        _, y = to_xy(1e-6, tenth / 10)
-        draw.line([(left, y), (left + plot_w, y)], fill=(220, 220, 220))
-        draw.text((left - 30, y - 6), f"{tenth / 10:.1f}", fill="black")
-    draw.rectangle([left, top, left + plot_w, top + plot_h], outline="black")
-    keep = far >= 1e-6
-    if keep.any():
-        draw.line([to_xy(x, y) for x, y in zip(far[keep], tar[keep])], fill=(31, 119, 180), width=2)
-    for x, y in ((x, y) for x, y in table.items() if y is not None):     # None: not measurable here
-        cx, cy = to_xy(x, y)
-        draw.ellipse([cx - 3, cy - 3, cx + 3, cy + 3], outline=(214, 39, 40), width=2)
-    draw.text((left, 8), title, fill="black")
-    draw.text((left + plot_w // 2 - 60, height - 20), "FAR (false accept rate)", fill="black")
-    image.save(path)
 
 
 def _read_json_or_none(path):
@@ -310,7 +270,8 @@ def main(argv=None):
         table = tar_table(scores, release["labels"])
         np.save(os.path.join(args.out, "scores.npy"), scores)
         far, tar = roc_points(scores, release["labels"])
-        draw_roc(os.path.join(args.out, "roc.png"), far, tar, table, f"{target.upper()} 1:1, {model.prefix}")
+        roc_figure(os.path.join(args.out, "roc.png"), [(target.upper(), far, tar)],
+                   f"{target.upper()} 1:1, {model.prefix}", points=list(table.items()))
         impostors = int(len(scores) - release["labels"].sum())
         result = {"target": target, "model": model.params_file, "output": model.output,
                   "faces": len(release["names"]), "templates": int(len(ids)), "pairs": int(len(scores)),
