@@ -308,3 +308,16 @@ def test_a_record_with_damaged_framing_is_named_by_key(dataset, tmp_path, field,
     it = FaceRecordIter(str(tmp_path / "train.rec"), 48, (3, SIZE, SIZE), shuffle=False, num_threads=1)
     with pytest.raises(DataError, match=r"train.rec: record key 7 at offset \d+ is damaged"):
         next(it)
+
+
+def test_a_property_file_holding_another_text_file_is_named_briefly(tmp_path):
+    """Test that a property file that is a long text file (another file in its place) is named in
+    a short line quoting its start, not the whole file."""
+    from sample_fc.data.recordio import read_property
+    from sample_fc.errors import UsageError
+    (tmp_path / "property").write_text('{\n  "nodes": [\n' + '    {"op": "null", "name": "x"},\n' * 2000 + "]}")
+    with pytest.raises(UsageError) as raised:
+        read_property(str(tmp_path))
+    message = str(raised.value)
+    assert "expected 'num_classes,height,width'" in message and "bytes)" in message and len(message) < 300, \
+        message[:500]

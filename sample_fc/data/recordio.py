@@ -39,7 +39,8 @@ def read_property(folder):
                          f"bytes that are not text (damaged, or another file in its place)") from None
     fields = text.split(",")
     if len(fields) != 3 or not all(x.strip().isdigit() for x in fields):
-        raise UsageError(f"{path}: expected 'num_classes,height,width' (three integers), got {text!r}")
+        shown = repr(text) if len(text) <= 60 else f"{text[:60]!r}... ({len(raw)} bytes)"
+        raise UsageError(f"{path}: expected 'num_classes,height,width' (three integers), got {shown}")
     return tuple(int(x) for x in fields)
 
 
