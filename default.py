@@ -110,7 +110,7 @@ def _declare_keys():
     keys.ckpt_minutes = Real(30.0, lo=0, hi=10 ** 6)                    # also save when the newest checkpoint is older than this (0 = off): a SIGKILL loses at most that
     keys.stop_signals = ListOf(['SIGTERM', 'SIGINT', 'SIGUSR1'], Text(''), check=signal_number)  # these stop the run cleanly: every rank ends the same step, checkpoint, exit 128+signal
     keys.stop_grace_s = Real(25.0, lo=0, lo_open=True, hi=3600)         # a stop taking longer (or a second signal) ends the job at once; below SLURM's/Kubernetes' 30 s
-    keys.tensorboard = Flag(False)                                      # write tensorboardX event files to the output dir
+    keys.tensorboard = Flag(True)                                       # write tensorboardX event files to <models root>/tensorboard (rank 0)
     keys.max_nonfinite_steps = Int(5, lo=1, hi=2 ** 40)                 # stop with an error after N consecutive steps with NaN/Inf loss
     keys.collective_timeout_s = Int(60, lo=1, hi=10 ** 6)               # stall limit: ranks waiting this long in a collective others miss end the job
     keys.step_timeout_s = Int(0, lo=0, hi=10 ** 7)                      # a rank with no finished step for this long ends the job (0 = max(300 s, 10x median step))

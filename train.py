@@ -10,8 +10,10 @@ data, a checkpoint or the models root ends the job with one line and exit code 2
 anything is written to the models root; any other failure keeps its traceback (exit 1).
 """
 import argparse
+import dataclasses
 import json
 import os
+import socket
 import sys
 import time
 
@@ -213,6 +215,16 @@ def start_run(cfg, models_root, run, run_id, world, logger, status):
     logger.info("world size %d; run %s in %s; config:\n%s", world, run_id, models_root, format_config(cfg))
 
 
+def run_facts(world, request, run, plan, sampling, cost):
+    """What the report shows of this job (events.jsonl's start event): world size, machine,
+    attempt, where it resumed from, the memory plan, the sampling regime, the backbone's cost."""
+    return {"world_size": world, "host": socket.gethostname(), "cores": os.cpu_count(), "attempt": request.attempt,
+            "resumed_from": run.resume_from and os.path.basename(run.resume_from),
+            "memory_plan": dict(dataclasses.asdict(plan), summary=plan.summary()),
+            "sampling": dict(dataclasses.asdict(sampling), line=sampling.line(), warning=sampling.warning()),
+            "backbone": {"params": int(cost.params), "multiply_adds": int(cost.multiply_adds)}}
+
+
 def train(cfg, request, status, stop_signals=None):
     """The training job on this rank, Horovod initialised, as `request` (RunRequest) asks;
     rank 0 keeps the run's `status` (RunStatus); `stop_signals` (StopSignals) ask for a stop.
@@ -256,6 +268,7 @@ def train(cfg, request, status, stop_signals=None):
     events = RunEvents(cfg, run, module, rank, world, logger, watchdog, run_id, status, stop_signals)
     if rank == 0:
         events.announce_checkpoints(run.plan.checkpoint, last_checkpoint_s)
+        events.event("start", run.resumed_at or 0, **run_facts(world, request, run, run.plan, sampling, cost))
     module.fit(run.train_iter, cfg.max_update, events.callbacks)
     stop_signal = int(module.agreed.get("stop", 0))      # every rank's, agreed in the last step
     if stop_signal:
@@ -270,6 +283,8 @@ def train(cfg, request, status, stop_signals=None):
         lock.release()
     logger.info("%s: %d steps, checkpoints in %s", "stopped" if stop_signal else "done", module.num_update,
                 models_root)
+    if rank == 0:
+        logger.info("report: python -m sample_fc.tools.report %s", models_root)
     mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod
     if hasattr(run.train_iter, "close"):
         run.train_iter.close()

@@ -1,8 +1,11 @@
 """Batch-end callbacks: progress, checkpoints, verification. The loop alone decides when
 to stop; callbacks only observe (and, for checkpoints and verification, make every rank
-take part in the same named collectives).
+take part in the same named collectives). What rank 0 records for programs besides
+progress.jsonl and status.json: events.jsonl (append_event) and the latest verification's
+pairs (save_verification_pairs), which python -m sample_fc.tools.report reads.
 """
 import datetime
+import json
 import os
 import time
 
@@ -11,7 +14,10 @@ import numpy as np
 
 from . import dist
 from .config import write_json
-from .verification import score
+from .verification import pair_distances, score
+
+EVENTS_FILE = "events.jsonl"      # <root>/events.jsonl: one JSON line per event of the run (rank 0)
+VERIFICATION_DIR = "verification"  # <root>/verification/<target>.npz: the latest verification's pairs
 
 
 class ProgressLogger:
@@ -59,8 +65,9 @@ class ProgressLogger:
         if self.writer is not None:
             for name, value in scalars.items():
                 self.writer.add_scalar(name, value, info.step)
-        if self.record is not None:
-            self.record(dict(scalars, step=info.step))
+        if self.record is not None:       # with the share of clipped steps when clipping is on
+            share = {"clipped_share": share} if self.clip_grad_norm > 0 else {}
+            self.record(dict(scalars, step=info.step, **share))
         self._reset(now)
 
 
@@ -82,13 +89,13 @@ class VerificationRunner:
     embed_fn(images uint8) -> embeddings (n, D) NumPy. Rank r embeds images r, r+W, ...;
     the embeddings are allgathered (named "verification.<name>.<step>") and every rank
     scores the whole set. Rank 0 logs, and keeps the best mean accuracy with its step in
-    `<models_root>/best.json`.
+    `<models_root>/best.json`. `last_pairs`: {name: (pair distances, issame)} of the last call.
     """
 
     def __init__(self, targets, embed_fn, logger, models_root=None, writer=None):
         self.targets, self.embed_fn, self.logger = targets, embed_fn, logger
         self.models_root, self.writer = models_root, writer
-        self.best_accuracy, self.last = -1.0, {}
+        self.best_accuracy, self.last, self.last_pairs = -1.0, {}, {}
 
     def _embed_all(self, name, images, step):
         rank, world = dist.rank(), dist.size()
@@ -100,14 +107,17 @@ class VerificationRunner:
         return embeddings
 
     def __call__(self, step):
-        self.last = {name: score(self._embed_all(name, images, step), issame)
-                     for name, (images, issame) in self.targets.items()}
+        embedded = {name: self._embed_all(name, images, step) for name, (images, _) in self.targets.items()}
+        self.last = {name: score(embedded[name], issame) for name, (_, issame) in self.targets.items()}
+        self.last_pairs = {name: (pair_distances(embedded[name]), np.asarray(issame, bool))
+                           for name, (_, issame) in self.targets.items()}
         if dist.rank() != 0 or not self.last:
             return self.last
         for name, result in self.last.items():
             self.logger.info("step %d  %s", step, result.line(name))
             if self.writer is not None:
                 self.writer.add_scalar(f"verification/{name}", result.accuracy, step)
+                self.writer.add_scalar(f"verification_tar_at_far/{name}", result.tar_at_far, step)
         mean = sum(r.accuracy for r in self.last.values()) / len(self.last)
         if mean > self.best_accuracy:
             self.best_accuracy = mean
@@ -150,3 +160,24 @@ class ChanceWatch:
                       f"run's classes and margin, with a gradient norm of {norm:.2f}, for the {self.window} steps "
                       f"up to step {info.step}; try a lower lr (on 5,000 real-image classes lr 0.8 per 512 sat here where "
                       f"0.1 learned; an lr warm-up did not help) or a higher sample_ratio (see the sampling line at start)")
+
+
+def append_event(models_root, kind, step, **fields):
+    """One line of <root>/events.jsonl: {"event": kind, "step", "time" (epoch seconds), fields}.
+    The events a report marks on the step axis: start (with the run's facts; a start at step > 0
+    is a resume or a restart), checkpoint, verification, skipped (a non-finite step), not_learning,
+    stop, end."""
+    record = dict(fields, event=kind, step=int(step), time=round(time.time(), 3))
+    with open(os.path.join(models_root, EVENTS_FILE), "a") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def save_verification_pairs(models_root, name, step, distances, issame):
+    """<root>/verification/<name>.npz: the pair distances and labels of the latest verification
+    of target `name` (written whole, then renamed), for the report's ROC."""
+    folder = os.path.join(models_root, VERIFICATION_DIR)
+    os.makedirs(folder, exist_ok=True)
+    partial = os.path.join(folder, f".{name}.npz.partial")
+    with open(partial, "wb") as handle:
+        np.savez(handle, step=step, distances=np.asarray(distances, np.float32), issame=np.asarray(issame, bool))
+    os.replace(partial, os.path.join(folder, f"{name}.npz"))

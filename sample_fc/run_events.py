@@ -12,18 +12,26 @@ import os
 import time
 
 from . import checkpoint, dist, run_root
-from .callbacks import ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, chance_loss
+from .callbacks import (ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, append_event, chance_loss,
+                        save_verification_pairs)
 from .stop import STOP_EXIT_BASE, signal_name
 from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed (measured here: 4.1 GB in 6.5 s, 1M classes)
 
 
-def tensorboard_writer(cfg, rank, models_root):
-    """A tensorboardX SummaryWriter on rank 0 when cfg.tensorboard, else None."""
+def tensorboard_writer(cfg, rank, models_root, logger=None):
+    """A tensorboardX SummaryWriter on rank 0 when cfg.tensorboard, else None (and one line in
+    the log when tensorboardX cannot be imported: the run goes on without it)."""
     if not (cfg.tensorboard and rank == 0):
         return None
-    from tensorboardX import SummaryWriter
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError as error:
+        if logger is not None:
+            logger.warning("tensorboard: tensorboardX cannot be imported (%s); no TensorBoard events "
+                           "(pip install tensorboardX==2.6.2.2, or --set tensorboard=false)", error)
+        return None
     return SummaryWriter(os.path.join(models_root, "tensorboard"))
 
 
@@ -48,9 +56,10 @@ class RunEvents:
         self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
                             "embedding_size": cfg.embedding_size, "config": cfg,
                             "partial_fc": dataclasses.asdict(module.partial_fc.options)}
-        writer = tensorboard_writer(cfg, rank, run.models_root)
+        self.writer = writer = tensorboard_writer(cfg, rank, run.models_root, logger)
         self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
-        self.callbacks = [lambda info: watchdog.step_done(info.step, info.seconds), self.note_agreed_stop,
+        self.step = 0                     # the last step a callback saw
+        self.callbacks = [self.note_step, lambda info: watchdog.step_done(info.step, info.seconds), self.note_agreed_stop,
                           PeriodicCallback(cfg.ckpt_period, self.save), self.save_when_due,
                           PeriodicCallback(cfg.verify_period, self.verify)]
         if rank == 0:
@@ -61,7 +70,7 @@ class RunEvents:
             self.callbacks.append(ChanceWatch(chance_loss(scored, module.partial_fc.margin(start + 1)), start,
                                               self.say_not_learning))
             self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
-                                                    lambda record: run_root.append_progress(run.models_root, record),
+                                                    self.record_progress,
                                                     paused=lambda: self.paused_s))
             self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
         if stop_signals is not None:
@@ -75,10 +84,29 @@ class RunEvents:
         due = bool(minutes) and self.clock() - self.last_save >= 60.0 * minutes
         return {"stop": float(self.stop_signals.requested if self.stop_signals else 0), "checkpoint": float(due)}
 
+    def event(self, kind, step, **fields):
+        """Rank 0: one line of the run's events.jsonl (append_event)."""
+        if self.rank == 0:
+            append_event(self.run.models_root, kind, step, **fields)
+
+    def record_progress(self, record):
+        """Rank 0: a progress record into progress.jsonl, with the time; the share of clipped
+        steps also to TensorBoard (the other scalars are ProgressLogger's)."""
+        run_root.append_progress(self.run.models_root, dict(record, time=round(time.time(), 3)))
+        if self.writer is not None and "clipped_share" in record:
+            self.writer.add_scalar("clipped_share", record["clipped_share"], record["step"])
+
+    def note_step(self, info):
+        """Every step: remember it; a skipped (non-finite) step is an event."""
+        self.step = info.step
+        if info.skipped:
+            self.event("skipped", info.step)
+
     def say_not_learning(self, line):
-        """Rank 0: the not-learning warning, in the log and in status.json (`warning`)."""
+        """Rank 0: the not-learning warning, in the log, in status.json (`warning`) and as an event."""
         self.logger.warning(line)
         self.status(warning=line)
+        self.event("not_learning", self.step, line=line)
 
     def status(self, **fields):
         """Rank 0: update the run's status.json (run_root.write_status)."""
@@ -97,6 +125,7 @@ class RunEvents:
         self.last_save = self.clock()
         self.paused_s += seconds
         self.status(step=step, checkpoint=path, checkpoint_step=step, checkpoint_seconds=round(seconds, 2))
+        self.event("checkpoint", step, path=os.path.basename(path), seconds=round(seconds, 2))
         self.watchdog.progress()
         self.logger.info("step %d: checkpoint saved in %.1f s", step, seconds)
         if not self.timed_a_checkpoint:
@@ -142,6 +171,11 @@ class RunEvents:
         self.paused_s += self.clock() - start
         if result:
             self.status(verification={"step": step, "accuracy": {n: r.accuracy for n, r in result.items()}})
+            self.event("verification", step, accuracy={n: r.accuracy for n, r in result.items()},
+                       tar_at_far={n: r.tar_at_far for n, r in result.items()},
+                       far=next(iter(result.values())).far)
+            for name, (distances, issame) in (self.verifier.last_pairs.items() if self.rank == 0 else ()):
+                save_verification_pairs(self.run.models_root, name, step, distances, issame)
         self.watchdog.progress()
         return result
 
@@ -161,6 +195,7 @@ class RunEvents:
         name, root = signal_name(number), self.run.models_root
         if self.rank == 0:
             self.status_record.stopped(step, name, checkpoint=path)
+            self.event("stop", step, signal=name)
             self.logger.warning("stopped by %s after step %d, checkpoint %s; continue with: ./horovodrun.sh -np %d "
                                 "--resume %s (or your launcher with train.py --resume %s)", name, step, path,
                                 self.world, root, root)
@@ -188,6 +223,7 @@ class RunEvents:
             self.save(step)
         if not self.cfg.verify_period or step % self.cfg.verify_period:
             self.verify(step)
+        self.event("end", step)
         for name, (images, issame) in (self.run.targets.items() if self.rank == 0 else ()):
             baseline = evaluate(raw_pixel_embed, images, issame)
             self.logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
