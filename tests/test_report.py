@@ -196,3 +196,37 @@ def test_a_real_two_worker_run_records_its_events_and_its_report_matches_its_fil
     assert numbers["run", "checkpoints written"] == 2
     for name in ("loss", "lr", "grad_norm", "clipped_share", "samples_per_s", "verification_accuracy", "roc"):
         check_png(root / "report" / f"{name}.png")
+
+
+def test_a_run_still_training_is_reported_as_far_as_it_got(tmp_path):
+    """Test that a root with only config.json, a running status and three progress records (no
+    events, verification or best.json yet) gives the step figures and the numbers so far, and no
+    verification figures."""
+    root = tmp_path / "young"
+    progress = write_run(root)[:3]
+    for name in ("events.jsonl", "best.json"):
+        (root / name).unlink()
+    (root / "verification" / "demo_val.npz").unlink()
+    (root / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in progress))
+    (root / "status.json").write_text(json.dumps({"state": "running", "step": 13}))
+    assert report.main([str(root)]) == 0
+    out = root / "report"
+    assert sorted(p.name for p in out.glob("*.png")) == ["clipped_share.png", "grad_norm.png", "loss.png", "lr.png",
+                                                          "samples_per_s.png"]
+    page = (out / "report.html").read_text()
+    assert final_numbers(page)["young", "loss"] == progress[-1]["loss"] and "running at step 13" in page
+
+
+def test_tensorboard_without_tensorboardx_is_one_log_line_and_no_writer(tmp_path, monkeypatch, caplog):
+    """Test that when tensorboardX cannot be imported, rank 0's tensorboard_writer logs one
+    warning naming it and returns None (the run goes on), and other ranks are never asked."""
+    import logging
+    from easydict import EasyDict
+    from sample_fc.run_events import tensorboard_writer
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)       # import tensorboardX -> ImportError
+    logger = logging.getLogger("test_report.tensorboard")
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        assert tensorboard_writer(EasyDict(tensorboard=True), 0, str(tmp_path), logger) is None
+        assert tensorboard_writer(EasyDict(tensorboard=True), 1, str(tmp_path), logger) is None
+    assert len(caplog.records) == 1 and "tensorboardX cannot be imported" in caplog.records[0].getMessage()
+    assert not (tmp_path / "tensorboard").exists()
