@@ -22,6 +22,7 @@ EVENT_STYLES = {
     "not_learning": ("not-learning warning", "tab:brown", "-"),
 }
 ROC_FAR_FLOOR = 1e-6                  # the lowest FAR a ROC figure shows
+FEW_POINTS = 30                       # a line of this many points or fewer has them marked
 
 
 def roc_points(scores, labels):
@@ -62,13 +63,13 @@ def mark_events(axes, events):
 
 def step_figure(path, title, ylabel, series, events=(), log_y=False):
     """A PNG of quantities over training steps. series: [(label, steps, values)] (one line each;
-    a single point is drawn as a dot); events: [(step, kind)], kind one of EVENT_STYLES.
+    its points marked when there are few); events: [(step, kind)], kind one of EVENT_STYLES.
     Non-finite values are left out of the line. Returns `path`."""
     figure, axes = _new_axes(title, "step", ylabel)
     for label, steps, values in series:
         steps, values = np.asarray(steps, float), np.asarray(values, float)
         finite = np.isfinite(values)
-        axes.plot(steps[finite], values[finite], marker="o" if finite.sum() == 1 else None, markersize=4,
+        axes.plot(steps[finite], values[finite], marker="o" if finite.sum() <= FEW_POINTS else None, markersize=4,
                   linewidth=1.5, label=label)
     if log_y and any(np.nanmin(np.asarray(v, float)) > 0 for _, _, v in series if len(v)):
         axes.set_yscale("log")
