@@ -136,16 +136,16 @@ def test_two_roots_are_overlaid_in_one_figure_per_quantity_and_one_table(tmp_pat
 
 
 def test_a_progress_file_cut_mid_line_with_a_garbage_line_still_reports_and_says_so_once(tmp_path, capsys):
-    """Test that progress.jsonl with a garbage line in the middle and its last line cut short (a
-    killed writer) still gives the report of the whole records, with exactly one stderr line
-    naming the 2 skipped lines."""
+    """Test that progress.jsonl with a garbage line and a JSON line that is no record in the
+    middle and its last line cut short (a killed writer) still gives the report of the whole
+    records, with exactly one stderr line naming the 3 skipped lines."""
     def damage(lines):
-        return lines[:3] + ["\x00garbage {"] + lines[3:-1] + [lines[-1][:17]]
+        return lines[:3] + ["\x00garbage {", '{"step": "12", "loss": null}'] + lines[3:-1] + [lines[-1][:17]]
     progress = write_run(tmp_path / "run_a", damage=damage)
     assert report.main([str(tmp_path / "run_a")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
-    assert err[0].startswith(f"{PROG}: ") and "skipped 2 of 11 lines" in err[0] and "lines 4, 11" in err[0], err
+    assert err[0].startswith(f"{PROG}: ") and "skipped 3 of 12 lines" in err[0] and "lines 4, 5, 12" in err[0], err
     numbers = final_numbers((tmp_path / "run_a" / "report" / "report.html").read_text())
     assert numbers["run_a", "step"] == progress[-2]["step"] and numbers["run_a", "loss"] == progress[-2]["loss"]
     check_png(tmp_path / "run_a" / "report" / "loss.png")

@@ -60,11 +60,22 @@ class Run:
     def verifications(self):
         """[(step, {target: accuracy}, {target: TAR@FAR}, far)] oldest first; without events
         (a run from before them), the status's last verification."""
-        found = [(e["step"], e.get("accuracy", {}), e.get("tar_at_far", {}), e.get("far")) for e in self.of("verification")]
+        found = [(e["step"], numbers_of(e.get("accuracy")), numbers_of(e.get("tar_at_far")),
+                  e["far"] if is_number(e.get("far")) else None)
+                 for e in self.of("verification")]
         last = self.status.get("verification")
-        if not found and isinstance(last, dict) and "step" in last:
-            found = [(last["step"], last.get("accuracy", {}), {}, None)]
+        if not found and isinstance(last, dict) and is_number(last.get("step")):
+            found = [(last["step"], numbers_of(last.get("accuracy")), {}, None)]
         return found
+
+
+def numbers_of(mapping):
+    """{name: number} of a recorded {target: value} (anything else left out)."""
+    return {k: v for k, v in mapping.items() if is_number(v)} if isinstance(mapping, dict) else {}
+
+
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def read_json(path):
@@ -78,7 +89,7 @@ def read_json(path):
 
 
 def read_records(path, needs, complain):
-    """The JSON objects of a jsonl file that have the keys `needs` with numeric "step" (a
+    """The JSON objects of a jsonl file that have the keys `needs`, each a number but "event" (a
     missing file: []); complain(line) once about the lines that are not such records."""
     try:
         with open(path, errors="replace") as handle:
@@ -93,8 +104,7 @@ def read_records(path, needs, complain):
             record = json.loads(line)
         except ValueError:
             record = None
-        if (isinstance(record, dict) and all(k in record for k in needs)
-                and isinstance(record["step"], (int, float)) and not isinstance(record["step"], bool)):
+        if isinstance(record, dict) and all(k in record and (k == "event" or is_number(record[k])) for k in needs):
             records.append(record)
         else:
             bad.append(number)
@@ -138,8 +148,8 @@ def draw_figures(runs, out):
     one = len(runs) == 1
     figures = []
     for key, title, ylabel in QUANTITIES:
-        series = [(run.name, *zip(*[(r["step"], r[key]) for r in run.progress if key in r]))
-                  for run in runs if any(key in r for r in run.progress)]
+        series = [(run.name, *zip(*[(r["step"], r[key]) for r in run.progress if is_number(r.get(key))]))
+                  for run in runs if any(is_number(r.get(key)) for r in run.progress)]
         if series:
             marks = runs[0].marks() if one else ()
             plots.step_figure(os.path.join(out, f"{key}.png"), title, ylabel, series, marks, log_y=key == "lr")

@@ -92,7 +92,7 @@ def final_numbers(run):
         step, accuracy, tar, far = checks[-1]
         numbers["last verification step"] = step
         numbers.update({f"{t} accuracy": a for t, a in sorted(accuracy.items())})
-        numbers.update({f"{t} TAR@FAR={far:g}": v for t, v in sorted(tar.items())})
+        numbers.update({f"{t} TAR@FAR" + (f"={far:g}" if far else ""): v for t, v in sorted(tar.items())})
     numbers.update({"checkpoints written": len(run.of("checkpoint")), "skipped steps": len(run.of("skipped")),
                     "stops": len(run.of("stop")), "resumes / restarts": sum(e["step"] > 0 for e in run.of("start")),
                     "wall time (s)": round(wall_seconds(run), 1) if wall_seconds(run) is not None else None})
