@@ -11,7 +11,8 @@ verifications, skipped non-finite steps, the not-learning warning, stops, ends),
 verification/<target>.npz (the latest verification's pairs: the ROC), status.json, best.json
 and config.json. Figures: each quantity over steps with the events marked; each verification
 target's accuracy and TAR@FAR over steps; the ROC of the latest verification. Several roots
-are overlaid in one figure per quantity (the legend names them) and compared in one table.
+are overlaid in one figure per quantity (the legend names them; events are marked on one run's
+figures only, the table counts them) and compared in one table.
 Default --out: ROOT/report for one root, <the roots' common parent>/report for several.
 Lines of a jsonl file that are not whole records (a run killed mid-line) are left out, and one
 line on stderr says which.
