@@ -17,9 +17,13 @@ from .inputs import REPO
 from .lanes import WorkerLane, run_process
 from .outcomes import changed_files, classify, file_hashes
 
-# a resumed run continues in its models root: these files of the root are its own to rewrite
-RESUME_WRITES = tuple(f"models/{name}" for name in ("config.json", "train.log", "status.json", "progress.jsonl",
-                                                      "best.json"))
+
+
+def run_files(hashes):
+    """The files of a models root outside its checkpoints (config.json, train.log, status.json,
+    events, verification/, ...): a resumed run continues in its root and rewrites them."""
+    return [path for path in hashes if path.startswith("models" + os.sep) and
+            not path.split(os.sep)[1].startswith("step-")]
 
 
 def prepare(case, inputs, folder):
@@ -65,7 +69,7 @@ class Harness:
         start = time.monotonic()
         finished = run(case, argv)
         seconds = time.monotonic() - start
-        may_change = RESUME_WRITES if case.command == "train_resume" else ()
+        may_change = run_files(before) if case.command == "train_resume" else ()
         changed = changed_files(before, file_hashes(os.path.join(folder, "in")), may_change)
         outcome = classify(case.command, finished, changed)
         result = dict(case.to_json(), outcome=outcome, code=finished.code, seconds=round(seconds, 2),

@@ -55,7 +55,7 @@ def file_hashes(folder):
 
 
 def changed_files(before, after, may_change=()):
-    """Files of `before` missing or different in `after`, but for those under a `may_change`
-    prefix (a resumed run's own files in its models root: config.json, train.log, ...)."""
-    return sorted(path for path, digest in before.items()
-                  if after.get(path) != digest and not path.startswith(tuple(may_change)))
+    """Files of `before` missing or different in `after`, but for those in `may_change` (a
+    resumed run's own files in its models root: config.json, train.log, ...)."""
+    allowed = set(may_change)
+    return sorted(path for path, digest in before.items() if after.get(path) != digest and path not in allowed)

@@ -28,11 +28,14 @@ def failures(results):
 
 
 def write_report(path, results, seconds, arguments):
-    """JSON: the run's arguments, counts, and every failing case (format, command, damage,
-    seed, id, file, stderr's last lines), checkpoint-package cases marked."""
+    """JSON: the run's arguments, counts, every case's outcome and exit code ({id: [outcome,
+    code]}: an in-process and a --subprocess run of the same seed compare case by case), and
+    every failing case (format, command, damage, seed, id, file, stderr's last lines),
+    checkpoint-package cases marked."""
     failing = failures(results)
     report = {"arguments": arguments, "cases": len(results), "seconds": round(seconds, 1),
               "counts": dict(collections.Counter(r["outcome"] for r in results)),
+              "outcomes": {r["id"]: [r["outcome"], r["code"]] for r in results},
               "failures": [dict(r, checkpoint_package=FORMATS[r["format"]].checkpoint or
                                 r["command"] == "train_resume") for r in failing]}
     with open(path, "w") as handle:

@@ -87,12 +87,16 @@ def run_case(module, argv):
 
 
 def cases(path):
-    """The cases appended to `path`, as they come, until {"stop": true}."""
+    """The cases appended to `path`, as they come, until {"stop": true} (or the harness that
+    started this worker is gone)."""
+    harness = os.getppid()
     with open(path) as handle:
         pending = ""
         while True:
             line = handle.readline()
             if not line:
+                if os.getppid() != harness:
+                    return
                 time.sleep(POLL_S)
                 continue
             pending += line
