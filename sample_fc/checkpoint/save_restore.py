@@ -19,9 +19,9 @@ from ..config import write_json
 from ..errors import UsageError, mxnet_reason
 from ..bank_shard import restore_resharded, restore_shard, write_shard
 from . import checksums
-from .layout import (PARTIAL_SUFFIX, aux_path, bank_shard_files, checkpoint_bytes, checkpoint_path, complete_path,
-                     list_checkpoints, model_prefix, optimizer_path, params_path, rank_state_path, read_rank_state,
-                     read_state, STATE_FILE, state_path, symbol_path)
+from .layout import (PARTIAL_SUFFIX, STATE_FILE, aux_path, bank_shard_files, checkpoint_bytes, checkpoint_path,
+                     complete_path, list_checkpoints, model_prefix, optimizer_path, params_path, rank_state_path,
+                     read_rank_state, read_state, state_path, symbol_path)
 
 
 def _updater(module):
@@ -160,7 +160,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
         shard, aux, own_state = bank_shard_files(partial, rank), aux_path(partial, rank), rank_state_path(partial, rank)
         write_shard(module.partial_fc.bank, shard)
         mx.nd.save(aux, module.backbone.get_params()[1])
-        sums = dict(_shard_checksums(shard), **_read_back(aux))
+        sums = {**_shard_checksums(shard), **_read_back(aux)}
         sums[os.path.basename(own_state)] = checksums.write_json(
             own_state, {"sampler": module.partial_fc.sampler.state_dict(), "data": data_iter.state_dict()})
         if rank == 0:
