@@ -167,3 +167,21 @@ def test_lossless_with_a_jpeg_quality_is_an_argument_error(image_folder, tmp_pat
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="quality=80 applies to JPEG only"):
         pack_folder(str(images), str(tmp_path / "out" / "train"), quality=80, lossless=True, progress=False)
+
+
+def test_a_jpeg_whose_header_claims_billions_of_pixels_is_an_unreadable_image(image_folder, tmp_path, capsys):
+    """Test that a JPEG whose frame header (SOF0) is damaged to say 65000 x 65000 pixels fails
+    naming its path (Pillow's DecompressionBombError is not an OSError: it was a traceback), and
+    --skip-bad skips it as any undecodable image."""
+    import struct
+    images, _ = image_folder
+    bad = images / "bob" / "0.jpg"
+    data = bytearray(bad.read_bytes())
+    frame = data.index(b"\xff\xc0")
+    struct.pack_into(">HH", data, frame + 5, 65000, 65000)
+    bad.write_bytes(bytes(data))
+    with pytest.raises(UsageError, match=r"bob/0.jpg: cannot decode image: its header says image size "
+                                         r"\(4225000000 pixels\).*damaged"):
+        pack_folder(str(images), str(tmp_path / "fail" / "train"), image_size=32, progress=False)
+    main(["--images", str(images), "--out", str(tmp_path / "skip" / "train"), "--image-size", "32", "--skip-bad"])
+    assert "skipped 1 unreadable images" in capsys.readouterr().err

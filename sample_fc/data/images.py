@@ -33,6 +33,9 @@ def open_image(source):
         image.load()                       # decode now: a truncated file fails here
     except (OSError, ValueError, SyntaxError) as err:   # Pillow raises all three for bad data
         raise OSError(f"cannot decode image ({err})") from err
+    except Image.DecompressionBombError as err:          # a damaged header's size, or a bomb
+        raise OSError(f"cannot decode image: its header says {err.args[0].split(' exceeds')[0].lower()}, more "
+                      f"than Pillow decodes ({Image.MAX_IMAGE_PIXELS * 2:,} pixels); damaged") from err
     return image
 
 
