@@ -194,7 +194,8 @@ def run_id_of(models_root):
 
 def checkpoints_of_run(models_root, run_id):
     """[(step, path)] of the root's complete checkpoints that belong to run `run_id` (all of
-    them when run_id is None: a root saved before run ids), oldest first."""
+    them when run_id is None: a root saved before run ids), oldest first. One whose state.json
+    does not read is kept: the resume checks it, names it damaged and goes back past it."""
     from .checkpoint import list_checkpoints, read_state
     if run_id is None:
         return list_checkpoints(models_root)
@@ -203,8 +204,8 @@ def checkpoints_of_run(models_root, run_id):
         try:
             if read_state(path, needs=()).get("run_id") == run_id:
                 mine.append((step, path))
-        except ValueError:
-            continue                     # unreadable: not known to be this run's
+        except ValueError:               # unreadable: not known to be another run's
+            mine.append((step, path))
     return mine
 
 

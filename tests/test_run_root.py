@@ -71,8 +71,9 @@ def test_status_is_updated_atomically_and_keeps_earlier_fields(tmp_path):
 
 def test_run_ids_select_the_checkpoints_of_one_run(tmp_path):
     """Test that checkpoints_of_run keeps only the given run's checkpoints (all for None, a
-    root saved before run ids), and that run_id_of prefers the status, then the newest
-    checkpoint."""
+    root saved before run ids) and one whose state.json no longer reads (the resume names it
+    damaged rather than passing over it unsaid), and that run_id_of prefers the status, then
+    the newest checkpoint."""
     root = tmp_path / "x"
     _checkpoint(root, 10, "old")
     _checkpoint(root, 20, "new")
@@ -80,6 +81,8 @@ def test_run_ids_select_the_checkpoints_of_one_run(tmp_path):
     assert [s for s, _ in run_root.checkpoints_of_run(str(root), "old")] == [10, 30]
     assert [s for s, _ in run_root.checkpoints_of_run(str(root), "new")] == [20]
     assert [s for s, _ in run_root.checkpoints_of_run(str(root), None)] == [10, 20, 30]
+    (root / "step-00000020" / "state.json").write_text('{"run_id": "new", "st')    # cut by a crashed disk
+    assert [s for s, _ in run_root.checkpoints_of_run(str(root), "old")] == [10, 20, 30]
     assert run_root.run_id_of(str(root)) == "old"
     run_root.write_status(str(root), run_id="new")
     assert run_root.run_id_of(str(root)) == "new"
