@@ -22,6 +22,7 @@ from easydict import EasyDict
 
 from .errors import UsageError
 
+FLOAT32_TINY = 1.1754943508222875e-38    # float32's smallest normal: MXNet takes its attributes as float32
 _TRUE = ('true', '1', 'yes')
 _FALSE = ('false', '0', 'no')
 
@@ -142,7 +143,9 @@ class Int(KeyType):
 
 
 class Real(KeyType):
-    """A finite float in a range (each end open or closed); an integer is taken as its float."""
+    """A finite float in a range (each end open or closed); an integer is taken as its float. A
+    nonzero value smaller than float32's smallest normal is refused: MXNet reads operator and
+    optimizer attributes as float32 and fails on it ("Out of range value for p")."""
 
     def __init__(self, default, lo=None, hi=None, lo_open=False, hi_open=False, words=()):
         super().__init__(default)
@@ -168,6 +171,8 @@ class Real(KeyType):
                 or (self.lo is not None and (number <= self.lo if self.lo_open else number < self.lo))
                 or (self.hi is not None and (number >= self.hi if self.hi_open else number > self.hi))):
             self._refuse()
+        if 0 < abs(number) < FLOAT32_TINY:
+            raise _Refused(f"{self.expected()}, and 0 or at least {FLOAT32_TINY:.2g} in size (float32's smallest)")
         return number
 
 

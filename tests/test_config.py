@@ -340,7 +340,8 @@ def test_words_and_atomic_overrides():
     ('lr_steps=10,x', 'each an integer'), ('lr_steps=[1.5]', 'each an integer'), ('lr_steps=[1,', 'list'),
     ('lr_steps={"a": 1}', 'list'), ('lr_steps=' + '[' * 100000, 'list'),
     ('lr_steps=20,10', 'strictly increasing'), ('val_targets=[1]', 'each a string'),
-    ('momentum=x', 'number'), ('momentum=1', '[0, 1)'), ('sample_ratio=automatic', 'or auto')])
+    ('momentum=x', 'number'), ('momentum=1', '[0, 1)'), ('sample_ratio=automatic', 'or auto'),
+    ('momentum=1e-320', "float32's smallest"), ('lr=-1e-39', 'number > 0')])
 def test_wrong_type_names_key_value_and_type(override, typename):
     """Test that a value of the wrong kind or range raises one UsageError line naming the key,
     the value as typed and what the key takes."""
