@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from .data.weight_values import implausible_values
 from .errors import MissingFileError, UsageError
 from .host_head import omp_threads
 
@@ -193,19 +194,19 @@ def load(path, image_size=None, output=None, normalize="auto"):
 
 def check_finite_weights(model, path, option):
     """UsageError naming the first weight (an initializer a layer of INPUT_ROLES takes: conv, FC,
-    BatchNorm, PReLU) holding a NaN or an infinity: a damaged file (onnx.checker does not look at
-    values, and onnxruntime would give NaN embeddings). Other constants may be infinite (a Clip's
-    bound in our exports' PReLU)."""
+    BatchNorm, PReLU) holding a NaN, an infinity or an implausible magnitude
+    (data.weight_values): a damaged file (onnx.checker does not look at values, and
+    onnxruntime would give NaN embeddings). Other constants may be infinite (a Clip's bound in
+    our exports' PReLU)."""
     from onnx import numpy_helper
     layer_inputs = {name for node in model.graph.node if node.op_type in INPUT_ROLES for name in node.input[1:]}
     for tensor in model.graph.initializer:
         if tensor.name not in layer_inputs:
             continue
         values = numpy_helper.to_array(tensor)
-        if values.dtype.kind == "f" and not np.isfinite(values).all():
-            bad = int(values.size - np.isfinite(values).sum())
-            raise UsageError(f"{option} {path}: its weight {tensor.name} holds {bad} non-finite values (NaN or "
-                             f"infinity) of {values.size}: the file is damaged")
+        problem = implausible_values(values) if values.dtype.kind == "f" else None
+        if problem:
+            raise UsageError(f"{option} {path}: its weight {tensor.name} holds {problem}: the file is damaged")
 
 
 def weights(model):

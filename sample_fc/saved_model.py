@@ -39,6 +39,7 @@ import numpy as np
 import symbols
 from . import checkpoint, onnx_model, torch_backbone
 from .data.mxnet_files import ndarray_file_problem, symbol_file_problem
+from .data.weight_values import implausible_values
 from .errors import MissingFileError, UsageError, mxnet_reason
 
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
@@ -216,14 +217,14 @@ def _torch_file(spec, option, is_kind=is_torch_file, kind=".pth"):
 
 def check_finite(params, path, option):
     """UsageError naming the first parameter of `params` ({name: NDArray or array}) that holds a
-    NaN or an infinity: a trained network never does, so the file is damaged (or its run diverged)
-    and would give NaN embeddings or a training run that stops at its first step."""
+    NaN, an infinity or an implausible magnitude (data.weight_values): a trained network never
+    does, so the file is damaged (or its run diverged)."""
     for name, value in params.items():
         values = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
-        bad = int(values.size - np.isfinite(values).sum())
-        if bad:
-            raise UsageError(f"{option} {path}: {name} holds {bad} non-finite values (NaN or infinity) of "
-                             f"{values.size}: the file is damaged, or the run that wrote it diverged")
+        problem = implausible_values(values)
+        if problem:
+            raise UsageError(f"{option} {path}: {name} holds {problem}: the file is damaged, or the run that "
+                             f"wrote it diverged")
 
 
 def load_onnx_model(path, image_size=None, output=None, normalize="auto", network=None):

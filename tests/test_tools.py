@@ -511,10 +511,12 @@ def test_damage_mxnet_cannot_describe_is_one_line_in_load_model_and_pretrained(w
         assert set(arg_params) == set(workspace["arg_params"])
 
 
-def test_a_model_with_a_nan_weight_is_one_line_in_the_tools_and_pretrained(workspace, tmp_path):
-    """Test that a .params one of whose values is NaN (a flip in an exponent's bits; MXNet loads
-    it) is a UsageError naming the file and the parameter for --model and --pretrained, not
-    NaN embeddings or a run that stops with non-finite losses."""
+@pytest.mark.parametrize("value, problem", [(np.inf, "1 non-finite values"), (-4.0022417e+36, "a value of magnitude 4e\\+36")],
+                         ids=["inf", "huge"])
+def test_a_model_with_a_nan_weight_is_one_line_in_the_tools_and_pretrained(workspace, tmp_path, value, problem):
+    """Test that a .params one of whose values is infinite or 4e36 (a flip in an exponent's bits;
+    MXNet loads it) is a UsageError naming the file and the parameter for --model and
+    --pretrained, not NaN embeddings or a run that stops with non-finite losses."""
     import shutil
     from sample_fc.saved_model import load_pretrained
     checkpoint = tmp_path / f"step-{STEP:08d}"
@@ -523,12 +525,12 @@ def test_a_model_with_a_nan_weight_is_one_line_in_the_tools_and_pretrained(works
     params.update({("aux:" + k): v for k, v in workspace["aux_params"].items()})
     name = sorted(workspace["arg_params"])[0]
     damaged = params["arg:" + name].asnumpy().copy()
-    damaged.flat[0] = np.inf
+    damaged.flat[0] = value
     params["arg:" + name] = mx.nd.array(damaged)
     mx.nd.save(str(checkpoint / f"model-{STEP:04d}.params"), params)
     (checkpoint / "COMPLETE").unlink()             # a plain prefix: no checksums to refuse it first
     prefix = str(checkpoint / "model")
-    with pytest.raises(UsageError, match=f"--model .*model-{STEP:04d}.params: {name} holds 1 non-finite values"):
+    with pytest.raises(UsageError, match=f"--model .*model-{STEP:04d}.params: {name} holds {problem}"):
         model_io.load_model(prefix)
-    with pytest.raises(UsageError, match=f"--pretrained {prefix}: {name} holds 1 non-finite values"):
+    with pytest.raises(UsageError, match=f"--pretrained {prefix}: {name} holds {problem}"):
         load_pretrained(prefix, workspace["symbol"], SIZE, "mbf")
