@@ -89,7 +89,8 @@ def plainly_taken(kind, text):
         return number if _in_range(kind, number) and not (kind.multiple and number % kind.multiple) else None
     if isinstance(kind, Real) and re.fullmatch(r'[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?', plain):
         number = float(plain)
-        return number if math.isfinite(number) and _in_range(kind, number) else None
+        float32_sized = number == 0 or abs(number) >= 1.1754943508222875e-38   # MXNet reads float32 attributes
+        return number if math.isfinite(number) and _in_range(kind, number) and float32_sized else None
     if isinstance(kind, Choice) and plain in kind.choices:
         return plain
     if isinstance(kind, Flag) and plain.lower() in ('true', 'false'):
