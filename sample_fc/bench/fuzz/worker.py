@@ -58,10 +58,19 @@ def _train_module():
 
 
 def _after_train():
+    """After a train.py case, whatever its end: its watchdog stopped, MXNet's engine drained of
+    the case's pending operations (a failed step leaves Horovod allreduces enqueued, which
+    otherwise fail in the next case with 'Horovod has not been initialized' or a shutdown
+    error), then Horovod shut down, as a process that exits would leave it."""
+    import mxnet as mx
     from sample_fc import dist
     while _watchdogs:
         _watchdogs.pop().stop()
-    dist.shutdown()
+    for step in (mx.nd.waitall, dist.shutdown, mx.nd.waitall):
+        try:
+            step()
+        except mx.base.MXNetError:
+            pass          # the case's own failure, already reported by it
 
 
 def run_case(module, argv):
