@@ -25,7 +25,7 @@ import mxnet as mx
 import numpy as np
 
 from .config import write_json
-from .errors import MissingFileError, UsageError
+from .errors import MissingFileError, UsageError, mxnet_reason
 from .memory_bank import host_view, shard_arrays
 
 FORMAT_VERSION = 2
@@ -127,8 +127,9 @@ def read_shard(files):
 def _read_legacy(path):
     try:
         saved = mx.nd.load(path)
-    except mx.base.MXNetError as error:
-        raise UsageError(f"cannot read bank checkpoint {path}: {error}") from None
+    except (mx.base.MXNetError, UnicodeDecodeError) as error:
+        reason = mxnet_reason(error) if isinstance(error, mx.base.MXNetError) else "MXNet's message is not UTF-8"
+        raise UsageError(f"cannot read bank checkpoint {path}: {reason}") from None
     if not isinstance(saved, dict) or set(saved) != {"weight", "momentum", "meta"}:
         raise UsageError(f"{path} is not a sample_fc bank shard (keys weight, momentum, meta)")
     meta = dict(zip(LEGACY_FIELDS, (int(v) for v in saved["meta"].asnumpy())))

@@ -201,3 +201,117 @@ def test_the_tools_refuse_a_backbone_file_that_fails_its_checksum(saved_root, tm
     with pytest.raises(UsageError, match="model-0002.params fails"):       # the root's newest: the same
         model_io.load_model_from_args(SimpleNamespace(**dict(vars(args), model=root)))
     assert [step for step, _ in list_checkpoints(root)] == [1, 2]
+
+
+def write_old_complete(*checkpoints):
+    """COMPLETE as runs before checksums wrote it: only the step."""
+    for checkpoint in checkpoints:
+        step = int(os.path.basename(checkpoint).split("-")[1])
+        with open(os.path.join(checkpoint, "COMPLETE"), "w") as handle:
+            json.dump({"step": step}, handle)
+
+
+def binary_bytes(path):
+    with open(path, "wb") as handle:
+        handle.write(bytes(range(128, 256)) * 4)
+
+
+def cut_half(path):
+    cut(path, os.path.getsize(path) // 2)
+
+
+def huge_array_count(path):
+    """The NDArray file's array count (bytes 16-23) set to 2^40: MXNet would allocate for it."""
+    with open(path, "r+b") as handle:
+        handle.seek(16)
+        handle.write((1 << 40).to_bytes(8, "little"))
+
+
+def another_json(path):
+    """rank0.json replaced by another JSON file of the checkpoint (its state.json)."""
+    shutil.copy(os.path.join(os.path.dirname(path), "state.json"), path)
+
+
+def another_data_state(path):
+    """rank0.json whose data position lacks the iterator's seed."""
+    with open(path) as handle:
+        state = json.load(handle)
+    del state["data"]["seed"]
+    with open(path, "w") as handle:
+        json.dump(state, handle)
+
+
+OLD_FORMAT_DAMAGE = [("model-symbol.json", binary_bytes, "cannot be read (not a symbol JSON file"),
+                     ("model-symbol.json", cut_half, "cannot be read (not a symbol JSON file"),
+                     ("aux-rank0.params", huge_array_count, "cannot be read (Invalid NDArray file format"),
+                     ("aux-rank0.params", cut_half, "cannot be read (Invalid NDArray file format"),
+                     ("optimizer.params", cut_half, "cannot be read (Invalid NDArray file format"),
+                     ("model-0002.params", huge_array_count, "cannot be read (Invalid NDArray file format"),
+                     ("rank0.json", another_json, "holds no sampler and data state"),
+                     ("rank0.json", another_data_state, "holds a data state without the keys")]
+
+
+@pytest.mark.parametrize("name,damage,what", OLD_FORMAT_DAMAGE,
+                         ids=[f"{name}-{damage.__name__}" for name, damage, _ in OLD_FORMAT_DAMAGE])
+def test_damage_in_a_checkpoint_saved_before_checksums_is_named_and_passed_over(saved_root, tmp_path, name, damage,
+                                                                                 what):
+    """Test that in checkpoints whose COMPLETE is {"step": N} (saved before checksums), a binary or
+    cut symbol JSON, a damaged aux, optimizer or model .params (MXNet's loader would fail with an
+    MXNetError, a bad_alloc or an undecodable message) and a rank0.json holding another JSON are
+    named by check_sound in one UsageError, and resume.choose over the models root goes back to
+    the previous checkpoint with one warning."""
+    root, previous, newest = copy_root(saved_root, tmp_path)
+    write_old_complete(previous, newest)
+    damage(os.path.join(newest, name))
+    with pytest.raises(UsageError) as raised:
+        check_sound(newest, saved_root[1], SIDE, "fc")
+    assert str(raised.value).startswith(f"checkpoint {newest} is damaged: {name} {what}"), str(raised.value)
+    assert "\n" not in str(raised.value)
+    warnings = []
+    chosen, state = resume.choose(root, saved_root[1], SIDE, "fc", warnings.append)
+    assert (chosen, state["step"]) == (previous, 1)
+    assert len(warnings) == 1 and f"is damaged: {name} " in warnings[0]
+
+
+def test_a_damaged_aux_file_is_a_usage_error_when_restored_unchecked(saved_root, tmp_path, horovod):
+    """Test that restore_checkpoint itself (the second line, behind check_sound) turns MXNet's
+    failure on a damaged aux-rank0.params into a UsageError naming the file."""
+    from sample_fc.checkpoint import restore_checkpoint
+    _, _, newest = copy_root(saved_root, tmp_path)
+    cut_half(os.path.join(newest, "aux-rank0.params"))
+    module, _, data_iter = build(seed=1, bank_momentum="int8")
+    with pytest.raises(UsageError, match=re.escape(f"cannot read BatchNorm statistics "
+                                                   f"{os.path.join(newest, 'aux-rank0.params')}: ")):
+        restore_checkpoint(newest, module, data_iter, CLASSES, 6)
+
+
+def test_a_damaged_checkpoint_of_the_step_being_saved_is_moved_aside(saved_root, tmp_path, horovod, caplog):
+    """Test that saving a step whose directory exists but is no sound checkpoint (a flipped byte,
+    then no COMPLETE) moves it to step-XXXXXXXX.damaged, then .damaged-2, with one log line each,
+    keeping its files; that these are never listed as checkpoints; and that a sound one of that
+    step (re-saved after a resume) is replaced without a copy."""
+    root, _, newest = copy_root(saved_root, tmp_path)
+    bank = os.path.join(newest, "bank-rank0.weight.npy")
+    flip_byte(bank, os.path.getsize(bank) - 1)
+    damaged_bank = open(bank, "rb").read()
+    module, symbol, data_iter = build(seed=1, bank_momentum="int8")
+
+    def save():
+        caplog.clear()
+        save_checkpoint(root, 2, module, symbol, data_iter, dict(train_state(), config=config(2)), keep=2)
+        verify_files(newest)
+        return [r.getMessage() for r in caplog.records if "moved it to" in r.getMessage()]
+
+    with caplog.at_level("WARNING", logger="sample_fc"):
+        lines = save()
+        assert lines == [f"{newest} was no sound checkpoint (checkpoint {newest} is damaged: bank-rank0.weight.npy "
+                         f"fails its xxh3_64 checksum (its bytes changed after it was written)): moved it to "
+                         f"{newest}.damaged before saving this step"]
+        assert open(os.path.join(newest + ".damaged", "bank-rank0.weight.npy"), "rb").read() == damaged_bank
+        os.remove(os.path.join(newest, "COMPLETE"))
+        assert save() == [f"{newest} was no sound checkpoint (it has no COMPLETE): moved it to {newest}.damaged-2 "
+                          f"before saving this step"]
+        assert save() == []
+    assert sorted(os.listdir(root)) == ["step-00000001", "step-00000002", "step-00000002.damaged",
+                                        "step-00000002.damaged-2"]
+    assert [step for step, _ in list_checkpoints(root)] == [1, 2]

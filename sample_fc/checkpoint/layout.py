@@ -34,10 +34,11 @@ import re
 import mxnet as mx
 
 from ..bank_shard import SavedRows
-from ..errors import MissingFileError, UsageError, mxnet_reason
+from ..errors import MissingFileError, UsageError
 from ..memory_bank import row_bytes, shard_arrays
 from ..sampler import shard_range
 from .checksums import first_difference
+from .legacy import check_ndarray_files, check_rank_states, check_symbol_file, loader_reason
 
 PATTERN = re.compile(r"^step-(\d{8})$")
 MODEL_PREFIX = "model"
@@ -245,14 +246,15 @@ def verify_files(checkpoint, files="all"):
 
 
 def _check_symbol_reads(checkpoint):
-    """UsageError naming model-symbol.json when MXNet cannot parse it (when it exists)."""
+    """UsageError naming model-symbol.json when it is no graph MXNet parses (when it exists)."""
     path = symbol_path(checkpoint)
-    try:
-        if os.path.isfile(path):
-            mx.sym.load(path)
-    except mx.base.MXNetError as err:
-        raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} cannot be read "
-                         f"({mxnet_reason(err)})") from None
+    if os.path.isfile(path):
+        check_symbol_file(checkpoint, path)
+
+
+def saved_before_checksums(checkpoint):
+    """Whether the complete checkpoint's COMPLETE records no files (runs saved before checksums)."""
+    return read_complete(checkpoint).get("files") is None
 
 
 def param_differences(loaded, symbol, image_size):
@@ -291,19 +293,19 @@ def check_sound(checkpoint, symbol, image_size, network):
             [aux_path(checkpoint, r) for r in range(world)]:
         if not os.path.isfile(path) or os.path.getsize(path) == 0:
             raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} is missing or empty")
-    for path in ranks:
-        try:
-            _read_json(path)
-        except (OSError, ValueError) as err:
-            raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(path)} ({err})") from None
+    check_rank_states(checkpoint, ranks)
+    if saved_before_checksums(checkpoint):     # no checksums: MXNet's files checked before MXNet reads them
+        check_ndarray_files(checkpoint, [params, optimizer_path(checkpoint)] +
+                            [aux_path(checkpoint, r) for r in range(world)] +
+                            [files["legacy"] for files in shards if os.path.isfile(files["legacy"])])
     for rank, files in enumerate(shards):
         _check_shard_size(checkpoint, files, shard_range(saved["num_classes"], rank, world)[1], saved["embedding_size"],
                           arrays)
     try:
         loaded = mx.nd.load(params)
-    except mx.base.MXNetError as err:
+    except (mx.base.MXNetError, UnicodeDecodeError) as err:
         raise UsageError(f"checkpoint {checkpoint} is damaged: {os.path.basename(params)} cannot be read "
-                         f"({mxnet_reason(err)})") from None
+                         f"({loader_reason(err)})") from None
     differences = param_differences(loaded, symbol, image_size)
     if differences:
         raise OtherNetworkError(f"checkpoint {checkpoint} holds network {saved.get('network')!r} and this run builds "

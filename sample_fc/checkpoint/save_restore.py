@@ -9,6 +9,7 @@ filesystem every node sees. Saving and restoring are collectives (they import sa
 when called).
 """
 import json
+import logging
 import os
 import shutil
 
@@ -19,9 +20,11 @@ from ..config import write_json
 from ..errors import UsageError, mxnet_reason
 from ..bank_shard import restore_resharded, restore_shard, write_shard
 from . import checksums
-from .layout import (PARTIAL_SUFFIX, STATE_FILE, aux_path, bank_shard_files, checkpoint_bytes, checkpoint_path,
-                     complete_path, list_checkpoints, model_prefix, optimizer_path, params_path, rank_state_path,
-                     read_rank_state, read_state, state_path, symbol_path)
+from .layout import (COMPLETE_FILE, PARTIAL_SUFFIX, STATE_FILE, aux_path, bank_shard_files, checkpoint_bytes,
+                     checkpoint_path, complete_path, is_complete, list_checkpoints, model_prefix, optimizer_path,
+                     params_path, rank_state_path, read_rank_state, read_state, state_path, symbol_path,
+                     verify_files)
+from .legacy import loader_reason
 
 
 def _updater(module):
@@ -44,12 +47,19 @@ def save_optimizer_states(module, path):
     mx.nd.save(path, arrays)
 
 
+def load_ndarrays(path, what):
+    """mx.nd.load(path); UsageError `cannot read <what> <path>: <reason>` when MXNet cannot (its
+    error, or its message not UTF-8). layout.check_sound checks the files first; this is the
+    second line."""
+    try:
+        return mx.nd.load(path)
+    except (mx.base.MXNetError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read {what} {path}: {loader_reason(err)}") from None
+
+
 def load_optimizer_states(module, path):
     """Restore what save_optimizer_states wrote (missing indices: no state, as at the start)."""
-    try:
-        saved = mx.nd.load(path)
-    except mx.base.MXNetError as err:
-        raise UsageError(f"cannot read optimizer state {path}: {mxnet_reason(err)}") from None
+    saved = load_ndarrays(path, "optimizer state")
     parts = {}
     for key, array in (saved.items() if isinstance(saved, dict) else ()):
         index, k, count = (int(x) for x in key.split("."))
@@ -84,6 +94,42 @@ def _fsync_dir(path):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def damaged_name(final):
+    """The first free `<final>.damaged`, `<final>.damaged-2`, ...: where a damaged checkpoint goes
+    aside (layout.PATTERN does not match it, so it is never read as a checkpoint)."""
+    path, number = final + ".damaged", 1
+    while os.path.lexists(path):
+        number += 1
+        path = f"{final}.damaged-{number}"
+    return path
+
+
+def _sound_problem(path):
+    """Why the existing directory `path` is no sound checkpoint (not complete, or verify_files
+    fails), or None."""
+    if not is_complete(path):
+        return f"it has no {COMPLETE_FILE}"
+    try:
+        verify_files(path)
+    except UsageError as err:
+        return str(err)
+    return None
+
+
+def _replace_or_move_aside(final):
+    """Clear the place of checkpoint `final` for a new one of the same step: a sound one (re-saved
+    after a resume) is removed; anything else there is the user's and is moved aside, in one log
+    line."""
+    problem = _sound_problem(final)
+    if problem is None:
+        shutil.rmtree(final)
+        return
+    aside = damaged_name(final)
+    os.rename(final, aside)
+    logging.getLogger("sample_fc").warning(f"{final} was no sound checkpoint ({problem}): moved it to {aside} "
+                                           f"before saving this step")
 
 
 class CheckpointError(RuntimeError):
@@ -177,7 +223,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
             write_json(complete_path(partial), {"step": step, "files": files})
             _fsync_dir(partial)
             if os.path.exists(final):            # re-saving a step, e.g. after resume
-                shutil.rmtree(final)
+                _replace_or_move_aside(final)
             os.rename(partial, final)
             _fsync_dir(models_root)
             for _, old in list_checkpoints(models_root)[:-keep]:
@@ -213,7 +259,7 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     step, old_world, rank = state["step"], state["world_size"], dist.rank()
     _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(checkpoint), step)
     if old_world == dist.size():          # this rank's own statistics, not the ranks' average
-        aux_params = mx.nd.load(aux_path(checkpoint, rank))
+        aux_params = load_ndarrays(aux_path(checkpoint, rank), "BatchNorm statistics")
     module.backbone.set_params(arg_params, aux_params, allow_missing=False)
     load_optimizer_states(module, optimizer_path(checkpoint))
     module.set_num_update(step)
