@@ -1,7 +1,7 @@
 """Damaged inputs through every command that reads them.
 
     python -m sample_fc.bench.fuzz [--cases N] [--seed S] [--formats rec idx ...] [--commands verify ...]
-        [--subprocess] [--work DIR] [--report fuzz.json] [--timeout S]
+        [--subprocess] [--work DIR] [--report fuzz.json] [--timeout S] [--old-checkpoints]
 
 Builds the sound inputs once (in --work, default a temp dir; reused when there), makes N
 damaged cases spread evenly over every (format, command) pair, runs them --lanes at a time
@@ -10,6 +10,7 @@ too: a single process, Horovod started and shut down per case, 2 steps; --subpro
 case as its own process, to confirm the in-process outcomes), prints cases per format x
 command and outcome, and writes the failing cases to --report. Exit 1 when any case ended in
 a traceback, a signal, a hang, a changed input or another exit code; 0 otherwise.
+--old-checkpoints runs the cases on checkpoints as saved before checksums (COMPLETE {"step": N}).
 """
 import argparse
 import os
@@ -19,7 +20,7 @@ import time
 
 from .cases import FORMATS, TOOL_MODULES, TRAIN_COMMANDS, make_cases
 from .harness import Harness
-from .inputs import build_inputs
+from .inputs import build_inputs, old_checkpoint_inputs
 from .report import failures, table, write_report
 
 
@@ -38,6 +39,8 @@ def make_parser():
     parser.add_argument("--memory-gb", type=float, default=8, help="address space per process (default 8 GB)")
     parser.add_argument("--lanes", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep every case's folder (default: none)")
+    parser.add_argument("--old-checkpoints", action="store_true",
+                        help="checkpoints as saved before checksums: each COMPLETE only {\"step\": N}")
     parser.add_argument("--quiet", action="store_true", help="no line per failing case while running")
     return parser
 
@@ -48,6 +51,8 @@ def main(argv=None):
         make_parser().error(f"--cases must be >= 1, got {args.cases}")
     work = args.work or tempfile.mkdtemp(prefix="sample_fc-fuzz-")
     inputs = build_inputs(os.path.join(work, "inputs"), log=lambda line: print(line, file=sys.stderr))
+    if args.old_checkpoints:
+        inputs = old_checkpoint_inputs(inputs, os.path.join(work, "inputs-old-checkpoints"))
     cases = make_cases(inputs, args.cases, args.seed, args.formats, args.commands)
     started = time.monotonic()
 
