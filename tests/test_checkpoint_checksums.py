@@ -315,3 +315,23 @@ def test_a_damaged_checkpoint_of_the_step_being_saved_is_moved_aside(saved_root,
     assert sorted(os.listdir(root)) == ["step-00000001", "step-00000002", "step-00000002.damaged",
                                         "step-00000002.damaged-2"]
     assert [step for step, _ in list_checkpoints(root)] == [1, 2]
+
+
+def test_a_damaged_bank_shard_of_format_1_is_named_in_an_old_checkpoint(saved_root, tmp_path):
+    """Test that an old-format checkpoint whose bank shard is format 1's one MXNet file
+    (bank-rank0.params) is sound, and that with its array count damaged (MXNet would allocate for
+    2^40 arrays) check_sound names it and a resume falls back to the previous checkpoint."""
+    root, previous, newest = copy_root(saved_root, tmp_path)
+    write_old_complete(previous, newest)
+    for name in os.listdir(newest):
+        if name.startswith("bank-rank0."):
+            os.remove(os.path.join(newest, name))
+    rows = mx.nd.zeros((CLASSES, 6))
+    mx.nd.save(os.path.join(newest, "bank-rank0.params"),
+               {"weight": rows, "momentum": rows, "meta": mx.nd.array([1, CLASSES, 1, 0, 0, CLASSES, 6], dtype="int64")})
+    assert check_sound(newest, saved_root[1], SIDE, "fc")["step"] == 2
+    huge_array_count(os.path.join(newest, "bank-rank0.params"))
+    with pytest.raises(UsageError, match=re.escape(f"checkpoint {newest} is damaged: bank-rank0.params cannot be read "
+                                                   f"(Invalid NDArray file format: the file says it holds")):
+        check_sound(newest, saved_root[1], SIDE, "fc")
+    assert resume.choose(root, saved_root[1], SIDE, "fc", lambda line: None)[0] == previous
