@@ -26,7 +26,7 @@ import copy
 
 from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, apply_overrides, defaults
 from sample_fc.errors import UsageError
-from sample_fc.stop import signal_number
+from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
                                BANK_DTYPES, BANK_MOMENTA, LR_SCHEDULES, MOMENTUM_FORMS)
 

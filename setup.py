@@ -32,8 +32,8 @@ setup(
     description="Partial FC for MXNet + Horovod: face recognition with millions of identities",
     packages=find_packages(include=["sample_fc", "sample_fc.*", "symbols"]),
     python_requires=">=3.8",
-    # float16 bank rows (sample_fc/rounding.py); optional: without a compiler NumPy does it, slowly
-    ext_modules=[Extension("sample_fc._half_rows", ["sample_fc/_half_rows.c"], optional=True,
+    # float16 bank rows (sample_fc/pfc/rounding.py); optional: without a compiler NumPy does it, slowly
+    ext_modules=[Extension("sample_fc.pfc._half_rows", ["sample_fc/pfc/_half_rows.c"], optional=True,
                            extra_compile_args=["-O3", "-std=c99"])] + mxnet_ops_extension(),
     install_requires=["mxnet==1.9.1", "numpy<2", "easydict", "horovod==0.28.1"],
 )

@@ -26,18 +26,19 @@ import numpy as np  # noqa: E402
 
 import default
 from symbols.cost import backbone_cost, network_table
-from sample_fc import builder, checkpoint, dist, resume, run_root
+from sample_fc import builder, checkpoint, dist
+from sample_fc.run import resume, run_root
 from sample_fc.checkpoint import CheckpointError
 from sample_fc.config import format_config, save_config
 from sample_fc.data.demo import ensure_demo
 from sample_fc.errors import ERROR_PREFIX, FAILURE_EXIT, USAGE_EXIT, UsageError, mxnet_reason
 from sample_fc.module import NonFiniteError
 from sample_fc.ranks import launcher_rank
-from sample_fc.run_events import RunEvents, end_at_once
-from sample_fc.run_request import RunRequest, RunStatus
-from sample_fc.sampling_regime import regime
-from sample_fc.stop import StopSignals
-from sample_fc.watchdog import StepWatchdog
+from sample_fc.run.run_events import RunEvents, end_at_once
+from sample_fc.run.run_request import RunRequest, RunStatus
+from sample_fc.pfc.sampling_regime import regime
+from sample_fc.run.stop import StopSignals
+from sample_fc.run.watchdog import StepWatchdog
 
 SHUTDOWN_GRACE_S = 3    # a rank stopped by another's failure exits this much later, so the
                         # launcher reports the failing rank's exit code, not the waiting one's

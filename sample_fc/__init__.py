@@ -1,9 +1,16 @@
 """sample_fc: Partial FC for MXNet + Horovod.
 
-The modules at this level are the training step and its runtime (README "Layout"):
-dist, sampler, margin, softmax, memory_bank, head, host_head, partial_fc, module, optimizers, options,
-config, checkpoint, callbacks, verification, builder, launch. Subpackages: data/ (iterators,
-RecordIO, .bin, images), tools/ (command-line tools), bench/ (benchmarks).
+The floors, each subpackage's __init__ docstring its map:
+    pfc/         the Partial FC layer (sampler, margin, softmax, head kernels, memory bank)
+    run/         a run's life (models root, request, events, stops, restarts, resume, launcher,
+                 memory plan, GPUs)
+    models/      saved backbones in and out (MXNet, .pth, .onnx)
+    checkpoint/  the one owner of a checkpoint's files
+    data/        iterators, RecordIO, .bin, images;  tools/  the command-line tools;  bench/  benchmarks
+At this level: module.py (SampleDistributeModule: backbone + PartialFC + collectives), dist.py (the
+only Horovod caller), builder.py (a run's parts from its config), config.py (declared key types),
+errors.py, options.py, ranks.py, optimizers.py, initializers.py, fused_ops.py, verification.py,
+launch.py (`python -m sample_fc.launch`).
 
 Public names are re-exported lazily (PEP 562), so `import sample_fc.config` or the
 command-line tools do not pay for importing mxnet/horovod until they need them, and
@@ -12,16 +19,16 @@ importing the package has no side effects.
 import importlib
 
 _EXPORTS = {
-    "class_center_sample": "sampler",
-    "ClassCenterSampler": "sampler",
-    "shard_range": "sampler",
-    "margin_cross_entropy": "softmax",
-    "CombinedMargin": "margin",
-    "MemoryBank": "memory_bank",
+    "class_center_sample": "pfc.sampler",
+    "ClassCenterSampler": "pfc.sampler",
+    "shard_range": "pfc.sampler",
+    "margin_cross_entropy": "pfc.softmax",
+    "CombinedMargin": "pfc.margin",
+    "MemoryBank": "pfc.memory_bank",
     "SampleDistributeModule": "module",
-    "PartialFC": "partial_fc",
-    "PartialFCOptions": "partial_fc",
-    "Sample": "sampler",
+    "PartialFC": "pfc.partial_fc",
+    "PartialFCOptions": "pfc.partial_fc",
+    "Sample": "pfc.sampler",
     "FaceRecordIter": "data",
     "SyntheticIter": "data",
     "BackboneOptimizer": "optimizers",

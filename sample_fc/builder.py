@@ -14,25 +14,26 @@ import numpy as np
 
 import symbols
 
-from . import checkpoint, fused_ops, memory_plan, resume, run_root
+from . import checkpoint, fused_ops
+from .run import memory_plan, resume, run_root
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
 from .data.bin_format import load_bin
 from .data.recordio import read_property
 from .errors import UsageError
-from .gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
+from .run.gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
 from .initializers import backbone_initializer
-from .host_head import default_threads
+from .pfc.host_head import default_threads
 from .module import SampleDistributeModule
 from .optimizers import BackboneOptimizer, make_schedule
-from .partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
-from .sampling_regime import safe_ratio
-from .saved_model import load_pretrained
+from .pfc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
+from .pfc.sampling_regime import safe_ratio
+from .models.saved_model import load_pretrained
 
 
 def resolve_contexts(cfg, local_rank, warn=lambda message: None):
     """(backbone context, bank context) for this rank; explicit, never implicit gpu(0).
-    The node's GPUs are read once (sample_fc.gpus, not through MXNet) unless context=cpu: a GPU
+    The node's GPUs are read once (sample_fc.run.gpus, not through MXNet) unless context=cpu: a GPU
     MXNet 1.9.1 has no code for stops a GPU run in one line; a node whose driver lists GPUs that
     this MXNet does not see gets a warning (`warn`); a setting that needs a GPU on a CPU run is a
     UsageError."""

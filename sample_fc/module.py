@@ -9,10 +9,10 @@ import mxnet as mx
 import numpy as np
 
 from . import dist
-from .head import no_stage
+from .pfc.head import no_stage
 from .initializers import backbone_initializer
 from .options import ALLGATHERS
-from .sampler import as_int_labels
+from .pfc.sampler import as_int_labels
 
 
 @dataclass

@@ -25,7 +25,7 @@ blocks=(1, 4, 6, 2), scale=1 ('mbf_small') is the paper's network; its widths ar
 expansion factors t=2, or t=4 for the blocks going down to stages 2 and 3. 'mbf' is that
 network at scale 2, as arcface_torch's get_mbf (the network behind its published numbers and
 what the field calls "mbf"); sample_fc called the paper's network 'mbf' before, and a run
-saved under that name resumes as 'mbf_small' (sample_fc.resume).
+saved under that name resumes as 'mbf_small' (sample_fc.run.resume).
 """
 import mxnet as mx
 

@@ -1,7 +1,7 @@
 """The fixed case run by tests/parallel/workers/partial_fc_steps.py, rebuilt for the references."""
 import numpy as np
 
-from sample_fc.memory_bank import fill_initial_centers
+from sample_fc.pfc.memory_bank import fill_initial_centers
 
 DATA_SHAPE = (3, 4, 4)
 MARGINS = (1.0, 0.5, 0.0, 8.0)      # m1, m2, m3, s used by the worker

@@ -133,7 +133,7 @@ def test_e2e_speed_skips_the_warmup_window(tmp_path):
     """Test that the end-to-end speed is the mean of the progress windows after the first, read
     from a models root's progress records (a line cut short by a killed writer is skipped), and
     that too few windows are an error."""
-    from sample_fc.run_root import append_progress, read_progress
+    from sample_fc.run.run_root import append_progress, read_progress
     for step, speed in ((2, 10.0), (4, 30.0), (6, 50.0)):
         append_progress(str(tmp_path), {"step": step, "samples_per_s": speed, "loss": 40.0 - step})
     with open(tmp_path / "progress.jsonl", "a") as handle:

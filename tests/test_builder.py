@@ -6,7 +6,7 @@ import mxnet as mx
 import pytest
 
 from default import get_config
-from sample_fc import gpus
+from sample_fc.run import gpus
 from sample_fc.builder import resolve_contexts
 from sample_fc.errors import UsageError
 
@@ -14,7 +14,7 @@ from sample_fc.errors import UsageError
 @pytest.fixture
 def fake_driver(tmp_path, monkeypatch):
     """An nvidia-smi on PATH that lists `count` GPUs named `card` of compute capability `cap` (this
-    machine has no GPU and a CPU MXNet), and no loadable libcuda (sample_fc.gpus asks it first)."""
+    machine has no GPU and a CPU MXNet), and no loadable libcuda (sample_fc.run.gpus asks it first)."""
     def install(count, card="Tesla V100-SXM2-32GB", cap="7.0"):
         script = tmp_path / "nvidia-smi"
         script.write_text("#!/bin/sh\n" + "".join(f"echo '{card}, {cap}'\n" for i in range(count)))
@@ -100,7 +100,7 @@ def test_tensorboard_writer_works_after_horovod_and_torch_is_not_imported(tmp_pa
     import subprocess
     import sys
     assert importlib.metadata.version("torch"), "the test environment installs torch"
-    code = ("import sys\nimport sample_fc.dist\nfrom sample_fc.run_events import tensorboard_writer\n"
+    code = ("import sys\nimport sample_fc.dist\nfrom sample_fc.run.run_events import tensorboard_writer\n"
             "from easydict import EasyDict\n"
             f"writer = tensorboard_writer(EasyDict(tensorboard=True), 0, {str(tmp_path)!r})\n"
             "writer.add_scalar('loss', 1.5, 1)\nwriter.close()\n"

@@ -1,4 +1,4 @@
-"""Tests for sample_fc.callbacks: periodic actions, progress lines, verification and best.json."""
+"""Tests for sample_fc.run.callbacks: periodic actions, progress lines, verification and best.json."""
 import dataclasses
 import json
 import logging
@@ -8,8 +8,9 @@ import types
 import numpy as np
 import pytest
 
-from sample_fc import callbacks, dist
-from sample_fc.callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
+from sample_fc.run import callbacks
+from sample_fc import dist
+from sample_fc.run.callbacks import PeriodicCallback, ProgressLogger, VerificationRunner
 from sample_fc.module import StepInfo
 from sample_fc.verification import score
 

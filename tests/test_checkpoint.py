@@ -15,7 +15,7 @@ from sample_fc.errors import UsageError
 from sample_fc.data import SyntheticIter
 from sample_fc.module import SampleDistributeModule
 from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
-from sample_fc.partial_fc import PartialFC, PartialFCOptions
+from sample_fc.pfc.partial_fc import PartialFC, PartialFCOptions
 
 CLASSES, EMBEDDING, BATCH, DATA_SHAPE = 20, 6, 4, (3, 4, 4)
 

@@ -12,7 +12,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from sample_fc import resume
+from sample_fc.run import resume
 from sample_fc.checkpoint import check_sound, list_checkpoints, save_checkpoint, verify_files
 from sample_fc.errors import UsageError
 from sample_fc.tools import model_io

@@ -11,8 +11,8 @@ import pytest
 import symbols
 from original_models import forward, save_original
 from sample_fc.errors import UsageError
-from sample_fc.harness import single_thread_env
-from sample_fc.saved_model import load_pretrained
+from sample_fc.bench.harness import single_thread_env
+from sample_fc.models.saved_model import load_pretrained
 from sample_fc.tools import embed, make_bin
 from test_tools import REPO, write_faces, write_pairs
 

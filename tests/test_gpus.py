@@ -1,4 +1,4 @@
-"""Tests for sample_fc.gpus: reading the node's GPUs without MXNet (a fake nvidia-smi, a fake
+"""Tests for sample_fc.run.gpus: reading the node's GPUs without MXNet (a fake nvidia-smi, a fake
 libcuda.so.1), which of them MXNet 1.9.1 runs on, the one-line refusal for the others, and the GPU
 environment's pinned requirements (this machine has no GPU)."""
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sample_fc import gpus
+from sample_fc.run import gpus
 from sample_fc.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def test_a_tool_refuses_an_h100_before_any_work(fake_smi, tmp_path):
     line (argparse's, as --context is checked while the options are parsed) and no traceback."""
     fake_smi(CARDS[:1])
     (tmp_path / "pairs.bin").write_bytes(b"")               # verify checks --bin exists first
-    code = (f"import sys, sample_fc.gpus as g; g.LIBCUDA = {gpus.LIBCUDA!r}; "
+    code = (f"import sys, sample_fc.run.gpus as g; g.LIBCUDA = {gpus.LIBCUDA!r}; "
             "from sample_fc.tools import verify; "
             f"verify.main(['--model', {str(tmp_path / 'absent')!r}, '--bin', {str(tmp_path / 'pairs.bin')!r}, '--context', 'gpu:0'])")
     result = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True,

@@ -1,11 +1,11 @@
-"""Tests for sample_fc.head: the head's loss and gradients against the NumPy reference."""
+"""Tests for sample_fc.pfc.head: the head's loss and gradients against the NumPy reference."""
 import mxnet as mx
 import numpy as np
 import pytest
 
 import reference as ref
-from sample_fc.head import head_forward_backward, row_dots
-from sample_fc.margin import CombinedMargin
+from sample_fc.pfc.head import head_forward_backward, row_dots
+from sample_fc.pfc.margin import CombinedMargin
 
 
 def _identity(array, name):

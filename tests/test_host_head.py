@@ -1,4 +1,4 @@
-"""Tests for sample_fc.host_head: the CPU kernel against the NumPy reference head and SGD."""
+"""Tests for sample_fc.pfc.host_head: the CPU kernel against the NumPy reference head and SGD."""
 import sys
 from pathlib import Path
 
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import reference as ref
-from sample_fc import host_head
-from sample_fc.host_head import HostHead
-from sample_fc.margin import CombinedMargin
-from sample_fc.memory_bank import MemoryBank, host_view
-from sample_fc.sampler import Sample
+from sample_fc.pfc import host_head
+from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.margin import CombinedMargin
+from sample_fc.pfc.memory_bank import MemoryBank, host_view
+from sample_fc.pfc.sampler import Sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sample_fc.optimizers import MemoryBankSGDOptimizer  # noqa: E402

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from conftest import REPO
 
-HEAD_KERNELS = ("sample_fc.head", "sample_fc.host_head", "sample_fc.softmax", "sample_fc.module",
-                "sample_fc.memory_plan")
+HEAD_KERNELS = ("sample_fc.pfc.head", "sample_fc.pfc.host_head", "sample_fc.pfc.softmax", "sample_fc.module",
+                "sample_fc.run.memory_plan")
 
 
 def module_files(root):
@@ -123,3 +123,64 @@ def test_the_checkpoint_package_imports_no_head_kernel():
     imported = reachable(graph, "sample_fc.checkpoint")
     assert "sample_fc.checkpoint.layout" in imported
     assert not imported & set(HEAD_KERNELS), f"sample_fc.checkpoint imports {sorted(imported & set(HEAD_KERNELS))}"
+
+
+# The floors (each subpackage's __init__ docstring is its map): a package may not import the
+# packages listed against it, directly or through a module at another level.
+FORBIDDEN = {
+    "sample_fc.pfc": ("sample_fc.run", "sample_fc.models", "sample_fc.tools", "sample_fc.bench",
+                      "sample_fc.checkpoint", "sample_fc.data"),
+    "sample_fc.data": ("sample_fc.pfc", "sample_fc.run", "sample_fc.models", "sample_fc.tools", "sample_fc.bench"),
+    "sample_fc.checkpoint": ("sample_fc.run", "sample_fc.models", "sample_fc.tools", "sample_fc.bench"),
+    "sample_fc.models": ("sample_fc.run", "sample_fc.tools", "sample_fc.bench"),
+    "sample_fc.run": ("sample_fc.tools", "sample_fc.bench"),
+}
+
+
+def _within(module, package):
+    return module == package or module.startswith(package + ".")
+
+
+def layering_violations(graph, forbidden):
+    """[(package, module of it, forbidden module it reaches)] for the rules `forbidden`."""
+    found = []
+    for package, banned in forbidden.items():
+        for module in sorted(m for m in graph if _within(m, package)):
+            for reached in sorted(reachable(graph, module)):
+                if any(_within(reached, other) for other in banned):
+                    found.append((package, module, reached))
+    return found
+
+
+def test_the_layering_checker_sees_a_forbidden_import_through_another_module():
+    """Test that the layering check finds a package reaching a forbidden one through a module
+    at another level, and passes a graph that keeps the rule (guards the guard)."""
+    graph = {"pkg.low.a": {"pkg.mid"}, "pkg.mid": {"pkg.high.b"}, "pkg.high.b": set()}
+    assert layering_violations(graph, {"pkg.low": ("pkg.high",)}) == [("pkg.low", "pkg.low.a", "pkg.high.b")]
+    assert layering_violations(graph, {"pkg.high": ("pkg.low",)}) == []
+
+
+def test_each_floor_imports_only_the_floors_below_it():
+    """Test the layering of sample_fc/: pfc/ imports nothing of run/, models/, tools/, bench/,
+    checkpoint/ or data/; data/ nothing of pfc/ and above; checkpoint/ and models/ nothing of the
+    run, the tools or the benchmarks; run/ nothing of the tools or the benchmarks (lazy imports
+    count)."""
+    graph = import_graph(REPO / "sample_fc")
+    assert "sample_fc.pfc.partial_fc" in graph and "sample_fc.run.run_events" in graph
+    assert layering_violations(graph, FORBIDDEN) == []
+
+
+def test_the_package_top_level_keeps_to_twelve_modules_and_never_imports_the_scripts():
+    """Test that sample_fc/ holds at most 12 modules beside its subpackages, and that no module
+    of the library imports the repository's default.py, train.py or optimizer.py (library code
+    takes explicit arguments; only the commands of tools/ and bench/ read the user's default.py,
+    as train.py does)."""
+    top = sorted(p.stem for p in (REPO / "sample_fc").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 12, top
+    for path in (REPO / "sample_fc").rglob("*.py"):
+        if path.relative_to(REPO / "sample_fc").parts[0] in ("tools", "bench"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+            assert not {"default", "train", "optimizer"} & set(names), (path, names)

@@ -1,10 +1,10 @@
-"""Tests for sample_fc.margin: the combined margin psi and its derivative."""
+"""Tests for sample_fc.pfc.margin: the combined margin psi and its derivative."""
 import mxnet as mx
 import numpy as np
 import pytest
 
 import reference as ref
-from sample_fc.margin import CombinedMargin
+from sample_fc.pfc.margin import CombinedMargin
 
 CASES = {"arcface": (1.0, 0.5, 0.0), "cosface": (1.0, 0.0, 0.4), "combined": (1.2, 0.3, 0.1)}
 
@@ -56,7 +56,7 @@ def test_bad_margins_are_rejected():
 def test_margin_warmup_grows_linearly_to_the_target():
     """Test that MarginWarmup gives m2, m3 scaled by n / steps, m1 from 1 to its value, s fixed,
     the target itself from `steps` on, and psi equal to the plain cosine at update 0."""
-    from sample_fc.margin import MarginWarmup
+    from sample_fc.pfc.margin import MarginWarmup
     target = CombinedMargin(1.2, 0.5, 0.1, 64.0)
     warm = MarginWarmup(target, 10)
     half = warm(5)

@@ -1,19 +1,19 @@
-"""Tests for sample_fc.memory_bank and bank_shard: rows by index, row blocks (several blocks
+"""Tests for sample_fc.pfc.memory_bank and bank_shard: rows by index, row blocks (several blocks
 behave bit for bit as one), persistence with metadata, split-free init, re-splitting."""
 import mxnet as mx
 import numpy as np
 import pytest
 
-from sample_fc import memory_bank
-from sample_fc.bank_shard import read_shard, restore_resharded, restore_shard, write_shard
+from sample_fc.pfc import memory_bank
+from sample_fc.checkpoint.bank_shard import read_shard, restore_resharded, restore_shard, write_shard
 from sample_fc.checkpoint import bank_shard_files
 from sample_fc.errors import UsageError
-from sample_fc.head import DeviceHead
-from sample_fc.host_head import HostHead
-from sample_fc.margin import CombinedMargin
-from sample_fc.memory_bank import MemoryBank, fill_initial_centers
+from sample_fc.pfc.head import DeviceHead
+from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.margin import CombinedMargin
+from sample_fc.pfc.memory_bank import MemoryBank, fill_initial_centers
 from sample_fc.optimizers import MemoryBankSGDOptimizer
-from sample_fc.sampler import Sample
+from sample_fc.pfc.sampler import Sample
 
 
 def _identity(array, name):
@@ -119,7 +119,7 @@ def test_blocks_save_restore_and_resplit_bit_equal(small_blocks, tmp_path, monke
     """Test that shards written from several blocks restore into one block and back, and that
     3 saved shards re-split onto 2 ranks (CHUNK_ROWS small: copies cross blocks and chunks) give
     every class its row, bit for bit."""
-    import sample_fc.bank_shard as bank_shard
+    import sample_fc.checkpoint.bank_shard as bank_shard
     monkeypatch.setattr(bank_shard, "CHUNK_ROWS", 5)
     saved = []
     for rank in range(3):

@@ -1,9 +1,9 @@
-"""Tests for sample_fc.memory_plan: the per-worker arithmetic against hand-computed cases, the
+"""Tests for sample_fc.run.memory_plan: the per-worker arithmetic against hand-computed cases, the
 refusal line, and the backbone sizes against a network counted by hand."""
 import mxnet as mx
 import pytest
 
-from sample_fc import memory_plan
+from sample_fc.run import memory_plan
 from sample_fc.errors import UsageError
 
 

@@ -1,4 +1,4 @@
-"""Tests for sample_fc.momentum_codec and int8 / no-momentum banks: the codec (C kernel and NumPy
+"""Tests for sample_fc.pfc.momentum_codec and int8 / no-momentum banks: the codec (C kernel and NumPy
 fallback) against a definition written out here by hand, bit for bit; its rounding unbiased and
 its error within a scale; the bank's arrays and bytes; a host-kernel step against a float32
 momentum; shards saved and restored (same split and re-split) bit for bit."""
@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 import reference as ref
-from sample_fc import host_head, memory_bank, momentum_codec
-from sample_fc.bank_shard import read_shard_arrays, restore_resharded, restore_shard, write_shard
+from sample_fc.pfc import host_head, memory_bank, momentum_codec
+from sample_fc.checkpoint.bank_shard import read_shard_arrays, restore_resharded, restore_shard, write_shard
 from sample_fc.checkpoint import bank_shard_files
 from sample_fc.checkpoint.layout import checkpoint_bytes
 from sample_fc.errors import UsageError
-from sample_fc.host_head import HostHead
-from sample_fc.margin import CombinedMargin
-from sample_fc.memory_bank import MemoryBank, host_view
+from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.margin import CombinedMargin
+from sample_fc.pfc.memory_bank import MemoryBank, host_view
 from sample_fc.optimizers import MemoryBankSGDOptimizer
-from sample_fc.partial_fc import PartialFC
-from sample_fc.rounding import noise, rounding_key
-from sample_fc.sampler import Sample
+from sample_fc.pfc.partial_fc import PartialFC
+from sample_fc.pfc.rounding import noise, rounding_key
+from sample_fc.pfc.sampler import Sample
 
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -94,7 +94,7 @@ def _momentum_rows(rng, rows, width):
 def kernel(request, monkeypatch):
     """The codec's C kernel (it must be built) or its NumPy fallback."""
     if request.param == "c":
-        assert momentum_codec._kernel is not None, "sample_fc._half_rows (int8) not built: run pip install -e ."
+        assert momentum_codec._kernel is not None, "sample_fc.pfc._half_rows (int8) not built: run pip install -e ."
     else:
         monkeypatch.setattr(momentum_codec, "_kernel", None)
     return request.param
@@ -376,7 +376,7 @@ def test_int8_shards_restore_bit_for_bit_into_any_split(small_blocks, tmp_path, 
     """Test that int8-momentum shards of 2 ranks are written with their codes and scales, restore
     into the same split and re-split into 1 and 3 ranks (several row blocks, small chunks) with
     every class's weights, codes and scales bit for bit."""
-    import sample_fc.bank_shard as bank_shard
+    import sample_fc.checkpoint.bank_shard as bank_shard
     monkeypatch.setattr(bank_shard, "CHUNK_ROWS", 5)
     monkeypatch.setattr(memory_bank, "MAX_BLOCK_ELEMENTS", 7 * 70 + 3)
     saved, all_files = [_int8_shard(rank, 2, dtype=dtype) for rank in range(2)], []

@@ -1,4 +1,4 @@
-"""Tests for ONNX models in the tools (--model X.onnx, sample_fc.onnx_model through
+"""Tests for ONNX models in the tools (--model X.onnx, sample_fc.models.onnx_model through
 verification.Embedder) and as train.py's --pretrained X.onnx (saved_model._onnx_pretrained)."""
 import subprocess
 import sys
@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import symbols
-from sample_fc import onnx_model
+from sample_fc.models import onnx_model
 from sample_fc.errors import UsageError
-from sample_fc.saved_model import load_model, load_pretrained
+from sample_fc.models.saved_model import load_model, load_pretrained
 from sample_fc.tools import embed, export, verify
 from sample_fc.tools.export import export_onnx
 from sample_fc.verification import Embedder
@@ -180,7 +180,7 @@ def test_onnxruntime_missing_names_the_install_line(exported, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(UsageError, match=r"install them: python -m pip install onnx==1\.16\.2 onnxruntime==1\.18\.1"):
         load_model(str(exported))
-    result = subprocess.run([sys.executable, "-c", "import sys, sample_fc.builder, sample_fc.saved_model, train; "
+    result = subprocess.run([sys.executable, "-c", "import sys, sample_fc.builder, sample_fc.models.saved_model, train; "
                              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'onnxruntime'))"],
                             cwd=str(REPO), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr[-2000:]
@@ -288,7 +288,7 @@ def test_an_onnx_file_with_a_nan_weight_is_one_line_in_the_tools_and_pretrained(
     import onnx
     from onnx import numpy_helper
     from sample_fc.errors import UsageError
-    from sample_fc.saved_model import load_pretrained
+    from sample_fc.models.saved_model import load_pretrained
     model = onnx.load(str(exported))
     first = next(t for t in model.graph.initializer if numpy_helper.to_array(t).size > 4)
     values = numpy_helper.to_array(first).copy()

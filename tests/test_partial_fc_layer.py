@@ -1,4 +1,4 @@
-"""Tests for sample_fc.partial_fc: the options record, the sample it hands the kernels, its bytes."""
+"""Tests for sample_fc.pfc.partial_fc: the options record, the sample it hands the kernels, its bytes."""
 import dataclasses
 import math
 
@@ -8,11 +8,11 @@ import pytest
 
 import default
 import reference as ref
-from sample_fc.head import DeviceHead
-from sample_fc.host_head import HostHead
+from sample_fc.pfc.head import DeviceHead
+from sample_fc.pfc.host_head import HostHead
 from sample_fc.errors import UsageError
-from sample_fc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
-from sample_fc.sampler import ClassCenterSampler
+from sample_fc.pfc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
+from sample_fc.pfc.sampler import ClassCenterSampler
 
 
 class _OneProcess:

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from sample_fc import checkpoint, memory_plan
+from sample_fc import checkpoint
+from sample_fc.run import memory_plan
 from sample_fc.tools import plan
 
 R100_GPU = ["--dataset", "glint360k", "--network", "r100", "-np", "8"]

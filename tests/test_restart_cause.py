@@ -1,11 +1,11 @@
-"""Tests for sample_fc.restart's cause of a failed attempt: read from the attempt's status.json
+"""Tests for sample_fc.run.restart's cause of a failed attempt: read from the attempt's status.json
 and its exit code, never from the job's output."""
 import json
 import signal
 import sys
 import textwrap
 
-from sample_fc.restart import failure_cause, read_run, supervise
+from sample_fc.run.restart import failure_cause, read_run, supervise
 
 
 def _job(tmp_path, body):

@@ -1,18 +1,18 @@
-"""Tests for sample_fc.rounding and float16 banks: unbiased rounding, the C kernel held to the NumPy
+"""Tests for sample_fc.pfc.rounding and float16 banks: unbiased rounding, the C kernel held to the NumPy
 definitions bit for bit, and a float16 bank whose updates are far below float16's resolution
 still moving as the float32 bank does, on average."""
 import mxnet as mx
 import numpy as np
 import pytest
 
-from sample_fc import rounding
-from sample_fc.head import DeviceHead
-from sample_fc.host_head import HostHead
-from sample_fc.margin import CombinedMargin
-from sample_fc.memory_bank import MemoryBank
+from sample_fc.pfc import rounding
+from sample_fc.pfc.head import DeviceHead
+from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.margin import CombinedMargin
+from sample_fc.pfc.memory_bank import MemoryBank
 from sample_fc.optimizers import MemoryBankSGDOptimizer
-from sample_fc.rounding import noise, round_rows, rounding_key, stochastic_round_to_float16
-from sample_fc.sampler import Sample
+from sample_fc.pfc.rounding import noise, round_rows, rounding_key, stochastic_round_to_float16
+from sample_fc.pfc.sampler import Sample
 
 
 def _identity(array, name):
@@ -62,11 +62,11 @@ def test_noise_is_a_pure_function_of_seed_update_stream_class_and_column():
 
 
 def test_the_c_kernel_is_built_and_matches_the_numpy_definitions(monkeypatch):
-    """Test that the bootstrap built sample_fc._half_rows, and that its take, put and round give
+    """Test that the bootstrap built sample_fc.pfc._half_rows, and that its take, put and round give
     the NumPy definitions' bits (NaN, inf, overflow, subnormals and odd widths included); that
     the NumPy fallback (no extension) gives the same; and that a row outside the block is
     refused before anything is written."""
-    assert rounding._half_rows is not None, "sample_fc._half_rows not built: run pip install -e ."
+    assert rounding._half_rows is not None, "sample_fc.pfc._half_rows not built: run pip install -e ."
     rng = np.random.default_rng(1)
     for width in (3, 37, 512):
         x = (rng.standard_normal((200, width)) *

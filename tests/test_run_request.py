@@ -1,4 +1,4 @@
-"""Tests for sample_fc.run_request: the job's request, read once, and rank 0's status record."""
+"""Tests for sample_fc.run.run_request: the job's request, read once, and rank 0's status record."""
 import dataclasses
 import json
 from argparse import Namespace
@@ -6,10 +6,10 @@ from argparse import Namespace
 import pytest
 from easydict import EasyDict
 
-from sample_fc import run_root
+from sample_fc.run import run_root
 from sample_fc.errors import UsageError
-from sample_fc.restart import failure_cause, read_run
-from sample_fc.run_request import RunRequest, RunStatus
+from sample_fc.run.restart import failure_cause, read_run
+from sample_fc.run.run_request import RunRequest, RunStatus
 
 TYPED = dict(models_root=None, resume=None, pretrained=None, start_over=False)
 

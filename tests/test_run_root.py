@@ -1,11 +1,11 @@
-"""Tests for sample_fc.run_root: the models root's lock, run id and status file."""
+"""Tests for sample_fc.run.run_root: the models root's lock, run id and status file."""
 import json
 import os
 import re
 
 import pytest
 
-from sample_fc import run_root
+from sample_fc.run import run_root
 from sample_fc.errors import UsageError
 
 
@@ -117,7 +117,7 @@ def test_network_now_renames_only_the_old_mbf(tmp_path):
     paper's 64-channel stem to 'mbf_small' with one note, and leaves a 'mbf' of today's width
     (stem 128), other networks and an unreadable symbol file alone."""
     import symbols
-    from sample_fc import resume
+    from sample_fc.run import resume
     from sample_fc.checkpoint.layout import symbol_path
     notes = []
     for name, stem in (("mbf_small", 64), ("mbf", 128), ("r18", 64)):

@@ -1,9 +1,9 @@
-"""Tests for sample_fc.sampler: positives kept, negatives uniform and distinct, shards exact."""
+"""Tests for sample_fc.pfc.sampler: positives kept, negatives uniform and distinct, shards exact."""
 import numpy as np
 import pytest
 
-from sample_fc.sampler import (ClassCenterSampler, SampleRatioWarmup, class_center_sample, num_sample_for,
-                               sampled_decay_scales, sampled_logit_offsets, shard_range)
+from sample_fc.pfc.sampler import (ClassCenterSampler, SampleRatioWarmup, class_center_sample,
+                                   num_sample_for, sampled_decay_scales, sampled_logit_offsets, shard_range)
 
 
 def test_positives_never_dropped_when_they_outnumber_num_sample():

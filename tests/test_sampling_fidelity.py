@@ -4,8 +4,8 @@ import numpy as np
 from sample_fc.bench.sampling_fidelity import (center_alignment, describe, embedding_gradient, fidelity,
                                                full_logits, history_residual_share, inclusion_variances,
                                                negatives_spread, summed_relative_error, top_energy_share)
-from sample_fc.margin import CombinedMargin
-from sample_fc.sampler import shard_range
+from sample_fc.pfc.margin import CombinedMargin
+from sample_fc.pfc.sampler import shard_range
 
 from reference import normalize, softmax_loss_rows
 

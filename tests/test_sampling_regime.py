@@ -1,13 +1,13 @@
-"""Tests for sample_fc.sampling_regime and the not-learning watch (callbacks.ChanceWatch)."""
+"""Tests for sample_fc.pfc.sampling_regime and the not-learning watch (callbacks.ChanceWatch)."""
 import math
 
 import numpy as np
 import pytest
 
-from sample_fc.callbacks import ChanceWatch, chance_loss
-from sample_fc.margin import CombinedMargin
+from sample_fc.run.callbacks import ChanceWatch, chance_loss
+from sample_fc.pfc.margin import CombinedMargin
 from sample_fc.module import StepInfo
-from sample_fc.sampling_regime import SAFE_DRAWS_PER_VISIT, regime, safe_ratio
+from sample_fc.pfc.sampling_regime import SAFE_DRAWS_PER_VISIT, regime, safe_ratio
 
 
 def test_a_lossy_regime_is_stated_and_warned_with_the_ratio_that_avoids_it():

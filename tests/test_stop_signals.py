@@ -1,4 +1,4 @@
-"""Tests for sample_fc.stop: the first signal asks for a stop, a second or the grace ends it."""
+"""Tests for sample_fc.run.stop: the first signal asks for a stop, a second or the grace ends it."""
 import os
 import signal
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from sample_fc.stop import SAME_STOP_S, StopSignals, signal_name, signal_number
+from sample_fc.run.stop import SAME_STOP_S, StopSignals, signal_name, signal_number
 
 
 def _signals(grace_s=10.0, clock=time.monotonic):

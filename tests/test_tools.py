@@ -16,7 +16,7 @@ import symbols
 from sample_fc.tools import cli, embed, make_bin, model_io
 from sample_fc.data.bin_format import load_bin
 from sample_fc.errors import MissingFileError, UsageError
-from sample_fc.harness import single_thread_env
+from sample_fc.bench.harness import single_thread_env
 from sample_fc.verification import Embedder, evaluate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -439,7 +439,7 @@ def test_a_damaged_model_names_the_file_and_offers_the_previous_checkpoint(works
     message = str(raised.value)
     assert "\n" not in message and f"{params} is damaged (" in message and "Invalid NDArray file format" in message
     assert message.endswith(f"the previous complete checkpoint is {root / 'step-00000100'}: --model {root},100")
-    from sample_fc.saved_model import load_pretrained
+    from sample_fc.models.saved_model import load_pretrained
     with pytest.raises(UsageError, match=f"--pretrained {root}: .*is damaged.*--pretrained {root},100"):
         load_pretrained(str(root), workspace["symbol"], SIZE, "mbf")
     params.write_bytes(intact)
@@ -496,7 +496,7 @@ def test_damage_mxnet_cannot_describe_is_one_line_in_load_model_and_pretrained(w
     .params; --pretrained reads the symbol only to map other names) --pretrained, not a
     UnicodeDecodeError traceback or a silently accepted file."""
     import shutil
-    from sample_fc.saved_model import load_pretrained
+    from sample_fc.models.saved_model import load_pretrained
     checkpoint = tmp_path / "models" / f"step-{STEP:08d}"
     shutil.copytree(workspace["checkpoint"], checkpoint)
     path = checkpoint / file
@@ -518,7 +518,7 @@ def test_a_model_with_a_nan_weight_is_one_line_in_the_tools_and_pretrained(works
     MXNet loads it) is a UsageError naming the file and the parameter for --model and
     --pretrained, not NaN embeddings or a run that stops with non-finite losses."""
     import shutil
-    from sample_fc.saved_model import load_pretrained
+    from sample_fc.models.saved_model import load_pretrained
     checkpoint = tmp_path / f"step-{STEP:08d}"
     shutil.copytree(workspace["checkpoint"], checkpoint)
     params = {("arg:" + k): v for k, v in workspace["arg_params"].items()}

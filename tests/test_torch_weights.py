@@ -1,4 +1,4 @@
-"""arcface_torch's backbone.pth (sample_fc/torch_weights.py reads it, torch_backbone.py maps it
+"""arcface_torch's backbone.pth (sample_fc/models/torch_weights.py reads it, torch_backbone.py maps it
 onto our networks): state dicts of arcface_torch's r50 and mbf saved by torch
 (tests/workers/arcface_torch_models.py, a process of its own: torch cannot be imported after
 horovod.mxnet) are read exactly, give the torch networks' embeddings in the tools and start
@@ -18,12 +18,12 @@ import pytest
 import symbols
 from conftest import REPO, per_rank_tail, run_train
 from original_models import forward
-from sample_fc import torch_backbone
+from sample_fc.models import torch_backbone
 from sample_fc.errors import MissingFileError, UsageError
-from sample_fc.harness import single_thread_env
-from sample_fc.saved_model import load_model, load_pretrained
+from sample_fc.bench.harness import single_thread_env
+from sample_fc.models.saved_model import load_model, load_pretrained
 from sample_fc.tools import embed
-from sample_fc.torch_weights import read_state_dict
+from sample_fc.models.torch_weights import read_state_dict
 from test_bin_format import payloads
 from test_tools import write_faces
 

@@ -16,12 +16,12 @@ import mxnet as mx
 import numpy as np
 
 from .. import dist
-from ..head import no_stage
-from ..memory_bank import host_view
+from ..pfc.head import no_stage
+from ..pfc.memory_bank import host_view
 from ..module import SampleDistributeModule
 from ..optimizers import BackboneOptimizer, WarmupMultiStepSchedule
-from ..partial_fc import PartialFC, PartialFCOptions
-from ..sampler import class_center_sample, num_sample_for, shard_range
+from ..pfc.partial_fc import PartialFC, PartialFCOptions
+from ..pfc.sampler import class_center_sample, num_sample_for, shard_range
 
 STAGES = ("forward", "allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "finite_check",
           "reducescatter", "backbone_backward", "gradient_sum", "bank_update", "backbone_update")   # module.step's, in order

@@ -19,11 +19,11 @@ import mxnet as mx
 import numpy as np
 import xxhash
 
-from ..bank_shard import FORMAT_VERSION, write_shard
+from ..checkpoint.bank_shard import FORMAT_VERSION, write_shard
 from ..checkpoint import bank_shard_files
 from ..checkpoint.checksums import CHUNK_BYTES
 from ..config import write_json
-from ..memory_bank import MemoryBank, host_view
+from ..pfc.memory_bank import MemoryBank, host_view
 
 
 def write_shard_unsummed(bank, files):

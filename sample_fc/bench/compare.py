@@ -22,7 +22,7 @@ import tempfile
 
 from easydict import EasyDict
 
-from ..run_root import read_progress, read_status
+from ..run.run_root import read_progress, read_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHOWN = ("samples/s", "accuracy", "error")     # which of the job's lines to echo (display only)

@@ -1,7 +1,7 @@
 """Benchmark jobs: bounded worker processes, the data loader worker, the end-to-end train.py run.
 
 Every measurement runs in a process of its own, killed after its time bound: alone for
-world size 1, under horovodrun (sample_fc.harness.run_job) for more. Workers write one JSON
+world size 1, under horovodrun (sample_fc.bench.harness.run_job) for more. Workers write one JSON
 record per rank. The loader worker runs on every rank, each reading its own shard with
 FaceRecordIter as train.py builds it, so images/s is per rank while the other rank loads
 too. The end-to-end run is train.py itself on synthetic data; its samples/s come from its
@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..harness import run_job, single_thread_env
+from .harness import run_job, single_thread_env
 from ..ranks import cores_per_worker
-from ..run_root import read_progress
+from ..run.run_root import read_progress
 
 REPO = str(Path(__file__).resolve().parents[2])   # the repository: train.py lives here
 

@@ -3,7 +3,7 @@
     python -m sample_fc.bench [--quick] [--json OUT] [--markdown OUT] [--parts head,schedule,sampler,data,e2e]
 
 Every measurement runs in a process of its own, bounded in time (world size 2 through
-sample_fc.harness.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
+sample_fc.bench.harness.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
 not fit in memory is reported with an `error` or `skipped` field and the report goes on.
 `--quick` runs tiny shapes in well under a minute; BENCHMARKS.md describes the full run.
 The workers are this module too: `python -m sample_fc.bench --worker {head,schedule,sampler,data,step}`
@@ -142,8 +142,8 @@ def head_record(plan, classes, ratio, world, dtype, folder, headroom):
 def head_memory_mb(plan, classes, ratio, world, dtype):
     """(bank, buffers, predicted peak RSS) in MB of the largest rank of a head case: the memory
     plan's bank, and its sampler and host head as the buffers (memory_plan.py)."""
-    from ..host_head import default_threads
-    from ..memory_plan import plan as memory_plan
+    from ..pfc.host_head import default_threads
+    from ..run.memory_plan import plan as memory_plan
     from .cases import bank_storage
     bank_dtype, bank_momentum = bank_storage(dtype)
     need = memory_plan(classes, world, plan.embedding_size, plan.batch_per_rank, ratio,

@@ -35,10 +35,10 @@ import os
 import numpy as np
 
 from ..checkpoint.layout import bank_shard_files, find_checkpoint, models_root_of, read_state
-from ..bank_shard import read_shard
+from ..checkpoint.bank_shard import read_shard
 from ..errors import MissingFileError, UsageError
-from ..margin import CombinedMargin
-from ..sampler import class_center_sample, num_sample_for, sampled_logit_offsets
+from ..pfc.margin import CombinedMargin
+from ..pfc.sampler import class_center_sample, num_sample_for, sampled_logit_offsets
 from ..tools.cli import make_parser, run_or_exit
 from ..verification import Embedder, l2_normalize, to_nchw
 
@@ -269,7 +269,7 @@ def main(argv=None):
 
     def work():
         import mxnet as mx
-        from ..saved_model import load_model
+        from ..models.saved_model import load_model
         checkpoint = find_checkpoint(args.model, option="--model")
         config_file = os.path.join(models_root_of(checkpoint), "config.json")
         if not os.path.isfile(config_file):

@@ -1,6 +1,7 @@
 """Training checkpoints: layout.py owns the files of one (names, the COMPLETE test, reading
 and checking them, no Horovod needed); save_restore.py writes and restores them; checksums.py
-sums each file as it is written and checks it when read. The layout is described in
+sums each file as it is written and checks it when read; bank_shard.py is one rank's bank shard
+on disk (its rows and metadata). The layout is described in
 docs/DESIGN.md, "Checkpoints"."""
 from .layout import (COMPLETE_FILE, MODEL_PREFIX, OPTIMIZER_FILE, PARTIAL_SUFFIX, PATTERN, STATE_FILE, aux_path,
                      OtherNetworkError, bank_shard_files, check_sound, checkpoint_bytes, checkpoint_path,

@@ -33,10 +33,10 @@ import re
 
 import mxnet as mx
 
-from ..bank_shard import SavedRows
+from .bank_shard import SavedRows
 from ..errors import MissingFileError, UsageError
-from ..memory_bank import row_bytes, shard_arrays
-from ..sampler import shard_range
+from ..pfc.memory_bank import row_bytes, shard_arrays
+from ..pfc.sampler import shard_range
 from .checksums import first_difference
 from .legacy import check_ndarray_files, check_rank_states, check_symbol_file, loader_reason
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import write_json
 from ..errors import UsageError, mxnet_reason
-from ..bank_shard import restore_resharded, restore_shard, write_shard
+from .bank_shard import restore_resharded, restore_shard, write_shard
 from . import checksums
 from .layout import (COMPLETE_FILE, PARTIAL_SUFFIX, STATE_FILE, aux_path, bank_shard_files, checkpoint_bytes,
                      checkpoint_path, complete_path, is_complete, list_checkpoints, model_prefix, optimizer_path,

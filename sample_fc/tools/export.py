@@ -26,7 +26,7 @@ import mxnet as mx
 import numpy as np
 
 from ..errors import UsageError
-from ..host_head import omp_threads
+from ..pfc.host_head import omp_threads
 from .cli import Progress, check_output_folder, make_parser, run_or_exit
 from .model_io import add_model_arguments, load_model_from_args
 

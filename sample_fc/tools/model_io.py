@@ -1,5 +1,5 @@
 """The tools' model options (--model, --image-size, --context, --batch-size); loading is
-sample_fc.saved_model's."""
+sample_fc.models.saved_model's."""
 import argparse
 import os
 import re
@@ -8,8 +8,8 @@ import mxnet as mx
 
 from ..checkpoint import verify_files
 from ..errors import UsageError
-from ..gpus import check_gpu_context
-from ..saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, parse_model_spec, resolve_prefix  # noqa: F401
+from ..run.gpus import check_gpu_context
+from ..models.saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, parse_model_spec, resolve_prefix  # noqa: F401
 
 
 def add_model_arguments(parser, batch_size=True):
@@ -53,7 +53,7 @@ def load_model_from_args(args):
 
 def check_context(ctx):
     """UsageError when `ctx` is a GPU that MXNet does not see (a CPU-only build sees none) or
-    cannot run on (sample_fc.gpus)."""
+    cannot run on (sample_fc.run.gpus)."""
     check_gpu_context(ctx)
     if ctx.device_type == "gpu" and ctx.device_id >= mx.context.num_gpus():
         raise UsageError(f"--context gpu:{ctx.device_id}: MXNet sees {mx.context.num_gpus()} GPU(s) "

@@ -16,7 +16,7 @@ the host, a smaller batch: each with the GB per worker it gives) and exit code 2
 storage is the config's: `--set bank_dtype=float16 --set bank_momentum=int8` plans that bank. A warning says when the
 checkpoints would not fit the free disk of the models root (--models-root, default train.py's
 models/<dataset>_<network>). train.py runs the same arithmetic at start-up
-(sample_fc.memory_plan) and refuses a run that does not fit.
+(sample_fc.run.memory_plan) and refuses a run that does not fit.
 """
 import os
 import sys
@@ -50,7 +50,7 @@ def make_parser():
 
 def verdict(the_plan, available, sharing, where):
     """(fits, 'fits' or 'does NOT fit' with the numbers) for `available` bytes shared by `sharing`."""
-    from ..memory_plan import GB
+    from ..run.memory_plan import GB
     share = available / sharing
     fits = the_plan.total <= share
     return fits, (f"{'fits' if fits else 'does NOT fit'}: {the_plan.total / GB:.2f} GB per worker of "
@@ -61,7 +61,7 @@ def disk_lines(the_plan, keep, models_root):
     """The checkpoints against the free disk of models_root: a line, and a warning when one
     checkpoint, or the `keep` kept plus the one being written, would not fit."""
     from ..checkpoint import free_bytes
-    from ..memory_plan import GB
+    from ..run.memory_plan import GB
     free, one = free_bytes(models_root), the_plan.checkpoint
     lines = [f"disk: one checkpoint {one / GB:.2f} GB, ckpt_keep={keep} kept plus one being written "
              f"{(keep + 1) * one / GB:.2f} GB; {free / GB:.1f} GB free at {models_root}"]
@@ -83,13 +83,13 @@ def main(argv=None):
         sys.path.insert(0, ROOT)
         import default
         import symbols
-        from .. import memory_plan
+        from ..run import memory_plan
         from ..builder import check_world, fill_from_property, plan_ways_out, resolve_auto, run_plan
-        from ..run_request import default_models_root
-        from ..partial_fc import PartialFCOptions
-        from ..sampling_regime import regime
+        from ..run.run_request import default_models_root
+        from ..pfc.partial_fc import PartialFCOptions
+        from ..pfc.sampling_regime import regime
         from symbols.cost import backbone_cost
-        from ..host_head import default_threads
+        from ..pfc.host_head import default_threads
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         explicit = default.overridden_keys(args.overrides)
         for note in fill_from_property(cfg, explicit):      # as train.py: the set's own classes and size

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from ..run_root import PROGRESS_FILE, STATUS_FILE
+from ..run.run_root import PROGRESS_FILE, STATUS_FILE
 from . import cli, plots
 from .report_page import html_page
 

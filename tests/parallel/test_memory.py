@@ -4,7 +4,7 @@ import re
 import sys
 
 from conftest import REPO, per_rank_tail
-from sample_fc.harness import run_job
+from sample_fc.bench.harness import run_job
 
 
 def test_a_bank_too_big_for_the_machine_is_one_line_and_writes_nothing(tmp_path):

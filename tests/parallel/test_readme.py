@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, mpi_available, per_rank_tail
-from sample_fc.harness import run_bounded, single_thread_env
+from sample_fc.bench.harness import run_bounded, single_thread_env
 
 SHORT = ["--set", "max_update=4", "--set", "frequent=2"]
 # README command as written -> extra arguments appended here (only to shorten training)

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 
 from conftest import REPO, TINY_TRAIN, WORKERS, per_rank_tail
-from sample_fc.harness import run_bounded, single_thread_env
-from sample_fc.restart import current_hosts, replace_option
-from sample_fc.run_root import read_progress
+from sample_fc.bench.harness import run_bounded, single_thread_env
+from sample_fc.run.restart import current_hosts, replace_option
+from sample_fc.run.run_root import read_progress
 from test_train import checkpoint_arrays
 
 STEPS, PERIOD = 60, 10
@@ -151,7 +151,7 @@ def test_supervise_restarts_until_success_and_stops_on_a_repeated_error(tmp_path
     """Test the restart loop alone: a job failing twice (killed, no error recorded) then
     succeeding ends 0 after 2 restarts; a job recording the same error in its status.json every
     time stops after one restart; a limit of 1 restart is respected."""
-    from sample_fc.restart import supervise
+    from sample_fc.run.restart import supervise
     flaky = _script(tmp_path, "sys.exit(0 if n >= 3 else 137)\n")
     assert supervise(flaky, max_restarts=5) == 0
     assert (tmp_path / "attempts").read_text() == "3"

@@ -9,7 +9,7 @@ import numpy as np
 
 from conftest import REPO, per_rank_tail, run_train
 from sample_fc.checkpoint import bank_shard_files, list_checkpoints
-from sample_fc.harness import run_job, single_thread_env
+from sample_fc.bench.harness import run_job, single_thread_env
 from test_train import assert_same, checkpoint_arrays
 
 CUSTOM = ["--loss", "cosface", "--set", "loss_s=24", "--set", "loss_m3=0.3", "--set", "sample_ratio=0.5",
@@ -113,7 +113,7 @@ def test_pretrained_loads_backbone_weights_only(tiny_data, tmp_path):
     negligible lr its weights still equal the source's), with a fresh bank, and that a
     backbone that does not fit (another embedding size) is one line naming the layer."""
     import mxnet as mx
-    from sample_fc.bank_shard import read_shard
+    from sample_fc.checkpoint.bank_shard import read_shard
     source = tmp_path / "source"
     assert run_train(source, tiny_data, "--set", "max_update=4").returncode == 0
     tuned = tmp_path / "tuned"

@@ -14,8 +14,8 @@ import psutil
 
 from conftest import REPO, TINY_TRAIN, WORKERS, per_rank_tail, run_train
 from sample_fc.checkpoint import list_checkpoints
-from sample_fc.harness import horovodrun_command, single_thread_env
-from sample_fc.stop import SAME_STOP_S
+from sample_fc.bench.harness import horovodrun_command, single_thread_env
+from sample_fc.run.stop import SAME_STOP_S
 from test_train import checkpoint_arrays
 
 LONG = ["--set", "max_update=100000", "--set", "ckpt_period=100000"]     # runs until it is stopped

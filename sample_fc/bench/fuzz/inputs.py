@@ -34,7 +34,7 @@ GROUPS = ("data", "models", "mxnet", "torch", "onnx", "faces", "ijb")
 
 def child_env():
     """One compute thread per process; the repository importable."""
-    from sample_fc.harness import single_thread_env
+    from sample_fc.bench.harness import single_thread_env
     return single_thread_env({"PYTHONPATH": REPO})
 
 
@@ -83,7 +83,7 @@ def _pickled_state_dict(tensors):
 def build_pth(path, models_root):
     """The step-4 backbone under arcface_torch's names (torch_backbone.parameter_names)."""
     import mxnet as mx
-    from sample_fc.torch_backbone import parameter_names
+    from sample_fc.models.torch_backbone import parameter_names
     saved = mx.nd.load(os.path.join(models_root, "step-00000004", "model-0004.params"))
     params = {name[4:]: value.asnumpy() for name, value in saved.items()}
     tensors = []

@@ -44,7 +44,7 @@ def faulty_forward(self, data_batch):
 
 
 def stop_requested():
-    """Whether this process's stop handler (sample_fc.stop.StopSignals) has recorded a signal."""
+    """Whether this process's stop handler (sample_fc.run.stop.StopSignals) has recorded a signal."""
     return bool(getattr(getattr(signal.getsignal(signal.SIGTERM), "__self__", None), "requested", 0))
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from sample_fc import dist
 from sample_fc.module import SampleDistributeModule
 from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
-from sample_fc.partial_fc import PartialFC, PartialFCOptions
+from sample_fc.pfc.partial_fc import PartialFC, PartialFCOptions
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)

@@ -12,9 +12,9 @@ import time
 import mxnet as mx
 import numpy as np
 
-from . import dist
-from .config import write_json
-from .verification import pair_distances, score
+from .. import dist
+from ..config import write_json
+from ..verification import pair_distances, score
 
 EVENTS_FILE = "events.jsonl"      # <root>/events.jsonl: one JSON line per event of the run (rank 0)
 VERIFICATION_DIR = "verification"  # <root>/verification/<target>.npz: the latest verification's pairs

@@ -32,7 +32,7 @@ import time
 import uuid
 
 from . import run_root
-from .errors import USAGE_EXIT, UsageError
+from ..errors import USAGE_EXIT, UsageError
 from .stop import signal_name
 
 LOCK_WAIT_S = 30        # a failed job's processes may take this long to let go of the root's lock

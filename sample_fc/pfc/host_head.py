@@ -26,7 +26,7 @@ from threadpoolctl import ThreadpoolController
 from . import momentum_codec
 from .head import NORM_EPS, Head, no_stage
 from .memory_bank import host_view
-from .ranks import cores_per_worker
+from ..ranks import cores_per_worker
 from .rounding import put_rows, rounding_key, take_rows
 
 BLOCK_ROWS = 512         # rows per update block (measured at 1M classes, ratio 0.1: 512 best of 256-16384)

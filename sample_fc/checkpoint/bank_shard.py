@@ -24,9 +24,10 @@ import os
 import mxnet as mx
 import numpy as np
 
-from .config import write_json
-from .errors import MissingFileError, UsageError, mxnet_reason
-from .memory_bank import host_view, shard_arrays
+from ..config import write_json
+from ..errors import MissingFileError, UsageError, mxnet_reason
+from .checksums import SummedFile
+from ..pfc.memory_bank import host_view, shard_arrays
 
 FORMAT_VERSION = 2
 CHUNK_ROWS = 65536          # rows copied per step of a restore
@@ -75,7 +76,6 @@ def write_shard(bank, files):
     """Write `bank` to `files` (format 2): each of its row arrays (bank.row_arrays()) to the
     file of its name, hashed as it is written, then "meta", which records those files' checksums
     ("checksums": {name: {"bytes", "xxh3_64"}}, checkpoint/checksums.py)."""
-    from .checkpoint.checksums import SummedFile      # here: checkpoint/ imports this module
     checksums = {}
     for name, blocks in bank.row_arrays().items():
         header = {"descr": np.lib.format.dtype_to_descr(np.dtype(blocks[0].dtype)), "fortran_order": False,

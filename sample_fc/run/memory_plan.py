@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from symbols.cost import backbone_cost
 
-from .checkpoint.layout import checkpoint_bytes
-from .errors import UsageError
-from .partial_fc import PartialFC
+from ..checkpoint.layout import checkpoint_bytes
+from ..errors import UsageError
+from ..pfc.partial_fc import PartialFC
 
 GB = 1e9
 RUNTIME_BYTES = int(0.6 * GB)       # one worker's MXNet + Horovod + Python, measured here ~0.4 GB

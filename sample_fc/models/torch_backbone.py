@@ -31,7 +31,7 @@ import numpy as np
 
 import symbols
 from symbols import common, iresnet, mobilefacenet
-from .errors import UsageError
+from ..errors import UsageError
 from .torch_weights import read_state_dict
 
 INPUT_SCALE = 128 / 127.5

@@ -22,7 +22,7 @@ momentum of momentum_codec.py). So a resumed run rounds exactly as an uninterrup
 whatever the threads, row blocks or kernel.
 
 This module holds the definitions in NumPy. `take_rows`, `put_rows` and `round_rows` are what
-the heads call: the C extension sample_fc._half_rows (built by setup.py; tests hold it to these
+the heads call: the C extension sample_fc.pfc._half_rows (built by setup.py; tests hold it to these
 definitions bit for bit) or, when it was not built, the NumPy code here.
 """
 import logging
@@ -102,11 +102,11 @@ def stochastic_round_to_float16(x, noise_bits):
 
 # ---- what the heads call: the C extension, or the definitions above ------------------------
 def warn_numpy_fallback(what="is not built", rows="float16 bank rows"):
-    """Warn once per kind of rows that sample_fc._half_rows (`what`) and its rows take NumPy's path."""
+    """Warn once per kind of rows that sample_fc.pfc._half_rows (`what`) and its rows take NumPy's path."""
     if rows not in _warned:
         _warned.append(rows)
         logging.getLogger(__name__).warning(
-            f"sample_fc._half_rows {what}: {rows} use the slow NumPy path "
+            f"sample_fc.pfc._half_rows {what}: {rows} use the slow NumPy path "
             "(re-run scripts/bootstrap.sh, or pip install -e . with a C compiler)")
 
 

@@ -18,7 +18,7 @@ Non-finite momentum (NaN or inf anywhere in a row being written) is refused with
 naming the class, before any row of the call is written.
 
 This module holds the definitions in NumPy (`encode`, `decode`). `take_rows` and `put_rows` are
-what the host kernel calls: the C extension sample_fc._half_rows (built by setup.py; tests hold
+what the host kernel calls: the C extension sample_fc.pfc._half_rows (built by setup.py; tests hold
 it to these definitions bit for bit) or, when it was not built, the NumPy code here.
 """
 

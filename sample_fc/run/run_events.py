@@ -11,11 +11,12 @@ import math
 import os
 import time
 
-from . import checkpoint, dist, run_root
+from .. import checkpoint, dist
+from . import run_root
 from .callbacks import (ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, append_event, chance_loss,
                         save_verification_pairs)
 from .stop import STOP_EXIT_BASE, signal_name
-from .verification import Embedder, evaluate, raw_pixel_embed, to_nchw
+from ..verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed (measured here: 4.1 GB in 6.5 s, 1M classes)
 

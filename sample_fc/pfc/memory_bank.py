@@ -17,7 +17,7 @@ import mxnet as mx
 import numpy as np
 
 from .momentum_codec import decode, scale_columns
-from .options import BANK_MOMENTA
+from ..options import BANK_MOMENTA
 from .sampler import shard_range
 
 MAX_BLOCK_ELEMENTS = 2 ** 31 - 1   # MXNet's tensor limit without USE_INT64_TENSOR_SIZE (tests lower it)

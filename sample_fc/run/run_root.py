@@ -25,8 +25,8 @@ import os
 import socket
 import uuid
 
-from .config import write_json
-from .errors import UsageError
+from ..config import write_json
+from ..errors import UsageError
 
 STATUS_FILE = "status.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -179,7 +179,7 @@ def read_progress(models_root):
 def run_id_of(models_root):
     """The id of the run a root holds: its status, else its newest checkpoint's; None for a
     root without either (empty, or saved before run ids)."""
-    from .checkpoint import list_checkpoints, read_state      # (mxnet: only when needed)
+    from ..checkpoint import list_checkpoints, read_state  # (mxnet: only when needed)
     status = read_status(models_root)
     if status and status.get("run_id"):
         return status["run_id"]
@@ -196,7 +196,7 @@ def checkpoints_of_run(models_root, run_id):
     """[(step, path)] of the root's complete checkpoints that belong to run `run_id` (all of
     them when run_id is None: a root saved before run ids), oldest first. One whose state.json
     does not read is kept: the resume checks it, names it damaged and goes back past it."""
-    from .checkpoint import list_checkpoints, read_state
+    from ..checkpoint import list_checkpoints, read_state
     if run_id is None:
         return list_checkpoints(models_root)
     mine = []
@@ -211,7 +211,7 @@ def checkpoints_of_run(models_root, run_id):
 
 def check_fresh_start(models_root):
     """UsageError when a fresh start into `models_root` would overwrite a run's checkpoints."""
-    from .checkpoint import list_checkpoints
+    from ..checkpoint import list_checkpoints
     found = list_checkpoints(models_root)
     if found:
         run = run_id_of(models_root) or "(saved before run ids)"

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import MissingFileError, UsageError
+from ..errors import MissingFileError, UsageError
 
 # the first bytes of torch's legacy format: pickle protocol 2, then its magic number as a long
 LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"

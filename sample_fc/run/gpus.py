@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from typing import NamedTuple, Optional, Tuple
 
-from .errors import UsageError
+from ..errors import UsageError
 
 LIBCUDA = "libcuda.so.1"
 NVIDIA_SMI_QUERY = ("nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader")

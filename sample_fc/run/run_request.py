@@ -16,8 +16,8 @@ import os
 from typing import Optional
 
 from . import run_root
-from .config import write_json
-from .errors import UsageError
+from ..config import write_json
+from ..errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ class RunRequest:
 
     def models_root_for(self, cfg):
         """--models-root; else, resuming, that run's own root; else models/<dataset>_<network>."""
-        from .checkpoint import models_root_of          # (mxnet: only when needed)
+        from ..checkpoint import models_root_of  # (mxnet: only when needed)
         if self.models_root:
             return self.models_root
         if self.resume:
@@ -71,7 +71,7 @@ class RunRequest:
         """The id of the run this job continues, whose checkpoints alone a resume takes: the
         supervisor's, else that of the models root --resume names; None for a fresh start or a
         checkpoint named directly (that checkpoint is taken, and its state names its run)."""
-        from .checkpoint import is_complete
+        from ..checkpoint import is_complete
         if self.supervisor_run_id:
             return self.supervisor_run_id
         if self.resume is None or is_complete(self.resume):

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from .errors import ERROR_PREFIX
+from ..errors import ERROR_PREFIX
 
 AUTO_FACTOR, AUTO_STEPS, MIN_AUTO_S = 10, 10, 300.0
 

@@ -37,10 +37,11 @@ import mxnet as mx
 import numpy as np
 
 import symbols
-from . import checkpoint, onnx_model, torch_backbone
-from .data.mxnet_files import ndarray_file_problem, symbol_file_problem
-from .data.weight_values import implausible_values
-from .errors import MissingFileError, UsageError, mxnet_reason
+from .. import checkpoint
+from . import onnx_model, torch_backbone
+from ..data.mxnet_files import ndarray_file_problem, symbol_file_problem
+from ..data.weight_values import implausible_values
+from ..errors import MissingFileError, UsageError, mxnet_reason
 
 IMAGE_SIZES = tuple(range(16, 513, 16))              # sides tried when inferring the input size
 TORCH_SUFFIXES = (".pth", ".pt")                     # a PyTorch state dict (torch_backbone)

@@ -12,9 +12,9 @@ holds (RENAMED_NETWORKS), with a note saying so.
 """
 import json
 
-from .checkpoint.layout import (OtherNetworkError, check_sound, find_checkpoint, is_complete, read_state, symbol_path,
-                                verify_files)
-from .errors import UsageError
+from ..checkpoint.layout import (OtherNetworkError, check_sound, find_checkpoint, is_complete, read_state,
+                                 symbol_path, verify_files)
+from ..errors import UsageError
 from .run_root import checkpoints_of_run
 
 

@@ -1,0 +1,12 @@
+"""The Partial FC layer: class centers sharded over the workers, a sample of them scored per step,
+an exact softmax across workers. It imports nothing of run/, models/, checkpoint/, data/,
+tools/ or bench/ (a shard on disk is checkpoint/bank_shard.py's).
+
+    partial_fc.py        PartialFC (bank + sampler + head + the bank's optimizer), PartialFCOptions
+    sampler.py           which centers a step scores: the batch's positives plus random negatives
+    margin.py, softmax.py    the combined margin and the distributed softmax, as pure functions
+    head.py, host_head.py    the head step: MXNet ops (device) or NumPy BLAS (host); one protocol
+    memory_bank.py       a rank's shard of centers and momentum, stored as float32 / float16 / int8
+    rounding.py, momentum_codec.py, _half_rows.c    float16 stochastic rounding, 8-bit momentum
+    sampling_regime.py   q*K/B: how often a center is drawn per visit of its class; the safe ratio
+"""
