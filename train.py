@@ -267,11 +267,12 @@ def train(cfg, request, status, stop_signals=None):
         logger.info("resumed from %s at step %d", run.resume_from, step)
     watchdog = StepWatchdog(cfg.step_timeout_s, rank, on_timeout=lambda line: fail(line, FAILURE_EXIT, status=status)).start()
     events = RunEvents(cfg, run, module, rank, world, logger, watchdog, run_id, status, stop_signals)
+    module.connect(stage_hook=watchdog.stage, requests=events.requests)
     if rank == 0:
         events.announce_checkpoints(run.plan.checkpoint, last_checkpoint_s)
         events.event("start", run.resumed_at or 0, **run_facts(world, request, run, run.plan, sampling, cost))
     module.fit(run.train_iter, cfg.max_update, events.callbacks)
-    stop_signal = int(module.agreed.get("stop", 0))      # every rank's, agreed in the last step
+    stop_signal = int(module.agreed.stop)                # every rank's, agreed in the last step
     if stop_signal:
         code = events.stop(module.num_update, stop_signal)
     else:

@@ -1,9 +1,9 @@
 """SampleDistributeModule: the Partial FC training step of one rank (docs/DESIGN.md, "One step")."""
+import dataclasses
 import logging
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import mxnet as mx
 import numpy as np
@@ -15,7 +15,15 @@ from .options import ALLGATHERS
 from .pfc.sampler import as_int_labels
 
 
-@dataclass
+@dataclasses.dataclass(frozen=True)
+class StepRequests:
+    """What a rank asks of the run through the step's one small collective; the ranks agree on
+    each field's max, so every rank acts on it after the same step."""
+    stop: float = 0.0         # the number of the signal that asked for a stop (0: none)
+    checkpoint: float = 0.0   # 1: a checkpoint is due by the clock
+
+
+@dataclasses.dataclass
 class StepInfo:
     """What a batch-end callback is told after each update."""
     step: int              # number of updates done, 1-based
@@ -25,7 +33,7 @@ class StepInfo:
     seconds: float         # wall time of this step
     skipped: bool = False  # non-finite loss or gradients on some rank: nothing was updated
     grad_norm: float = math.nan  # global L2 norm of the backbone's summed gradients, before clipping
-    agreed: dict = field(default_factory=dict)   # the ranks' requests, max over ranks (module.requests)
+    agreed: StepRequests = dataclasses.field(default_factory=StepRequests)   # the ranks' requests, max over ranks
 
 
 class NonFiniteError(RuntimeError):
@@ -53,9 +61,9 @@ class SampleDistributeModule:
     `symbol`: the backbone (input `data`, one output: the embeddings); `partial_fc`: this rank's
     PartialFC; `backbone_optimizer`: a BackboneOptimizer; `context`: one mx.Context or a list (the
     backbone's devices); `batch_size` per rank; `data_shape` of one sample; `allgather` strategy
-    (dist.py); `max_nonfinite_steps` in a row before NonFiniteError. `stage_hook(name)` -> context
-    manager is told each stage of the step as it runs (the step watchdog; a benchmark's timer).
-    Every rank must build the same module (same symbol and shapes): the steps are collectives.
+    (dist.py); `max_nonfinite_steps` in a row before NonFiniteError. The run around the step is
+    wired in with `connect` (the stage hook, the requests). Every rank must build the same
+    module (same symbol and shapes): the steps are collectives.
     """
 
     def __init__(self, symbol, partial_fc, backbone_optimizer, *, context, batch_size, data_shape=(3, 112, 112),
@@ -70,19 +78,24 @@ class SampleDistributeModule:
         self.num_update = 0
         self.nonfinite_in_a_row = self.nonfinite_total = 0
         self.last_grad_norm = math.nan    # of the last applied update (StepInfo.grad_norm)
-        self.requests = dict              # () -> {name: number}: this rank's requests (same names on every rank)
-        self.agreed = {}                  # the last step's requests, each the max over ranks
+        self.agreed = StepRequests()      # the last step's requests, each the max over ranks
         self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
                                       context=self.contexts)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
-        self.stage_hook = no_stage
-        partial_fc.stage_hook = self.stage
+        self._stage_hook, self._requests = no_stage, StepRequests
+        partial_fc.connect(self.stage)
         self._labels = None                 # this rank's integer labels of the current batch
-        self._flags, self._request_names = None, []   # this step's pending flags (send_flags)
+        self._flags = None                  # this step's pending flags (send_flags)
+
+    def connect(self, stage_hook=no_stage, requests=StepRequests):
+        """Wire the run around the step: `stage_hook(name)` -> a context manager, told of each
+        stage of the step as it runs (the step watchdog; a benchmark's timer); `requests()` ->
+        this rank's StepRequests, agreed on in the step's first collective."""
+        self._stage_hook, self._requests = stage_hook, requests
 
     def stage(self, name):
         """The stage hook's context for the block `name` of the step."""
-        return self.stage_hook(name)
+        return self._stage_hook(name)
 
     # ---- set-up -----------------------------------------------------------------------
     def init_params(self, initializer=None, arg_params=None, aux_params=None):
@@ -166,10 +179,8 @@ class SampleDistributeModule:
         ranks (sum_gradients reads it)."""
         check = mx.nd.add_n(loss.reshape(-1), mx.nd.sum(grad_all_embeddings).reshape(-1))
         local_bad = 0.0 if np.isfinite(check.asscalar()) else 1.0
-        requests = self.requests()
-        self._request_names = sorted(requests)
-        return dist.allreduce_max(mx.nd.array([local_bad] + [requests[name] for name in self._request_names]),
-                                  "step.nonfinite")
+        requests = dataclasses.astuple(self._requests())
+        return dist.allreduce_max(mx.nd.array((local_bad,) + requests), "step.nonfinite")
 
     def sum_gradients(self):
         """The backbone's gradients summed over the ranks (one fused collective) and their global
@@ -180,7 +191,7 @@ class SampleDistributeModule:
         self.last_grad_norm = self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays,
                                                                     self.num_update + 1)
         flags = self._flags.asnumpy()
-        self.agreed = dict(zip(self._request_names, flags[1:].tolist()))
+        self.agreed = StepRequests(*flags[1:].tolist())
         return flags[0] == 0.0 and math.isfinite(self.last_grad_norm)
 
     def apply_updates(self):
@@ -227,7 +238,7 @@ class SampleDistributeModule:
 
     def fit(self, train_iter, max_update, batch_end_callbacks=()):
         """Train until `max_update` updates are done, or until the ranks agreed on a stop
-        (agreed["stop"], after that step's callbacks); the loop alone decides when to stop.
+        (agreed.stop, after that step's callbacks); the loop alone decides when to stop.
 
         The iterator is reset at the end of each epoch. Each callback gets a StepInfo.
         """
@@ -243,10 +254,10 @@ class SampleDistributeModule:
             loss, skipped = self.step(batch)
             info = StepInfo(self.num_update, loss, self.partial_fc.optimizer.lr_schedule(self.num_update),
                             global_batch, time.perf_counter() - start, skipped,
-                            math.nan if skipped else self.last_grad_norm, dict(self.agreed))
+                            math.nan if skipped else self.last_grad_norm, self.agreed)
             for callback in batch_end_callbacks:
                 callback(info)
-            if info.agreed.get("stop"):
+            if info.agreed.stop:
                 break
         return self
 

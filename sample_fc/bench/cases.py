@@ -16,7 +16,6 @@ import mxnet as mx
 import numpy as np
 
 from .. import dist
-from ..pfc.head import no_stage
 from ..pfc.memory_bank import host_view
 from ..module import SampleDistributeModule
 from ..optimizers import BackboneOptimizer, WarmupMultiStepSchedule
@@ -96,11 +95,11 @@ class StageTimer:
 def staged_step(module, batch, timer):
     """SampleDistributeModule.step with `timer` as the module's stage hook: each block of the
     step timed, every MXNet operation finished at both ends. Returns the loss."""
-    module.stage_hook = timer
+    module.connect(stage_hook=timer)
     try:
         loss, skipped = module.step(batch)
     finally:
-        module.stage_hook = no_stage
+        module.connect()
     if skipped:
         raise FloatingPointError(f"non-finite loss or gradients at update {module.num_update + 1}")
     return loss

@@ -111,7 +111,7 @@ class PartialFC:
         self.margin = MarginWarmup(CombinedMargin(options.loss_m1, options.loss_m2, options.loss_m3, options.loss_s),
                                    options.margin_warmup_steps)      # update number -> this step's margin
         self.optimizer = MemoryBankSGDOptimizer(lr_schedule, options.momentum, options.wd, options.momentum_form)
-        self.stage_hook = no_stage
+        self._stage_hook = no_stage
         self.head = make_head(options.head_kernel, bank, self.optimizer, collectives, self.stage, threads)
 
     @classmethod
@@ -127,9 +127,14 @@ class PartialFC:
         """Where the bank, and so the head's work, lives."""
         return self.bank.ctx
 
+    def connect(self, stage_hook):
+        """`stage_hook(name)` -> a context manager, told of each stage of the layer's step (the
+        module passes its own, so one hook sees the whole step)."""
+        self._stage_hook = stage_hook
+
     def stage(self, name):
-        """The stage hook's context for the block `name` (the module sets stage_hook)."""
-        return self.stage_hook(name)
+        """The stage hook's context for the block `name`."""
+        return self._stage_hook(name)
 
     def forward_backward(self, embeddings, labels, num_update):
         """3-8 for update `num_update` (1-based): sample this shard for the global batch's integer

@@ -16,6 +16,7 @@ from . import run_root
 from .callbacks import (ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, append_event, chance_loss,
                         save_verification_pairs)
 from .stop import STOP_EXIT_BASE, signal_name
+from ..module import StepRequests
 from ..verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
 CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed (measured here: 4.1 GB in 6.5 s, 1M classes)
@@ -50,8 +51,6 @@ class RunEvents:
         self.cfg, self.run, self.module, self.rank, self.logger = cfg, run, module, rank, logger
         self.world, self.watchdog, self.status_record, self.clock = world, watchdog, status, clock
         self.stop_signals, self.stopping_at, self.stop_done = stop_signals, None, False
-        module.stage_hook = watchdog.stage
-        module.requests = self.requests
         self.saved_steps, self.last_save, self.timed_a_checkpoint = set(), clock(), False
         self.paused_s = 0.0               # seconds in checkpoints and verification (not training speed)
         self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
@@ -75,15 +74,16 @@ class RunEvents:
                                                     paused=lambda: self.paused_s))
             self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
         if stop_signals is not None:
-            stop_signals.abort = self.abort
+            stop_signals.on_abort(self.abort)
 
     def requests(self):
-        """This rank's requests for the step's collective: `stop` (the number of the signal that
-        asked for it, 0 for none) and `checkpoint` (1 when the newest checkpoint this job wrote,
-        or its start, is ckpt_minutes old)."""
+        """This rank's StepRequests for the step's collective: `stop` (the number of the signal
+        that asked for it, 0 for none) and `checkpoint` (1 when the newest checkpoint this job
+        wrote, or its start, is ckpt_minutes old). The module asks for them (module.connect)."""
         minutes = self.cfg.ckpt_minutes
         due = bool(minutes) and self.clock() - self.last_save >= 60.0 * minutes
-        return {"stop": float(self.stop_signals.requested if self.stop_signals else 0), "checkpoint": float(due)}
+        return StepRequests(stop=float(self.stop_signals.requested if self.stop_signals else 0),
+                            checkpoint=float(due))
 
     def event(self, kind, step, **fields):
         """Rank 0: one line of the run's events.jsonl (append_event)."""
@@ -156,12 +156,12 @@ class RunEvents:
 
     def note_agreed_stop(self, info):
         """From the step the ranks agreed to stop after, a stop cut short is recorded (abort)."""
-        if info.agreed.get("stop"):
+        if info.agreed.stop:
             self.stopping_at = info.step
 
     def save_when_due(self, info):
         """The checkpoint by the clock: when the ranks agreed one is due (and the step has none)."""
-        if info.agreed.get("checkpoint") and info.step not in self.saved_steps:
+        if info.agreed.checkpoint and info.step not in self.saved_steps:
             self.save(info.step)
 
     def verify(self, step):

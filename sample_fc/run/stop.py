@@ -38,7 +38,7 @@ class StopSignals:
     a timer gives the stop `grace_s` seconds; then, or at a second signal (SAME_STOP_S or more
     after the first: one sooner is the same stop reaching this process twice), `abort(signal
     number, reason)` runs on the thread that noticed it and must end the process (os._exit).
-    `abort` may be replaced once the run has more to record (RunEvents.abort).
+    `on_abort` replaces it once the run has more to record (RunEvents.abort).
     """
 
     def __init__(self, names, abort, grace_s=25.0, clock=time.monotonic):
@@ -48,6 +48,10 @@ class StopSignals:
         self._timer = None
         self._previous = {}
 
+
+    def on_abort(self, abort):
+        """From now on `abort(number, reason)` ends the process when a stop cannot finish."""
+        self.abort = abort
     def install(self):
         """Take over the signals (main thread only); returns self."""
         for number in self.numbers:

@@ -45,7 +45,7 @@ class StepWatchdog:
     # ---- what the training loop reports ----------------------------------------------
     def stage(self, name):
         """The stage this rank is in now (named in the timeout message); a stage hook, as
-        SampleDistributeModule.stage_hook: returns a context manager for the stage's block."""
+        SampleDistributeModule.connect(stage_hook=...): returns a context manager for the stage's block."""
         self.stage_name = name
         return contextlib.nullcontext()
 
