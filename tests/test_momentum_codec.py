@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import reference as ref
-from sample_fc.pfc import host_head, memory_bank, momentum_codec
+from sample_fc.pfc import host_head, memory_bank, momentum_codec, row_storage
 from sample_fc.checkpoint.bank_shard import read_shard_arrays, restore_resharded, restore_shard, write_shard
 from sample_fc.checkpoint import bank_shard_files
 from sample_fc.checkpoint.layout import checkpoint_bytes
@@ -253,12 +253,12 @@ def test_bytes_per_identity_at_d_512(dtype, storage, per_class):
     itemsize = np.dtype(dtype).itemsize
     momentum = {"same": 512 * itemsize, "int8": 512 + 4 * 8, "none": 0}[storage]
     assert per_class == 512 * itemsize + momentum
-    assert memory_bank.row_bytes(512, dtype, storage) == per_class
+    assert row_storage.row_bytes(512, dtype, storage) == per_class
     assert MemoryBank.bytes_needed(1000, 512, itemsize, storage) == 1000 * per_class
     layer = PartialFC.memory_bytes(1000, 64, 512, 0.1, itemsize, host_kernel=True, threads=1, bank_momentum=storage)
     assert layer["bank"] == 1000 * per_class
     assert checkpoint_bytes(10, 3000, 512, itemsize, storage) == 80 + 3000 * per_class + 2 ** 20
-    assert memory_bank.row_bytes(100, dtype, storage) == 100 * itemsize + {"same": 100 * itemsize,
+    assert row_storage.row_bytes(100, dtype, storage) == 100 * itemsize + {"same": 100 * itemsize,
                                                                            "int8": 100 + 8, "none": 0}[storage]
 
 

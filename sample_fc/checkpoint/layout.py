@@ -35,7 +35,7 @@ import mxnet as mx
 
 from .bank_shard import SavedRows
 from ..errors import MissingFileError, UsageError
-from ..pfc.memory_bank import row_bytes, shard_arrays
+from ..pfc.row_storage import row_bytes, shard_arrays
 from ..pfc.sampler import shard_range
 from .checksums import first_difference
 from .legacy import check_ndarray_files, check_rank_states, check_symbol_file, loader_reason
@@ -84,7 +84,7 @@ def complete_path(checkpoint):
 
 def bank_shard_files(checkpoint, rank):
     """The files of rank `rank`'s bank shard (bank_shard.py): {"meta", "weight", "momentum",
-    "momentum_scale"} (which row files a shard has: memory_bank.shard_arrays), and "legacy",
+    "momentum_scale"} (which row files a shard has: row_storage.shard_arrays), and "legacy",
     the one file of runs saved before."""
     base = os.path.join(checkpoint, f"bank-rank{rank}")
     return {"meta": base + ".json", "weight": base + ".weight.npy", "momentum": base + ".momentum.npy",
@@ -101,7 +101,7 @@ def aux_path(checkpoint, rank):
 
 def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4, bank_momentum="same"):
     """Estimated size of one checkpoint: the backbone's parameters and their momentum (float32),
-    and every class center with its momentum as stored (all ranks' shards: memory_bank.row_bytes),
+    and every class center with its momentum as stored (all ranks' shards: row_storage.row_bytes),
     plus 1 MB of small files."""
     bank_dtype = "float16" if itemsize == 2 else "float32"
     return 8 * backbone_values + num_classes * row_bytes(embedding_size, bank_dtype, bank_momentum) + 2 ** 20
@@ -185,7 +185,7 @@ def read_rank_state(checkpoint, rank):
 
 def _check_shard_size(checkpoint, files, num_local, embedding_size, arrays):
     """UsageError when a saved bank shard is shorter than its rows need (a truncated file);
-    `arrays`: the shard's row files, as memory_bank.shard_arrays names them."""
+    `arrays`: the shard's row files, as row_storage.shard_arrays names them."""
     if os.path.isfile(files["legacy"]):                # weight + momentum of float32, and a header
         sound = {files["legacy"]: os.path.getsize(files["legacy"]) >= 2 * 4 * num_local * embedding_size}
     else:

@@ -12,7 +12,6 @@ import contextlib
 import mxnet as mx
 import numpy as np
 
-from .rounding import round_rows, rounding_key
 from .softmax import margin_softmax_backward, margin_softmax_forward
 
 NORM_EPS = 1e-12
@@ -125,7 +124,7 @@ class DeviceHead(Head):
 
     def forward_backward(self, embeddings, sample, total_rows, margin):
         with self.stage("gather_rows"):    # 4. read the sampled rows of the bank (math in float32)
-            weight_rows, momentum_rows = (rows.astype("float32", copy=False) for rows in self.bank.get(sample.index))
+            weight_rows, momentum_rows = self.bank.device_rows().take(sample.index)
         target = mx.nd.array(sample.targets, ctx=self.bank.ctx, dtype="int64")
         logit_offsets = (None if sample.logit_offsets is None else
                          mx.nd.array(sample.logit_offsets, ctx=self.bank.ctx, dtype="float32"))
@@ -138,11 +137,5 @@ class DeviceHead(Head):
     def update(self, num_update):
         sample, weight_rows, momentum_rows, grad_weight_rows = self.pending
         self.optimizer.update(weight_rows, momentum_rows, grad_weight_rows, num_update, sample.decay_scales)
-        if np.dtype(self.bank.dtype) == np.float16:      # unbiased rounding of the written rows, on the host
-            classes = np.asarray(sample.index) + self.bank.class_start
-            weight_rows, momentum_rows = (
-                mx.nd.array(round_rows(rows.asnumpy(), classes, rounding_key(self.bank.seed, num_update, stream)),
-                            ctx=rows.context, dtype="float16")
-                for stream, rows in enumerate((weight_rows, momentum_rows)))
-        self.bank.set(sample.index, weight_rows, momentum_rows)
+        self.bank.device_rows().put(sample.index, weight_rows, momentum_rows, num_update)
         self.pending = None

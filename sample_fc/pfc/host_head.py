@@ -11,10 +11,10 @@ than mx.nd.dot, and the K x D passes, not the B x K ones, are what cost:
   fit in cache (gradient block by GEMM, SGD-momentum, write-back);
 - no one-hot matrix: the margin touches only the B target entries.
 The margin is margin.py's formula on NumPy arrays, the update MemoryBankSGDOptimizer's.
-The momentum rows are read and written as the bank stores them: like the weights, as int8
-codes and scales (momentum_codec.py: decoded to float32, encoded with stochastic rounding), or
-not at all (bank_momentum=none: the update is SGD without momentum).
-Used for CPU banks of float32 by SampleDistributeModule; GPU banks run head.py on the device.
+Rows are read as float32 and written back as the bank stores them (row_storage.HostRows:
+float16 rows and int8 momentum with stochastic rounding, no momentum for bank_momentum=none);
+this module never branches on the format.
+Used for CPU banks (float32 or float16) by SampleDistributeModule; GPU banks run head.py on the device.
 """
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -23,11 +23,8 @@ import mxnet as mx
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from . import momentum_codec
 from .head import NORM_EPS, Head, no_stage
-from .memory_bank import host_view
 from ..ranks import cores_per_worker
-from .rounding import put_rows, rounding_key, take_rows
 
 BLOCK_ROWS = 512         # rows per update block (measured at 1M classes, ratio 0.1: 512 best of 256-16384)
 
@@ -78,13 +75,10 @@ class HostHead(Head):
         if bank.ctx.device_type != "cpu" or np.dtype(bank.dtype) not in (np.float32, np.float16):
             raise ValueError(f"HostHead needs a float32 or float16 bank on the CPU, got {bank.dtype} on {bank.ctx}")
         super().__init__(bank, optimizer, allreduce_max=allreduce_max, allreduce_sum=allreduce_sum, stage=stage)
-        self.weights, self.momenta = [host_view(w) for w in bank.weights], [host_view(m) for m in bank.momenta]
-        self.momentum_scales = [host_view(s) for s in bank.momentum_scales]     # int8 momentum only
-        self.momentum_storage = bank.momentum_storage
+        self.rows = bank.host_rows()
         self.workspace = Workspace()
         self.threads, self.pool = threads, None
         self.numpy_blas = numpy_blas() if threads > 1 else None
-        self.half = np.dtype(bank.dtype) == np.float16
 
     @staticmethod
     def workspace_bytes(num_sampled, global_batch, embedding_size, threads, rows_are_bank):
@@ -101,13 +95,11 @@ class HostHead(Head):
             for block in blocks:
                 block.wait_to_read()         # MXNet writes to the bank (a load) must have landed
         self._check_index(index)
-        # sorted and distinct, every row of a one-block shard (float32, momentum as the weights):
-        # the bank itself, in order
-        whole_shard = (len(index) == self.bank.num_local and len(self.weights) == 1 and not self.half
-                       and self.momentum_storage == "same")
+        # sorted and distinct, every row of a shard readable in place: the bank itself, in order
+        whole_shard = self.rows.whole() if len(index) == self.bank.num_local else None
         with stage("gather_rows"):   # 4. the sampled rows (momentum rows are read in `update`)
-            rows = self.weights[0] if whole_shard else self._take(
-                self.weights, index, self.workspace.get("rows", (len(index), x.shape[1])))
+            rows = whole_shard[0] if whole_shard else self.rows.take_weights(
+                index, self.workspace.get("rows", (len(index), x.shape[1])))
         with stage("logits"):        # 5. cosine = x_hat . w_hat^T, scaled by 1/|w| on B x K
             x_norms = np.sqrt(np.einsum("ij,ij->i", x, x)) + NORM_EPS
             x_hat = x / x_norms[:, None]
@@ -165,8 +157,7 @@ class HostHead(Head):
         opt = self.optimizer
         step_scale, weight_scale = opt.step_scales(num_update)
         x_factor, row_factor = x_hat * step_scale, step_scale * (decay - row_radial)
-        rounded = self.half or self.momentum_storage == "int8"      # rows written back with rounding noise
-        keys = [rounding_key(self.bank.seed, num_update, stream) if rounded else None for stream in (0, 1)]
+        keys = self.rows.keys(num_update)           # the rounding noise of rows written back, if any
         block = min(BLOCK_ROWS, len(index))
         starts = range(0, len(index), block)
         threads = min(self.threads, len(starts))
@@ -180,11 +171,12 @@ class HostHead(Head):
                 weight, n = rows[lo:hi], hi - lo
                 step = np.dot(grad[:, lo:hi].T, x_factor, out=step_buffer[:n])
                 step += np.multiply(weight, row_factor[lo:hi, None], out=scaled_buffer[:n])
-                mom = self.momenta[0][lo:hi] if whole_shard else self._take_momentum(index[lo:hi], momentum_buffer[:n])
+                mom = (whole_shard[1][lo:hi] if whole_shard
+                       else self.rows.take_momentum(index[lo:hi], momentum_buffer[:n]))
                 opt.apply(weight, mom, step, weight_scale, scratch=scaled_buffer[:n])
                 if not whole_shard:
-                    self._put(self.weights, index[lo:hi], weight, keys[0])
-                    self._put_momentum(index[lo:hi], mom, keys[1])
+                    self.rows.put_weights(index[lo:hi], weight, keys[0])
+                    self.rows.put_momentum(index[lo:hi], mom, keys[1])
 
         if threads == 1:
             update_blocks(0)
@@ -197,46 +189,6 @@ class HostHead(Head):
         if self.pool is None or self.pool._max_workers != threads:
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="host_head")
         return self.pool
-
-    def _take(self, blocks, index, out):
-        """out (float32) = rows `index` (sorted) of the shard whose row blocks are `blocks`."""
-        for block, positions, rows in self.bank.block_slices(index):
-            if self.half:
-                take_rows(blocks[block], rows, out[positions])
-            else:
-                np.take(blocks[block], rows, axis=0, mode="clip", out=out[positions])
-        return out
-
-    def _put(self, blocks, index, values, key):
-        """Rows `index` (sorted) of the shard whose row blocks are `blocks` = values (float32;
-        a float16 bank gets them stochastically rounded with the noise of `key`, rounding.py)."""
-        for block, positions, rows in self.bank.block_slices(index):
-            if self.half:
-                classes = rows + (self.bank.class_start + self.bank.starts[block])
-                put_rows(blocks[block], rows, values[positions], classes, key)
-            else:
-                blocks[block][rows] = values[positions]
-
-    def _take_momentum(self, index, out):
-        """The float32 momentum of rows `index` (sorted) in `out`, or None for a bank without momentum."""
-        if self.momentum_storage == "none":
-            return None
-        if self.momentum_storage == "same":
-            return self._take(self.momenta, index, out)
-        for block, positions, rows in self.bank.block_slices(index):
-            momentum_codec.take_rows(self.momenta[block], self.momentum_scales[block], rows, out[positions])
-        return out
-
-    def _put_momentum(self, index, values, key):
-        """Momentum rows `index` (sorted) = float32 `values`, stored as the bank stores them (int8:
-        encoded with the noise of `key`); nothing for a bank without momentum."""
-        if self.momentum_storage == "same":
-            self._put(self.momenta, index, values, key)
-        elif self.momentum_storage == "int8":
-            for block, positions, rows in self.bank.block_slices(index):
-                classes = rows + (self.bank.class_start + self.bank.starts[block])
-                momentum_codec.put_rows(self.momenta[block], self.momentum_scales[block], rows,
-                                        values[positions], classes, key)
 
     def _check_index(self, index):
         """np.take(mode='clip') would clamp a bad index silently: check it once here."""

@@ -6,18 +6,16 @@ each at most MAX_BLOCK_ELEMENTS numbers (the PyPI MXNet build holds fewer than 2
 in one NDArray), so a shard of any size works; a shard that fits one block is one NDArray
 of weights and one of momentum, as it always was. Saving and loading: bank_shard.py.
 
-The momentum is stored as the bank's `momentum_storage` (the config's bank_momentum) says:
-`same` as the weights (float32 or float16); `int8`, codes of the weights' shape plus a float32
-scale per 64 columns (momentum_codec.py), read and written by the host kernel only; `none`, no
-momentum at all (the bank's SGD runs without momentum). shard_arrays names the row arrays of each.
+How rows are stored (float32 or float16 weights; momentum as the weights, int8 or none) is
+row_storage.py's: the bank holds the arrays it names (shard_arrays) and hands the heads its
+rows through row_storage (host_rows for the host kernel, device_rows for the device one).
 """
 import ctypes
 
 import mxnet as mx
 import numpy as np
 
-from .momentum_codec import decode, scale_columns
-from ..options import BANK_MOMENTA
+from .row_storage import DeviceRows, HostRows, decoded, row_bytes, shard_arrays
 from .sampler import shard_range
 
 MAX_BLOCK_ELEMENTS = 2 ** 31 - 1   # MXNet's tensor limit without USE_INT64_TENSOR_SIZE (tests lower it)
@@ -43,29 +41,6 @@ def host_view(array):
 def rows_per_block(embedding_size):
     """The most rows of `embedding_size` numbers one block holds."""
     return max(1, MAX_BLOCK_ELEMENTS // embedding_size)
-
-
-def shard_arrays(embedding_size, dtype, momentum_storage):
-    """{name: (dtype, columns)} of the row arrays a shard of `dtype` weights stores, named as its
-    checkpoint files (checkpoint.layout.bank_shard_files): "weight"; then "momentum" like the
-    weights (same), or "momentum" int8 codes and "momentum_scale" float32 per 64 columns (int8),
-    or no momentum (none)."""
-    if momentum_storage not in BANK_MOMENTA:
-        raise ValueError(f"momentum storage must be one of {BANK_MOMENTA}, got {momentum_storage!r}")
-    arrays = {"weight": (np.dtype(dtype), embedding_size)}
-    if momentum_storage == "same":
-        arrays["momentum"] = (np.dtype(dtype), embedding_size)
-    elif momentum_storage == "int8":
-        arrays["momentum"] = (np.dtype(np.int8), embedding_size)
-        arrays["momentum_scale"] = (np.dtype(np.float32), scale_columns(embedding_size))
-    return arrays
-
-
-def row_bytes(embedding_size, dtype, momentum_storage):
-    """Bytes of one class of a shard: its weights and its momentum as stored (at D 512: 4096 for
-    float32 + same, 2592 + int8, 2048 + none; float16: 2048, 1568, 1024)."""
-    arrays = shard_arrays(embedding_size, dtype, momentum_storage).values()
-    return sum(kind.itemsize * columns for kind, columns in arrays)
 
 
 def fill_initial_centers(dest, class_start, seed):
@@ -168,15 +143,19 @@ class MemoryBank:
 
     def to_numpy(self):
         """(weight, momentum) of the whole shard as NumPy copies (tests and tools). The momentum
-        is the one the optimizer sees: as stored (same), decoded to float32 (int8), or float32
-        zeros of the weights' shape (none)."""
-        weight = np.concatenate([w.asnumpy() for w in self.weights])
-        if self.momentum_storage == "none":
-            return weight, np.zeros(weight.shape, dtype=np.float32)
-        if self.momentum_storage == "int8":
-            return weight, np.concatenate([decode(c.asnumpy(), s.asnumpy())
-                                           for c, s in zip(self.momenta, self.momentum_scales)])
-        return weight, np.concatenate([m.asnumpy() for m in self.momenta])
+        is the one the optimizer sees (row_storage.decoded: float32 zeros without momentum)."""
+        arrays = {name: np.concatenate([block.asnumpy() for block in blocks])
+                  for name, blocks in self.row_arrays().items()}
+        return decoded(arrays, self.momentum_storage, arrays["weight"].shape)
+
+    def host_rows(self):
+        """The shard's rows for the host kernel (a CPU bank): row_storage.HostRows."""
+        return HostRows(self, {name: [host_view(block) for block in blocks]
+                               for name, blocks in self.row_arrays().items()})
+
+    def device_rows(self):
+        """The shard's rows for the device kernel: row_storage.DeviceRows."""
+        return DeviceRows(self)
 
     # ---- rows by index ---------------------------------------------------------------------
     def block_slices(self, index):

@@ -1,0 +1,151 @@
+"""How a bank shard's rows are stored, and read as float32 and written back: the one module that
+knows the storage formats. The heads ask for rows and hand them back; they never branch on one.
+
+Weights are float32, or float16 written with stochastic rounding (rounding.py). The momentum is
+stored as the bank's `momentum_storage` says: `same` as the weights; `int8`, codes of the
+weights' shape plus a float32 scale per 64 columns (momentum_codec.py, stochastic rounding);
+`none`, no momentum (the bank's SGD runs without it). A new format is a new branch here (and its
+word in options.BANK_MOMENTA): shard_arrays, decoded, HostRows and DeviceRows.
+
+Writes that round draw their noise from rounding_key(seed, num_update, stream): stream 0 the
+weights, stream 1 the momentum, per class, so a run repeats whatever the split of its rows.
+"""
+import mxnet as mx
+import numpy as np
+
+from . import momentum_codec
+from ..options import BANK_MOMENTA
+from .rounding import put_rows, round_rows, rounding_key, take_rows
+
+WEIGHT_STREAM, MOMENTUM_STREAM = 0, 1    # rounding noise streams
+
+
+def shard_arrays(embedding_size, dtype, momentum_storage):
+    """{name: (dtype, columns)} of the row arrays a shard of `dtype` weights stores, named as its
+    checkpoint files (checkpoint.layout.bank_shard_files): "weight"; then "momentum" like the
+    weights (same), or "momentum" int8 codes and "momentum_scale" float32 per 64 columns (int8),
+    or no momentum (none)."""
+    if momentum_storage not in BANK_MOMENTA:
+        raise ValueError(f"momentum storage must be one of {BANK_MOMENTA}, got {momentum_storage!r}")
+    arrays = {"weight": (np.dtype(dtype), embedding_size)}
+    if momentum_storage == "same":
+        arrays["momentum"] = (np.dtype(dtype), embedding_size)
+    elif momentum_storage == "int8":
+        arrays["momentum"] = (np.dtype(np.int8), embedding_size)
+        arrays["momentum_scale"] = (np.dtype(np.float32), momentum_codec.scale_columns(embedding_size))
+    return arrays
+
+
+def row_bytes(embedding_size, dtype, momentum_storage):
+    """Bytes of one class of a shard: its weights and its momentum as stored (at D 512: 4096 for
+    float32 + same, 2592 + int8, 2048 + none; float16: 2048, 1568, 1024)."""
+    arrays = shard_arrays(embedding_size, dtype, momentum_storage).values()
+    return sum(kind.itemsize * columns for kind, columns in arrays)
+
+
+def decoded(arrays, momentum_storage, shape):
+    """(weight, momentum) as float32 NumPy from a shard's row arrays ({name: NumPy rows}, as
+    shard_arrays names them): the momentum the optimizer sees, zeros of `shape` for none."""
+    weight = arrays["weight"]
+    if momentum_storage == "none":
+        return weight, np.zeros(shape, dtype=np.float32)
+    if momentum_storage == "int8":
+        return weight, momentum_codec.decode(arrays["momentum"], arrays["momentum_scale"])
+    return weight, arrays["momentum"]
+
+
+class HostRows:
+    """A CPU bank's rows for the host kernel: NumPy views of its blocks (`views`: {name: [block
+    views]}, the bank's row arrays), read into float32 buffers and written back as stored."""
+
+    def __init__(self, bank, views):
+        self.bank, self.views = bank, views
+        self.half = np.dtype(bank.dtype) == np.float16
+        self.storage = bank.momentum_storage
+        self.rounded = self.half or self.storage == "int8"    # writes add rounding noise
+
+    def whole(self):
+        """(weights, momentum) of the shard in place when they need no conversion (one float32
+        block, momentum as the weights): the host kernel's ratio-1 path. Else None."""
+        if len(self.views["weight"]) == 1 and not self.half and self.storage == "same":
+            return self.views["weight"][0], self.views["momentum"][0]
+        return None
+
+    def keys(self, num_update):
+        """The rounding keys of update `num_update` (weights, momentum); None when nothing rounds."""
+        return [rounding_key(self.bank.seed, num_update, stream) if self.rounded else None
+                for stream in (WEIGHT_STREAM, MOMENTUM_STREAM)]
+
+    def take_weights(self, index, out):
+        """out (float32) = weight rows `index` (sorted)."""
+        for block, positions, rows in self.bank.block_slices(index):
+            source = self.views["weight"][block]
+            if self.half:
+                take_rows(source, rows, out[positions])
+            else:
+                np.take(source, rows, axis=0, mode="clip", out=out[positions])
+        return out
+
+    def put_weights(self, index, values, key):
+        """Weight rows `index` (sorted) = float32 `values` (a float16 bank: rounded with `key`)."""
+        self._put(self.views["weight"], index, values, key)
+
+    def take_momentum(self, index, out):
+        """The float32 momentum of rows `index` (sorted) in `out`, or None without momentum."""
+        if self.storage == "none":
+            return None
+        for block, positions, rows in self.bank.block_slices(index):
+            codes = self.views["momentum"][block]
+            if self.storage == "int8":
+                momentum_codec.take_rows(codes, self.views["momentum_scale"][block], rows, out[positions])
+            elif self.half:
+                take_rows(codes, rows, out[positions])
+            else:
+                np.take(codes, rows, axis=0, mode="clip", out=out[positions])
+        return out
+
+    def put_momentum(self, index, values, key):
+        """Momentum rows `index` (sorted) = float32 `values`, as stored; nothing without momentum."""
+        if self.storage == "same":
+            self._put(self.views["momentum"], index, values, key)
+        elif self.storage == "int8":
+            for block, positions, rows in self.bank.block_slices(index):
+                momentum_codec.put_rows(self.views["momentum"][block], self.views["momentum_scale"][block], rows,
+                                        values[positions], self._classes(block, rows), key)
+
+    def _put(self, blocks, index, values, key):
+        for block, positions, rows in self.bank.block_slices(index):
+            if self.half:
+                put_rows(blocks[block], rows, values[positions], self._classes(block, rows), key)
+            else:
+                blocks[block][rows] = values[positions]
+
+    def _classes(self, block, rows):
+        return rows + (self.bank.class_start + self.bank.starts[block])
+
+
+class DeviceRows:
+    """A bank's rows for the device kernel, on the bank's context: float32 copies of the sampled
+    weight and momentum rows, written back as stored (float16: rounded on the host). The momentum
+    must be stored as the weights (int8 and none are the host kernel's)."""
+
+    def __init__(self, bank):
+        if bank.momentum_storage != "same":
+            raise ValueError(f"this shard's momentum is stored as bank_momentum={bank.momentum_storage}: "
+                             f"only the host kernel reads it")
+        self.bank = bank
+
+    def take(self, index):
+        """(weight rows, momentum rows) of `index` (sorted, NumPy) as float32 NDArrays."""
+        return tuple(rows.astype("float32", copy=False) for rows in self.bank.get(index))
+
+    def put(self, index, weight, momentum, num_update):
+        """Rows `index` = float32 `weight`, `momentum` (NDArrays); a float16 bank gets them
+        stochastically rounded with update `num_update`'s noise."""
+        if np.dtype(self.bank.dtype) == np.float16:
+            classes = np.asarray(index) + self.bank.class_start
+            weight, momentum = (
+                mx.nd.array(round_rows(rows.asnumpy(), classes, rounding_key(self.bank.seed, num_update, stream)),
+                            ctx=rows.context, dtype="float16")
+                for stream, rows in ((WEIGHT_STREAM, weight), (MOMENTUM_STREAM, momentum)))
+        self.bank.set(index, weight, momentum)
