@@ -78,13 +78,7 @@ class HostRows:
 
     def take_weights(self, index, out):
         """out (float32) = weight rows `index` (sorted)."""
-        for block, positions, rows in self.bank.block_slices(index):
-            source = self.views["weight"][block]
-            if self.half:
-                take_rows(source, rows, out[positions])
-            else:
-                np.take(source, rows, axis=0, mode="clip", out=out[positions])
-        return out
+        return self._take(self.views["weight"], index, out)
 
     def put_weights(self, index, values, key):
         """Weight rows `index` (sorted) = float32 `values` (a float16 bank: rounded with `key`)."""
@@ -94,14 +88,11 @@ class HostRows:
         """The float32 momentum of rows `index` (sorted) in `out`, or None without momentum."""
         if self.storage == "none":
             return None
-        for block, positions, rows in self.bank.block_slices(index):
-            codes = self.views["momentum"][block]
-            if self.storage == "int8":
-                momentum_codec.take_rows(codes, self.views["momentum_scale"][block], rows, out[positions])
-            elif self.half:
-                take_rows(codes, rows, out[positions])
-            else:
-                np.take(codes, rows, axis=0, mode="clip", out=out[positions])
+        if self.storage == "same":
+            return self._take(self.views["momentum"], index, out)
+        for block, positions, rows in self.bank.block_slices(index):      # int8 codes and scales
+            momentum_codec.take_rows(self.views["momentum"][block], self.views["momentum_scale"][block], rows,
+                                     out[positions])
         return out
 
     def put_momentum(self, index, values, key):
@@ -112,6 +103,15 @@ class HostRows:
             for block, positions, rows in self.bank.block_slices(index):
                 momentum_codec.put_rows(self.views["momentum"][block], self.views["momentum_scale"][block], rows,
                                         values[positions], self._classes(block, rows), key)
+
+    def _take(self, blocks, index, out):
+        """out (float32) = rows `index` (sorted) of row blocks stored as the weights are."""
+        for block, positions, rows in self.bank.block_slices(index):
+            if self.half:
+                take_rows(blocks[block], rows, out[positions])
+            else:
+                np.take(blocks[block], rows, axis=0, mode="clip", out=out[positions])
+        return out
 
     def _put(self, blocks, index, values, key):
         for block, positions, rows in self.bank.block_slices(index):
