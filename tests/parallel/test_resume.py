@@ -66,7 +66,8 @@ def test_changing_a_fixed_key_on_resume_is_refused(tiny_data, tmp_path):
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(tiny_data, tmp_path):
     """Test that with one byte flipped in rank 1's bank rows of the newest checkpoint (its
     checksum reached rank 0's COMPLETE from rank 1), resume says so in one warning, uses the
-    previous complete checkpoint, and finishes the run."""
+    previous complete checkpoint, and finishes the run; saving step 8 again moves the damaged
+    directory aside (its bytes kept, one line) instead of deleting it."""
     root = tmp_path / "run"
     assert run_train(root, tiny_data, "--set", "max_update=8", *CUSTOM).returncode == 0
     weight = bank_shard_files(str(root / "step-00000008"), 1)["weight"]
@@ -75,10 +76,14 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tiny_data, tmp_pat
     open(weight, "wb").write(data)
     result = resume_only("--resume", root, "--set", "max_update=10")
     assert result.returncode == 0, per_rank_tail(result.output)
-    warnings = [line for line in result.output.splitlines() if "is damaged" in line]
+    warnings = [line for line in result.output.splitlines() if "trying the previous complete checkpoint" in line]
     assert len(warnings) == 1 and "bank-rank1.weight.npy fails its xxh3_64 checksum" in warnings[0], result.output
     assert "at step 4" in result.output
     assert [s for s, _ in list_checkpoints(root)][-1] == 10
+    moved = [line for line in result.output.splitlines() if "moved it to" in line]
+    assert len(moved) == 1 and moved[0].endswith("step-00000008.damaged before saving this step"), result.output
+    kept = bank_shard_files(str(root / "step-00000008.damaged"), 1)["weight"]
+    assert open(kept, "rb").read() == bytes(data)
 
 
 def test_damaged_checkpoint_named_directly_is_one_line(tiny_data, tmp_path):
