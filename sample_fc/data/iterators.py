@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import UsageError
 from .augment import Augmentation, augment_image
 from .images import decode_rgb
-from .recordio import label_to_int, open_record, read_property, read_record
+from .recordio import RecordFrames, label_to_int, open_record, read_property, read_record
 
 DTYPES = ("float32", "float16")
 
@@ -133,6 +133,7 @@ class FaceRecordIter(_EpochIter):
         self.shuffle, self.rand_mirror, self.prefetch = bool(shuffle), bool(rand_mirror), int(prefetch)
         self.path = path_imgrec
         self._reader, self._keys, self.identity_range = open_record(path_imgrec, path_imgidx)
+        self._frames = RecordFrames(path_imgrec)    # each record's framing checked before MXNet reads it
         folder = os.path.dirname(os.path.abspath(path_imgrec))
         prop = read_property(folder)
         if num_classes is not None and prop is not None and num_classes != prop[0]:
@@ -186,7 +187,7 @@ class FaceRecordIter(_EpochIter):
         for j, key in enumerate(keys):
             try:
                 with self._lock:
-                    header, encoded = read_record(self._reader, self.path, int(key))
+                    header, encoded = read_record(self._reader, self._frames, int(key))
             except UsageError as err:
                 raise DataError(f"{self.path}: {err}") from None
             try:
@@ -219,6 +220,7 @@ class FaceRecordIter(_EpochIter):
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
         self._reader.close()
+        self._frames.close()
 
 
 class SyntheticIter(_EpochIter):

@@ -81,20 +81,45 @@ def check_index(path):
         keys.add(key)
 
 
-def read_record(reader, rec_path, key):
-    """(IRHeader, payload bytes) of record `key` of an open MXIndexedRecordIO of `rec_path`. Its framing is
-    checked first (the magic and a length that ends within the file), so that a damaged record
-    is a UsageError naming the key instead of MXNet reading or allocating what the bytes say."""
+class RecordFrames:
+    """A .rec held open to check a record's framing (its magic, and a length that ends within the
+    file) before MXNet reads the record: one handle and the file's size for every record read, not
+    an open per record. A context manager; close() when done."""
+
+    def __init__(self, rec_path):
+        self.path = rec_path
+        self._handle = open(rec_path, "rb")
+        self.size = os.fstat(self._handle.fileno()).st_size
+
+    def problem(self, offset):
+        """Why no sound record starts at `offset` (one line), or None."""
+        self._handle.seek(offset)
+        frame = self._handle.read(8)
+        magic, length_word = struct.unpack("<II", frame) if len(frame) == 8 else (None, 0)
+        length = length_word & ((1 << LENGTH_BITS) - 1)
+        if magic != RECORD_MAGIC or offset + 8 + length > self.size:
+            return (f"no RecordIO record starts there, or its length {length} runs past the end of the "
+                    f"{self.size}-byte file")
+        return None
+
+    def close(self):
+        self._handle.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *error):
+        self.close()
+
+
+def read_record(reader, frames, key):
+    """(IRHeader, payload bytes) of record `key` of an open MXIndexedRecordIO whose .rec `frames`
+    (RecordFrames) holds open. Its framing is checked first, so that a damaged record is a
+    UsageError naming the key instead of MXNet reading or allocating what the bytes say."""
     offset = reader.idx[key]
-    with open(rec_path, "rb") as rec:
-        rec.seek(offset)
-        frame = rec.read(8)
-        size = os.fstat(rec.fileno()).st_size
-    magic, length_word = struct.unpack("<II", frame) if len(frame) == 8 else (None, 0)
-    length = length_word & ((1 << LENGTH_BITS) - 1)
-    if magic != RECORD_MAGIC or offset + 8 + length > size:
-        raise UsageError(f"record key {key} at offset {offset} is damaged (no RecordIO record starts there, or its "
-                         f"length {length} runs past the end of the {size}-byte file)")
+    problem = frames.problem(offset)
+    if problem:
+        raise UsageError(f"record key {key} at offset {offset} is damaged ({problem})")
     try:
         record = reader.read_idx(key)
         header, payload = mx.recordio.unpack(record)
@@ -130,7 +155,8 @@ def open_record(path_imgrec, path_imgidx=None):
     if keys[0] != 0:
         return reader, keys, None
     try:
-        header, _ = read_record(reader, path_imgrec, 0)
+        with RecordFrames(path_imgrec) as frames:
+            header, _ = read_record(reader, frames, 0)
     except UsageError as err:
         raise UsageError(f"{path_imgrec}: {err}") from None
     if header.flag == 0:
