@@ -303,10 +303,15 @@ def save_config(cfg, path):
     write_json(path, cfg)
 
 
+def json_text(payload):
+    """The project's JSON file text of `payload`: sorted keys, indent 2, a final newline."""
+    return json.dumps(payload, sort_keys=True, indent=2) + '\n'
+
+
 def write_json(path, payload):
     """Write payload as JSON (sorted keys, indent 2) to path atomically: a temporary file in
     the same directory, synced, then os.replace. The directory must exist."""
-    text = json.dumps(payload, sort_keys=True, indent=2) + '\n'  # fails before touching disk
+    text = json_text(payload)                   # fails before touching disk
     path = os.fspath(path)
     directory, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")

@@ -6,13 +6,14 @@ xxh3_64 (the xxhash package) hashes ~26-31 GB/s on one core of this machine, zli
 crc32c ~14-16: a 4 GB bank shard costs ~0.15 s more to save. It detects damage (a flipped byte,
 a torn write); it is no defence against someone who changes a file on purpose.
 
-An entry is {"bytes": n, "xxh3_64": "<16 hex digits>"}. This module imports nothing of sample_fc
-(bank_shard.py, which checkpoint/ imports, uses it too).
+An entry is {"bytes": n, "xxh3_64": "<16 hex digits>"}. This module imports only the light
+sample_fc.config (its JSON text) of sample_fc.
 """
-import json
 import os
 
 import xxhash
+
+from ..config import json_text
 
 ALGORITHM = "xxh3_64"
 CHUNK_BYTES = 16 << 20          # hashed, then written (or read back), this much at a time
@@ -68,10 +69,10 @@ def write_bytes(path, data):
 
 
 def write_json(path, payload):
-    """Write `payload` as JSON (sorted keys, indent 2, as config.write_json) to the new file `path`
+    """Write `payload` as JSON (config.json_text, as config.write_json) to the new file `path`
     inside a checkpoint being written (no temporary file: the directory itself is renamed when
     complete); its entry, from the bytes written."""
-    return write_bytes(path, (json.dumps(payload, sort_keys=True, indent=2) + "\n").encode("utf-8"))
+    return write_bytes(path, json_text(payload).encode("utf-8"))
 
 
 def sum_of_file(path):

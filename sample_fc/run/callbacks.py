@@ -5,7 +5,6 @@ progress.jsonl and status.json: events.jsonl (append_event) and the latest verif
 pairs (save_verification_pairs), which python -m sample_fc.tools.report reads.
 """
 import datetime
-import json
 import os
 import time
 
@@ -15,9 +14,7 @@ import numpy as np
 from .. import dist
 from ..config import write_json
 from ..verification import pair_distances, score
-
-EVENTS_FILE = "events.jsonl"      # <root>/events.jsonl: one JSON line per event of the run (rank 0)
-VERIFICATION_DIR = "verification"  # <root>/verification/<target>.npz: the latest verification's pairs
+from .run_root import EVENTS_FILE, VERIFICATION_DIR, append_record
 
 
 class ProgressLogger:
@@ -167,9 +164,8 @@ def append_event(models_root, kind, step, **fields):
     The events a report marks on the step axis: start (with the run's facts; a start at step > 0
     is a resume or a restart), checkpoint, verification, skipped (a non-finite step), not_learning,
     stop, end."""
-    record = dict(fields, event=kind, step=int(step), time=round(time.time(), 3))
-    with open(os.path.join(models_root, EVENTS_FILE), "a") as handle:
-        handle.write(json.dumps(record, sort_keys=True) + "\n")
+    append_record(os.path.join(models_root, EVENTS_FILE),
+                  dict(fields, event=kind, step=int(step), time=round(time.time(), 3)))
 
 
 def save_verification_pairs(models_root, name, step, distances, issame):

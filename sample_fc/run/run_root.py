@@ -30,6 +30,8 @@ from ..errors import UsageError
 
 STATUS_FILE = "status.json"
 PROGRESS_FILE = "progress.jsonl"
+EVENTS_FILE = "events.jsonl"          # one JSON line per event of the run (rank 0: callbacks.append_event)
+VERIFICATION_DIR = "verification"     # <target>.npz: the latest verification's pairs (callbacks)
 STATES = ("running", "failed", "stopped", "done")
 # What a restart supervisor (restart.py) tells the job it starts, through the environment:
 AUTO_RESUME_ENV = "SAMPLE_FC_AUTO_RESUME"   # "1": continue the root's run from its newest checkpoint
@@ -153,10 +155,15 @@ def write_status(models_root, **fields):
     return status
 
 
-def append_progress(models_root, record):
-    """Append one progress record (a JSON-able dict) as a line of progress.jsonl."""
-    with open(progress_path(models_root), "a") as handle:
+def append_record(path, record):
+    """Append one record (a JSON-able dict) as a line of the jsonl file `path`."""
+    with open(path, "a") as handle:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def append_progress(models_root, record):
+    """Append one progress record as a line of progress.jsonl."""
+    append_record(progress_path(models_root), record)
 
 
 def read_progress(models_root):

@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from ..run.run_root import PROGRESS_FILE, STATUS_FILE
+from ..run.run_root import EVENTS_FILE, PROGRESS_FILE, STATUS_FILE, VERIFICATION_DIR
 from . import cli, plots
 from .report_page import html_page
 
-EVENTS_FILE, VERIFICATION_DIR = "events.jsonl", "verification"   # callbacks.append_event, save_verification_pairs
 QUANTITIES = [("loss", "loss", "loss"), ("lr", "learning rate", "lr"),
               ("grad_norm", "backbone gradient norm (before clipping)", "gradient norm"),
               ("clipped_share", "share of steps whose gradient was clipped", "share clipped"),
