@@ -1,0 +1,126 @@
+"""arcface_torch's own modules, imported at run time from a directory the user gives, run on CPU.
+
+Nothing of theirs is stored here: `load(directory)` imports backbones/, partial_fc_v2.py,
+losses.py and lr_scheduler.py from a checkout of insightface recognition/arcface_torch. Their
+training step needs two things a CPU process lacks, and gets them here:
+- PartialFC_V2 asserts an initialised process group and moves buffers with `.cuda()` every
+  step: a one-process Gloo group is started, and Tensor.cuda returns the tensor itself (in
+  this process only; sample_fc's yardstick never calls it).
+- lr_scheduler.py's PolynomialLRWarmup passes `verbose` to a base that no longer takes it
+  (torch 2.13 here): its base is initialised without it (polynomial_warmup).
+- Their networks are fixed to 112 px (mbf's GDC kernel 7x7, IResNet's fc over 7x7 maps): for
+  another size the GDC's conv is replaced by one whose kernel covers the final map, and
+  IResNet.fc_scale is set to that map's area while the network is built (networks.final_side).
+"""
+import importlib.util
+import os
+import sys
+import tempfile
+import types
+import warnings
+
+import torch
+from torch import nn
+
+from .networks import EMBEDDING_SIZE, SEP_CHANNELS, final_side
+from .training import CLIP_NORM, MOMENTUM
+
+FILES = ("backbones/__init__.py", "partial_fc_v2.py", "losses.py", "lr_scheduler.py")
+
+
+def _import(name, path, package_dir=None):
+    locations = [package_dir] if package_dir else None
+    spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=locations)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _start_one_process_group():
+    if not torch.distributed.is_initialized():
+        store = os.path.join(tempfile.mkdtemp(prefix="yardstick_gloo_"), "store")
+        torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+
+
+def load(directory):
+    """Their modules as attributes backbones, partial_fc_v2, losses, lr_scheduler."""
+    missing = [f for f in FILES if not os.path.isfile(os.path.join(directory, f))]
+    if missing:
+        raise FileNotFoundError(f"{directory} is not arcface_torch: no {', '.join(missing)}")
+    warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.autocast.*", category=FutureWarning)
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    _start_one_process_group()
+    backbones_dir = os.path.join(directory, "backbones")
+    return types.SimpleNamespace(
+        backbones=_import("arcface_torch_backbones", os.path.join(backbones_dir, "__init__.py"), backbones_dir),
+        partial_fc_v2=_import("arcface_torch_partial_fc_v2", os.path.join(directory, "partial_fc_v2.py")),
+        losses=_import("arcface_torch_losses", os.path.join(directory, "losses.py")),
+        lr_scheduler=_import("arcface_torch_lr_scheduler", os.path.join(directory, "lr_scheduler.py")))
+
+
+def build_network(modules, name, image_size):
+    """get_model(name, dropout=0.0, fp16=False, num_features=512), fitted to `image_size`."""
+    side = final_side(image_size)
+    iresnet_class = modules.backbones.iresnet.IResNet
+    fixed_area = iresnet_class.fc_scale
+    iresnet_class.fc_scale = side * side
+    try:
+        model = modules.backbones.get_model(name, dropout=0.0, fp16=False, num_features=EMBEDDING_SIZE)
+    finally:
+        iresnet_class.fc_scale = fixed_area
+    if name == "mbf" and side != 7:
+        gdc_block = model.features.layers[0].layers
+        conv = nn.Conv2d(SEP_CHANNELS, SEP_CHANNELS, side, groups=SEP_CHANNELS, bias=False)
+        nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+        gdc_block[0] = conv
+    return model
+
+
+def copy_state_in_order(source, target):
+    """Load `source`'s state dict into `target`, entry i to entry i; the (theirs, ours) name pairs."""
+    theirs, ours = list(source.state_dict().items()), list(target.state_dict().items())
+    if len(theirs) != len(ours):
+        raise ValueError(f"state dicts differ in length: {len(theirs)} entries vs {len(ours)}")
+    mapped, pairs = {}, []
+    for (their_name, value), (our_name, slot) in zip(theirs, ours):
+        if value.shape != slot.shape:
+            raise ValueError(f"{their_name} {tuple(value.shape)} does not fit {our_name} {tuple(slot.shape)}")
+        mapped[our_name] = value.clone()
+        pairs.append((their_name, our_name))
+    target.load_state_dict(mapped)
+    return pairs
+
+
+def polynomial_warmup(modules, optimizer, warmup_steps, total_steps):
+    """Their PolynomialLRWarmup (its get_lr each step). Its __init__ passes `verbose`, which
+    torch >= 2.7's LRScheduler no longer takes: the base is initialised here without it."""
+    scheduler_class = modules.lr_scheduler.PolynomialLRWarmup
+    scheduler = scheduler_class.__new__(scheduler_class)
+    torch.optim.lr_scheduler.LRScheduler.__init__(scheduler, optimizer)
+    scheduler.total_iters, scheduler.power, scheduler.warmup_iters = total_steps, 1.0, warmup_steps
+    return scheduler
+
+
+class UpstreamTrainer:
+    """train_v2.py's loop body (fp16 off, gradient_acc 1) with their PartialFC_V2, margin and schedule."""
+
+    def __init__(self, modules, backbone, num_classes, sample_rate, margin, lr, weight_decay,
+                 total_steps=10 ** 9):
+        m1, m2, m3 = margin.m1, margin.m2, margin.m3
+        loss = modules.losses.CombinedMarginLoss(margin.scale, m1, m2, m3, margin.filter_threshold)
+        self.backbone = backbone.train()
+        self.head = modules.partial_fc_v2.PartialFC_V2(loss, EMBEDDING_SIZE, num_classes, sample_rate, False).train()
+        self.optimizer = torch.optim.SGD(
+            params=[{"params": backbone.parameters()}, {"params": self.head.parameters()}],
+            lr=lr, momentum=MOMENTUM, weight_decay=weight_decay)
+        self.scheduler = polynomial_warmup(modules, self.optimizer, 0, total_steps)
+
+    def step(self, images, labels):
+        loss = self.head(self.backbone(images), labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.backbone.parameters(), CLIP_NORM)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.scheduler.step()
+        return loss.detach()
