@@ -29,9 +29,8 @@ from .ranks import launched
 
 _started = False          # init() ran in this process
 # Horovod's background thread negotiates with the other ranks every cycle, busy or idle: at its
-# default 1 ms that took ~20% of a core per worker on this 2-core machine, away from the
-# compute; 5 ms (Horovod's own default before 0.21) costs at most 5 ms per collective and made a
-# 2-worker mbf step 12% faster (503 -> 442 ms; BENCHMARKS.md "Where a CPU step's time goes")
+# default 1 ms it takes a share of a core per worker away from the compute; 5 ms (Horovod's own
+# default before 0.21) costs at most 5 ms per collective (measured: docs/benchmarks-history.md)
 CPU_CYCLE_TIME_MS = 5
 
 
@@ -155,8 +154,7 @@ def reducescatter_sum(array, name):
 
     Done as an allreduce and a slice, not Horovod's reducescatter: on Gloo (Horovod 0.28.1's
     ReduceScatterHalvingDoubling) one reducescatter leaves every later allreduce in the
-    process ~10x slower (measured: the backbone's 7.4 MB gradient sum 14 ms before, 140-250
-    ms after; BENCHMARKS.md "Where a CPU step's time goes"). The array is the global batch's
+    process ~10x slower (docs/benchmarks-history.md). The array is the global batch's
     embedding gradients (B x D, 0.26 MB at B=128, D=512): twice a reducescatter's traffic
     costs nothing next to the backbone's gradients.
     """

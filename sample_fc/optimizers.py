@@ -13,7 +13,7 @@
 Momentum forms (MOMENTUM_FORMS), the same while the lr is constant:
 - "mxnet" (mx.optimizer.SGD): mom = m mom - lr g; w += mom. The momentum holds lr-scaled
   steps, so after an lr drop it goes on at the old lr for ~1/(1-m) steps while the gradient
-  pulls back at the new one: the loss overshoots (measured: +1.4 on the demo at a x0.1 drop).
+  pulls back at the new one: the loss overshoots after the drop.
 - "pytorch" (torch.optim.SGD, arcface_torch): buf = m buf + g; w -= lr buf. The backbone keeps
   MXNet's fused update and rescales its momentum by lr(n) / lr(n-1) whenever the lr changes
   (Goyal et al. 2017, "momentum correction"), which is exactly this form; the bank, whose

@@ -43,8 +43,7 @@ def share_cores():
     """Unless the environment sets them: OpenMP threads = this worker's share of the node's
     cores (cores // local workers, at least 1), and one MXNet engine worker thread (its ops
     then use those OpenMP threads one at a time). Without this every worker of `horovodrun
-    -np 2` on 2 cores starts 2 of each; measured on mbf in one process, 2 engine threads x 2
-    OpenMP threads made a step 1.5x slower than 1 x 2 (BENCHMARKS.md "Where a CPU step's time
-    goes"). Must run before mxnet is imported."""
+    -np 2` on 2 cores starts 2 of each, and several engine threads running ops that each use
+    every OpenMP thread slow a step (docs/benchmarks-history.md). Must run before mxnet is imported."""
     os.environ.setdefault("OMP_NUM_THREADS", str(cores_per_worker(launcher_local_size())))
     os.environ.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")

@@ -2,9 +2,9 @@
 as they are written, recorded in COMPLETE and compared on every read of the checkpoint
 (layout.verify_files).
 
-xxh3_64 (the xxhash package) hashes ~26-31 GB/s on one core of this machine, zlib.crc32 ~4 and
-crc32c ~14-16: a 4 GB bank shard costs ~0.15 s more to save. It detects damage (a flipped byte,
-a torn write); it is no defence against someone who changes a file on purpose.
+xxh3_64 (the xxhash package): several times faster than zlib.crc32 or crc32c, so a bank shard's
+sum costs little next to writing it (docs/benchmarks-history.md). It detects damage (a flipped
+byte, a torn write); it is no defence against someone who changes a file on purpose.
 
 An entry is {"bytes": n, "xxh3_64": "<16 hex digits>"}. This module imports only the light
 sample_fc.config (its JSON text) of sample_fc.

@@ -26,7 +26,7 @@ from threadpoolctl import ThreadpoolController
 from .head import NORM_EPS, Head, no_stage
 from ..ranks import cores_per_worker
 
-BLOCK_ROWS = 512         # rows per update block (measured at 1M classes, ratio 0.1: 512 best of 256-16384)
+BLOCK_ROWS = 512         # rows per update block: the fastest size measured (docs/benchmarks-history.md)
 
 
 def omp_threads():
@@ -151,7 +151,7 @@ class HostHead(Head):
         G^T (a x_hat) + w a (wd - r), wd per row with the weight-decay correction: one GEMM and
         one pass per block; its `apply` does the rest.
         Blocks hold distinct rows: `threads` threads take every threads-th block, each with
-        one BLAS thread (the blocks are memory-bound; measured 219 -> 166 ms at K = 100k on 2 cores).
+        one BLAS thread (the blocks are memory-bound; measured: docs/benchmarks-history.md).
         """
         index, whole_shard, rows, grad, x_hat, row_radial, decay = self.pending
         opt = self.optimizer

@@ -30,7 +30,7 @@ from ..errors import UsageError
 from ..pfc.partial_fc import PartialFC
 
 GB = 1e9
-RUNTIME_BYTES = int(0.6 * GB)       # one worker's MXNet + Horovod + Python, measured here ~0.4 GB
+RUNTIME_BYTES = int(0.6 * GB)       # one worker's MXNet + Horovod + Python, with room above what was measured
 
 
 @dataclass

@@ -19,7 +19,7 @@ from .stop import STOP_EXIT_BASE, signal_name
 from ..module import StepRequests
 from ..verification import Embedder, evaluate, raw_pixel_embed, to_nchw
 
-CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed (measured here: 4.1 GB in 6.5 s, 1M classes)
+CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed (a measured one: docs/benchmarks-history.md)
 
 
 def tensorboard_writer(cfg, rank, models_root, logger=None):
