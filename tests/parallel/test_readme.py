@@ -1,10 +1,16 @@
-"""Test that README.md's commands work as written, so the docs cannot drift from the code.
+"""Test that the commands of README.md and the guides in docs/ work as written, so the docs
+cannot drift from the code.
 
-Every command in a ```bash block of README.md is listed here: either RUN (run in a fresh
-working directory, with a few extra arguments that only shorten training) or NOT_RUN (with
-the reason). A README command in neither list fails the first test."""
+Every command in a ```bash block of README.md or docs/*.md is listed here: either RUN (run in
+a fresh working directory, with a few extra arguments that only shorten training; a command
+that stands in several pages runs once) or NOT_RUN (with the reason). A command in neither list
+fails the first test; commands kept only as a record belong in ```text blocks. Also: every
+guide is linked from README.md, every relative link points to a file, and the cluster examples
+in docs/examples/ are valid and name real train.py options."""
 import os
 import re
+import shlex
+import subprocess
 import sys
 
 import pytest
@@ -57,23 +63,34 @@ NOT_RUN = {
 }
 
 
-def readme_commands():
-    """The commands of README.md's ```bash blocks: continuation lines joined, comments and
-    repeated spaces dropped."""
-    text = (REPO / "README.md").read_text()
+EXAMPLES = REPO / "docs" / "examples"
+
+
+def doc_pages():
+    """README.md, then the guides in docs/ by name."""
+    return [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+
+
+def doc_commands():
+    """The commands of the ```bash blocks of README.md and docs/*.md, in that order:
+    continuation lines joined, comments and repeated spaces dropped."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = " ".join(line.split("#", 1)[0].split())
-            if line:
-                commands.append(line)
+    for page in doc_pages():
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = " ".join(line.split("#", 1)[0].split())
+                if line:
+                    commands.append(line)
     return commands
 
 
-def test_every_readme_command_is_run_or_has_a_reason():
-    """Test that the README's commands and this test's lists are the same set."""
-    commands = readme_commands()
-    assert sorted(set(commands)) == sorted(set(RUN) | set(NOT_RUN))
+def test_every_doc_command_is_run_or_has_a_reason():
+    """Test that the commands of README.md and docs/*.md and this test's lists are the same set."""
+    commands = set(doc_commands())
+    listed = set(RUN) | set(NOT_RUN)
+    assert not commands - listed, f"in the docs, in neither list: {sorted(commands - listed)}"
+    assert not listed - commands, f"listed, in no doc: {sorted(listed - commands)}"
+    assert not set(RUN) & set(NOT_RUN)
 
 
 def _workspace(folder):
@@ -99,13 +116,16 @@ def _workspace(folder):
 
 
 def test_readme_commands_run_as_written(tmp_path):
-    """Test that each RUN command, typed in a fresh working directory in README order,
-    exits 0 (training ones shortened to 4 steps), and that they leave what README says."""
+    """Test that each RUN command, typed in a fresh working directory in the docs' order
+    (README.md first), exits 0 (training ones shortened to 4 steps), and that they leave what
+    the docs say."""
     _workspace(tmp_path)
     env = single_thread_env({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-    for command in readme_commands():
-        if command not in RUN:
+    done = set()
+    for command in doc_commands():
+        if command not in RUN or command in done:
             continue
+        done.add(command)
         if command.startswith("mpirun") and not mpi_available():
             continue
         argv = re.sub(r"\[[^\]]*\]", "", command).split() + RUN[command]   # [optional] parts left out
@@ -117,30 +137,127 @@ def test_readme_commands_run_as_written(tmp_path):
         assert (tmp_path / made).is_file(), made
 
 
-@pytest.mark.parametrize("command", sorted(NOT_RUN))
-def test_not_run_commands_parse(command):
-    """Test that the README's commands this machine cannot run at least name real options:
-    train.py's part parses (or the tool's --help works)."""
-    if "train.py" not in command and "horovodrun.sh" not in command:
-        pytest.skip("not a training command")
-    words = command.split()
-    start = words.index("train.py") + 1 if "train.py" in words else 1
-    train_args = [w for w in words[start:]]
-    if "horovodrun.sh" in command:     # its own options go to horovodrun
-        skip = {"-np", "-H"}
-        kept, drop = [], False
-        for word in train_args:
-            if drop:
-                drop = False
-                continue
-            if word in skip:
-                drop = True
-                continue
-            if word in ("--gloo", "--mpi", "--gpu"):
-                continue
+def train_args(words):
+    """The words of a command line that train.py gets: those after `train.py`, or after
+    `horovodrun.sh` without horovodrun's own options (-np N, -H HOSTS, --gloo, --mpi, --gpu)."""
+    if "train.py" in words:
+        return words[words.index("train.py") + 1:]
+    kept, drop = [], False
+    start = next(i for i, word in enumerate(words) if word.endswith("horovodrun.sh")) + 1
+    for word in words[start:]:
+        if drop:
+            drop = False
+        elif word in ("-np", "-H"):
+            drop = True
+        elif word not in ("--gloo", "--mpi", "--gpu"):
             kept.append(word)
-        train_args = kept
+    return kept
+
+
+def parses_as_training(words):
+    """Parse train.py's part of a command line with train.py's own parser and build its config
+    (argparse exits on an unknown option, which fails the calling test)."""
     sys.path.insert(0, str(REPO))
     import train
-    args = train.make_parser().parse_args(train_args)
+    args = train.make_parser().parse_args(train_args(words))
     assert train.default.get_config(args.dataset, args.network, args.loss)
+    return args
+
+
+@pytest.mark.parametrize("command", sorted(NOT_RUN))
+def test_not_run_commands_parse(command):
+    """Test that the docs' commands this machine cannot run at least name real options:
+    train.py's part parses."""
+    if "train.py" not in command and "horovodrun.sh" not in command:
+        pytest.skip("not a training command")
+    parses_as_training(command.split())
+
+
+def test_every_guide_is_linked_from_the_readme():
+    """Test that README.md links every page of docs/, so a newcomer finds each guide."""
+    readme = (REPO / "README.md").read_text()
+    pages = sorted((REPO / "docs").glob("*.md"))
+    assert pages
+    unlinked = [p.name for p in pages if not re.search(rf"\]\(docs/{re.escape(p.name)}(#[^)]*)?\)", readme)]
+    assert not unlinked, f"docs pages README.md does not link: {unlinked}"
+
+
+def relative_links(page):
+    """The targets of the relative Markdown links `](path)` and `](path#anchor)` of a page,
+    without the anchor (links to web pages and to an anchor of the page itself left out)."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+    return [t.split("#", 1)[0] for t in targets if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+def test_relative_links_point_to_existing_files():
+    """Test that every relative link of README.md, BENCHMARKS.md and docs/*.md names a file or
+    folder that exists, relative to the page."""
+    broken = []
+    for page in doc_pages() + [REPO / "BENCHMARKS.md"]:
+        links = relative_links(page)
+        broken += [f"{page.relative_to(REPO)}: {t}" for t in links if not (page.parent / t).exists()]
+    assert not broken, broken
+    assert "docs/report-loss.png" in relative_links(REPO / "README.md")   # the figure stays shown
+
+
+def script_line(text, program, resumed):
+    """The words of the shell line of `text` that runs `program` (continuation lines joined),
+    with the script's variables expanded from its assignments: NAME=value, and NAME=$(... echo
+    "TEXT") as TEXT when `resumed` (the examples' RESUME: a checkpoint exists), else empty."""
+    lines = text.replace("\\\n", " ").splitlines()
+    values = {}
+    for line in lines:
+        assignment = re.match(r"\s*([A-Z_][A-Z0-9_]*)=(.*)$", line)
+        if assignment:
+            echoed = re.search(r'echo "([^"]*)"', assignment[2])
+            values[assignment[1]] = (echoed[1] if resumed else "") if echoed else assignment[2].strip()
+    runs = [line for line in lines if program in shlex.split(line, comments=True)]
+    assert len(runs) == 1, f"{program} should run on one line: {runs}"
+    line = runs[0]
+    for _ in range(5):
+        line = re.sub(r"\$\{?([A-Z_][A-Z0-9_]*)\}?", lambda m: values[m[1]], line)
+    assert "$" not in line, line
+    return [w for w in shlex.split(line, comments=True) if w != "&"]
+
+
+def test_the_slurm_script_is_bash_that_stops_requeues_and_trains_with_real_options():
+    """Test that docs/examples/slurm.sbatch passes `bash -n`, asks SLURM for SIGTERM before the
+    limit and a requeue, passes the signal on and requeues after a stop (exit 143), and that
+    the training command parses with train.py's parser, fresh and resumed."""
+    path = EXAMPLES / "slurm.sbatch"
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    text = path.read_text()
+    for needed in ("#SBATCH --signal=B:TERM@", "#SBATCH --requeue", "trap 'kill -TERM $PID' TERM",
+                   "[[ $CODE == 143 ]] && scontrol requeue $SLURM_JOB_ID"):
+        assert needed in text, needed
+    fresh = parses_as_training(script_line(text, "./horovodrun.sh", resumed=False))
+    resumed = parses_as_training(script_line(text, "./horovodrun.sh", resumed=True))
+    assert fresh.resume is None and resumed.resume == fresh.models_root
+
+
+def test_the_mpijob_is_a_kubeflow_mpijob_that_trains_with_real_options():
+    """Test that docs/examples/mpijob.yaml loads as a kubeflow.org/v2beta1 MPIJob with a
+    launcher and workers, that its launcher's train.py arguments parse, fresh and resumed, and
+    that the pods' grace period exceeds the run's stop_grace_s."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed in this environment")
+    job = yaml.safe_load((EXAMPLES / "mpijob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
+    specs = job["spec"]["mpiReplicaSpecs"]
+    assert set(specs) == {"Launcher", "Worker"} and job["spec"]["slotsPerWorker"] >= 1
+    launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
+    script = "\n".join(launcher["command"][2:] + launcher["args"])
+    fresh = parses_as_training(script_line(script, "train.py", resumed=False))
+    resumed = parses_as_training(script_line(script, "train.py", resumed=True))
+    assert fresh.resume is None and resumed.resume == fresh.models_root
+    import train
+    overrides = dict(s.split("=", 1) for s in fresh.overrides)
+    grace = float(overrides.get("stop_grace_s", train.default.get_config(fresh.dataset, fresh.network, fresh.loss)["stop_grace_s"]))
+    for role in ("Launcher", "Worker"):
+        assert specs[role]["template"]["spec"]["terminationGracePeriodSeconds"] > grace, role
+
+
+@pytest.mark.parametrize("name", ["slurm.sbatch", "mpijob.yaml"])
+def test_the_clusters_guide_quotes_each_example_as_it_is(name):
+    """Test that docs/clusters.md shows each file of docs/examples/ word for word."""
+    assert (EXAMPLES / name).read_text() in (REPO / "docs" / "clusters.md").read_text()
