@@ -1,0 +1,257 @@
+"""The arcface_torch yardstick (sample_fc/bench/yardstick/): its loss, sampling, SGD, network
+sizes and .rec data path, each checked against a reference computed here (NumPy, hand
+formulas, arcface_torch's own parameter counts). torch cannot be imported after horovod.mxnet,
+which this test process has imported: the torch side runs once in a process of its own (this
+file run as a script) and saves what it computed; the tests compare. No network, no
+arcface_torch checkout needed."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# arcface_torch's own numbers (get_model(name, dropout=0, fp16=False, num_features=512) at 112 px):
+# sum of parameter sizes, and state dict entries
+ARCFACE_TORCH_SIZES = {"mbf": (2059520, 333), "r18": (24025600, 187), "r50": (43590848, 475)}
+SAMPLING_CASES = ((100, 0.3), (100, 0.29), (1000, 0.1), (20, 0.1))    # (classes, sample_rate)
+
+
+# ---- the torch side, run as `python tests/test_yardstick.py OUT_DIR` ----------------------
+
+def _write_rec(folder, images, labels):
+    """A .rec as insightface packs one: header record 0 (flag 2), PNG images 1..N, identity records."""
+    import io
+
+    import mxnet as mx
+    from PIL import Image
+    record = mx.recordio.MXIndexedRecordIO(str(folder / "train.idx"), str(folder / "train.rec"), "w")
+    count = len(images)
+    record.write_idx(0, mx.recordio.pack(mx.recordio.IRHeader(2, [count + 1, count + 2], 0, 0), b""))
+    for key, (pixels, label) in enumerate(zip(images, labels), start=1):
+        png = io.BytesIO()
+        Image.fromarray(pixels).save(png, format="PNG")
+        record.write_idx(key, mx.recordio.pack(mx.recordio.IRHeader(0, float(label), key, 0), png.getvalue()))
+    record.write_idx(count + 1, mx.recordio.pack(mx.recordio.IRHeader(2, [1, count + 1], 0, 0), b""))
+    record.close()
+
+
+def _losses(out):
+    import torch
+    from sample_fc.bench.yardstick import CombinedMargin, PartialFC
+    torch.manual_seed(0)
+    embeddings, labels = torch.randn(8, 16), torch.tensor([0, 3, 3, 9, 1, 7, 2, 3])
+    result = {"embeddings": embeddings.numpy(), "labels": labels.numpy()}
+    for name, margins in (("cosface", (1.0, 0.0, 0.25)), ("arcface", (1.0, 0.5, 0.0))):
+        head = PartialFC(CombinedMargin(64.0, *margins), 16, 10, sample_rate=1.0)
+        inputs = embeddings.clone().requires_grad_(True)
+        loss = head(inputs, labels)
+        loss.backward()
+        result.update({f"{name}/centers": head.weight.detach().numpy(), f"{name}/loss": loss.detach().numpy(),
+                       f"{name}/center_grad": head.weight.grad.numpy()})
+    np.savez(out / "losses.npz", **result)
+
+
+def _sampling(out):
+    import torch
+    from sample_fc.bench.yardstick import CombinedMargin, PartialFC, sample_centers
+    torch.manual_seed(1)
+    cases = []
+    for classes, rate in SAMPLING_CASES:
+        labels = torch.randint(0, classes, (64,))
+        head = PartialFC(CombinedMargin(), 8, classes, rate)
+        kept, positions = sample_centers(labels, classes, head.num_sample)
+        cases.append({"classes": classes, "rate": rate, "num_sample": head.num_sample,
+                      "labels": labels.tolist(), "kept": kept.tolist(), "positions": positions.tolist()})
+    (out / "sampling.json").write_text(json.dumps(cases))
+
+
+def _one_sgd_step(out):
+    """A tiny backbone (Linear with bias, BatchNorm1d with its scale frozen) through one Trainer step."""
+    import copy
+
+    import torch
+    from torch import nn
+    from sample_fc.bench.yardstick import CombinedMargin, PartialFC, Trainer, scheduled_lr
+    torch.manual_seed(2)
+    backbone = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4))
+    backbone[1].weight.requires_grad_(False)
+    with torch.no_grad():
+        backbone[1].bias.uniform_(-1, 1)
+    head = PartialFC(CombinedMargin(64.0, 1.0, 0.0, 0.25), 4, 5)
+    images, labels = torch.randn(10, 6) * 30, torch.randint(0, 5, (10,))
+    before = {n: p.detach().clone() for n, p in [*backbone.named_parameters(), ("centers", head.weight)]}
+    # the gradients the step will use, from copies
+    twin_backbone, twin_head = copy.deepcopy(backbone), copy.deepcopy(head)
+    twin_head(twin_backbone(images), labels).backward()
+    grads = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+             for n, p in [*twin_backbone.named_parameters(), ("centers", twin_head.weight)]}
+    trainer = Trainer(backbone, head, lr=0.1, weight_decay=0.05, warmup_steps=2, total_steps=10)
+    trainer.step(images, labels)
+    after = {n: p.detach() for n, p in [*backbone.named_parameters(), ("centers", head.weight)]}
+    arrays = {f"before/{n}": v.numpy() for n, v in before.items()}
+    arrays.update({f"grad/{n}": v.numpy() for n, v in grads.items()})
+    arrays.update({f"after/{n}": v.numpy() for n, v in after.items()})
+    arrays["lr_after_step"] = np.array(trainer.optimizer.param_groups[0]["lr"])
+    arrays["schedule"] = np.array([scheduled_lr(0.1, s, 2, 10) for s in range(12)])
+    np.savez(out / "sgd.npz", **arrays)
+
+
+def _networks(out):
+    import torch
+    from sample_fc.bench.yardstick import build_network, parameter_count
+    sizes = {}
+    for name, image_size in (("mbf", 112), ("mbf", 32), ("r18", 112), ("r50", 112)):
+        net = build_network(name, image_size).eval()
+        with torch.no_grad():
+            shape = list(net(torch.zeros(2, 3, image_size, image_size)).shape)
+        sizes[f"{name}/{image_size}"] = {"params": parameter_count(net), "entries": len(net.state_dict()),
+                                         "output": shape}
+    (out / "networks.json").write_text(json.dumps(sizes))
+
+
+def _data(out):
+    import torch
+    from sample_fc.bench.yardstick import MemoryFaces, RecFaces, rec_loader
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (6, 12, 12, 3), dtype=np.uint8)
+    labels = np.array([4, 0, 5, 1, 3, 2])
+    _write_rec(out, images, labels)
+    plain = RecFaces(str(out), flip=False)
+    memory = MemoryFaces.from_rec(str(out))
+    loader_batch = next(iter(rec_loader(plain, batch_size=6, workers=2)))
+    flips = RecFaces(str(out), flip=True)
+    torch.manual_seed(4)
+    flipped = np.stack([flips[0][0].numpy() for _ in range(16)])
+    np.savez(out / "data.npz", raw=images, raw_labels=labels, count=len(plain),
+             item=np.stack([plain[i][0].numpy() for i in range(len(plain))]),
+             item_labels=np.array([int(plain[i][1]) for i in range(len(plain))]),
+             memory=memory.images.numpy(), memory_labels=memory.labels.numpy(),
+             loader=loader_batch[0].numpy(), loader_labels=loader_batch[1].numpy(), flipped=flipped)
+
+
+def compute(out):
+    for part in (_losses, _sampling, _one_sgd_step, _networks, _data):
+        part(out)
+
+
+# ---- the tests ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def computed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("yardstick")
+    result = subprocess.run([sys.executable, __file__, str(out)], capture_output=True, text=True,
+                            timeout=300, cwd=str(REPO))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def numpy_margin_loss(embeddings, centers, labels, scale, m2, m3):
+    """Mean cross-entropy of s * margined cos(embedding, center), all in NumPy float64."""
+    e = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    w = centers / np.linalg.norm(centers, axis=1, keepdims=True)
+    cosine = np.clip(e.astype(np.float64) @ w.T.astype(np.float64), -1, 1)
+    rows = np.arange(len(labels))
+    cosine[rows, labels] = np.cos(np.arccos(cosine[rows, labels]) + m2) - m3
+    logits = scale * cosine
+    logits -= logits.max(axis=1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return -log_p[rows, labels].mean(), np.exp(log_p), e, w
+
+
+@pytest.mark.parametrize("name,m2,m3", [("cosface", 0.0, 0.25), ("arcface", 0.5, 0.0)])
+def test_partial_fc_at_rate_one_is_numpy_cross_entropy_of_margined_cosines(computed, name, m2, m3):
+    """Test that PartialFC at sample rate 1 gives the mean cross-entropy of 64 x the margined
+    cosines (CosFace m3 = 0.25, ArcFace m2 = 0.5) computed in NumPy, and that the margin passes
+    no gradient of its own: the centers' gradient is that of the loss over s * cosine with the
+    margined softmax's (p - onehot) / B, as arcface_torch's CombinedMarginLoss and softmax give."""
+    arrays = np.load(computed / "losses.npz")
+    embeddings, labels, centers = arrays["embeddings"], arrays["labels"], arrays[f"{name}/centers"]
+    want, p, e, w = numpy_margin_loss(embeddings, centers, labels, 64.0, m2, m3)
+    np.testing.assert_allclose(arrays[f"{name}/loss"], want, rtol=1e-5)
+    # d loss / d cosine = 64 (p - onehot) / B; then through normalize(centers)
+    d_cosine = p.copy()
+    d_cosine[np.arange(len(labels)), labels] -= 1
+    d_cosine *= 64.0 / len(labels)
+    d_w = d_cosine.T @ e
+    norms = np.linalg.norm(centers, axis=1, keepdims=True)
+    d_centers = (d_w - w * (d_w * w).sum(axis=1, keepdims=True)) / norms
+    np.testing.assert_allclose(arrays[f"{name}/center_grad"], d_centers, rtol=1e-3, atol=1e-4 * np.abs(d_centers).max())
+
+
+def test_sampling_keeps_every_positive_and_int_of_rate_times_classes(computed):
+    """Test that PartialFC_V2's sampling keeps int(sample_rate * classes) sorted distinct centers
+    (int truncates: 0.29 x 100 -> 28) containing every class of the batch, or exactly the
+    batch's classes when they are more, and that each label becomes its class's position."""
+    for case in json.loads((computed / "sampling.json").read_text()):
+        num_sample = int(case["rate"] * case["classes"])
+        assert case["num_sample"] == num_sample
+        positives, kept = sorted(set(case["labels"])), case["kept"]
+        if len(positives) > num_sample:
+            assert kept == positives
+        else:
+            assert len(kept) == num_sample and kept == sorted(set(kept))
+            assert set(positives) <= set(kept)
+        assert [kept[p] for p in case["positions"]] == case["labels"]
+    assert any(len(set(c["labels"])) > c["num_sample"] for c in json.loads((computed / "sampling.json").read_text()))
+
+
+def test_sgd_step_decays_every_trained_parameter_after_clipping(computed):
+    """Test that one step is SGD as train_v2.py sets it: p - lr (g + wd p) on every parameter
+    with a gradient (the Linear's bias, the BN's shift and the centers included; the frozen BN
+    scale untouched), the backbone's gradient clipped to norm 5 and the centers' not, and
+    that the lr schedule then moves to its warm-up value (lr x 1/2 after step 1 of 2)."""
+    arrays = np.load(computed / "sgd.npz")
+    lr, wd = 0.1, 0.05
+    backbone = ["0.weight", "0.bias", "1.bias"]
+    norm = np.sqrt(sum((arrays[f"grad/{n}"] ** 2).sum() for n in backbone))
+    assert norm > 5                                         # the clip acts in this case
+    for name in backbone + ["centers"]:
+        grad = arrays[f"grad/{name}"] * (5 / (norm + 1e-6) if name in backbone else 1.0)
+        want = arrays[f"before/{name}"] - lr * (grad + wd * arrays[f"before/{name}"])
+        np.testing.assert_allclose(arrays[f"after/{name}"], want, rtol=1e-5, atol=1e-7)
+        assert np.abs(lr * wd * arrays[f"before/{name}"]).max() > 1e-4      # decay is visible
+    np.testing.assert_array_equal(arrays["after/1.weight"], arrays["before/1.weight"])
+    assert float(arrays["lr_after_step"]) == pytest.approx(0.05)
+    np.testing.assert_allclose(arrays["schedule"], [0.1, 0.05, 0.1, 0.0875, 0.075, 0.0625, 0.05,
+                                                    0.0375, 0.025, 0.0125, 0.0, 0.0], atol=1e-12)
+
+
+def test_network_sizes_equal_arcface_torch(computed):
+    """Test that mbf, r18 and r50 at 112 px have arcface_torch's parameter counts and state dict
+    lengths (2,059,520 / 333, 24,025,600 / 187, 43,590,848 / 475) and give 512 features, and
+    that at 32 px mbf's GDC kernel covers the 2x2 map (49 - 4 weights fewer per channel)."""
+    sizes = json.loads((computed / "networks.json").read_text())
+    for name, (params, entries) in ARCFACE_TORCH_SIZES.items():
+        assert (sizes[f"{name}/112"]["params"], sizes[f"{name}/112"]["entries"]) == (params, entries)
+        assert sizes[f"{name}/112"]["output"] == [2, 512]
+    assert sizes["mbf/32"]["params"] == 2059520 - 512 * (49 - 4)
+    assert sizes["mbf/32"]["output"] == [2, 512]
+
+
+def test_rec_path_yields_the_in_memory_tensors(computed):
+    """Test that the .rec read per item, by a 2-worker DataLoader and into memory all yield the
+    stored images as (x / 255 - 0.5) / 0.5 in CHW with their labels (flip off; the header and
+    identity records skipped), and that with flip on an image comes out mirrored or not."""
+    arrays = np.load(computed / "data.npz")
+    want = (arrays["raw"].transpose(0, 3, 1, 2).astype(np.float32) / 255 - 0.5) / 0.5
+    assert int(arrays["count"]) == len(want)
+    np.testing.assert_array_equal(arrays["item"], want)
+    np.testing.assert_array_equal(arrays["item_labels"], arrays["raw_labels"])
+    np.testing.assert_array_equal(arrays["memory"], want)
+    np.testing.assert_array_equal(arrays["memory_labels"], arrays["raw_labels"])
+    by_label = {int(label): image for label, image in zip(arrays["raw_labels"], want)}
+    assert sorted(arrays["loader_labels"].tolist()) == sorted(by_label)
+    for image, label in zip(arrays["loader"], arrays["loader_labels"]):
+        np.testing.assert_array_equal(image, by_label[int(label)])
+    mirrored = [np.array_equal(f, want[0][:, :, ::-1]) for f in arrays["flipped"]]
+    plain = [np.array_equal(f, want[0]) for f in arrays["flipped"]]
+    assert all(m or p for m, p in zip(mirrored, plain)) and any(mirrored) and any(plain)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    compute(Path(sys.argv[1]))
