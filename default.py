@@ -73,7 +73,7 @@ def _declare_keys():
 
     # ---- Partial FC ---------------------------------------------------------------
     keys.sample_ratio = Real(1.0, lo=0, lo_open=True, hi=1, words=('auto',))  # fraction of each rank's centers scored per step, in (0, 1]; or auto: the smallest ratio whose q*K/B
-                                         # (draws of a center per visit of its class) reaches 35, where sampling matched ratio 1.0 (1.0 if none does; README "When to sample")
+                                         # (draws of a center per visit of its class) reaches 35, where sampling matched ratio 1.0 (1.0 if none does; docs/sampling.md, "When to sample")
     keys.sample_ratio_warmup_steps = Int(200, lo=0, hi=2 ** 40)         # score more centers first: the ratio goes linearly from sample_ratio_warmup_start at step 1 to sample_ratio at this step + 1 (0 = sample_ratio throughout; no effect at ratio 1). At ratio 0.1, 1000 steps, 5000 ids: 0.8475 held-out with it, 0.8170 without (BENCHMARKS.md)
     keys.sample_ratio_warmup_start = Real(1.0, lo=0, lo_open=True, hi=1)  # the ratio at step 1 of that warm-up, in (0, 1] (the memory plan holds the larger of it and sample_ratio)
     keys.sample_correction = Flag(True)                                 # sampled-softmax correction: each sampled negative's logit + log(1/q), q its chance to be drawn, so the sample's softmax and loss estimate the full one's (no effect at ratio 1; no extra GEMM or collective). Held-out accuracy unchanged within one seed's spread, TAR@FAR=1e-3 up in each pair measured (BENCHMARKS.md)
@@ -215,7 +215,7 @@ _DATASET_PRESETS = {
         'batch_size': 64,                # per worker
         'lr': 0.1,                       # ... at the base's lr, not the demo's 0.8: on 5,000 real-image classes lr 0.8 sat at chance
                                          # (0.52 held-out at step 400) where 0.1 learned (0.80; BENCHMARKS.md, "A recipe for your own set")
-        'sample_ratio': 'auto',          # the smallest ratio where sampling matched ratio 1.0 (README "When to sample")
+        'sample_ratio': 'auto',          # the smallest ratio where sampling matched ratio 1.0 (docs/sampling.md, "When to sample")
         'warmup_steps': 0,               # no lr warm-up (it did not help: BENCHMARKS.md)
         'max_update': 1000,              # set it for your set: 1000 steps x 128 images is ~2 epochs of 5,000 x 12 images
         'lr_steps': [700, 900],          # x0.1 at 70% and 90% of max_update: move them with it

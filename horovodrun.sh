@@ -31,7 +31,7 @@ if [[ -f $VENV/cuda-env.sh ]]; then . "$VENV/cuda-env.sh"; fi
 
 # Threads: each worker takes cores // (workers on its node) itself (train.py, sample_fc.ranks.share_cores).
 # Under --mpi, OpenMPI's mpirun kills the workers 1 s after it forwards a SIGTERM; a stopping run
-# (train.py: a checkpoint of the step reached) needs longer (README "Stopping").
+# (train.py: a checkpoint of the step reached) needs longer (docs/training.md, "Stopping").
 export OMPI_MCA_odls_base_sigkill_timeout=${OMPI_MCA_odls_base_sigkill_timeout:-60}
 exec "$VENV/bin/python" -m sample_fc.launch "${RESTARTS[@]}" -np "$NP" -H "$HOSTS" "$CONTROLLER" \
   "$VENV/bin/python" "$ROOT/train.py" "${TRAIN_ARGS[@]}"

@@ -176,7 +176,7 @@ if [[ $installed_build != "$BUILD_ID" ]] || ! "$VENV/bin/python" -c 'import horo
     PATH="$VENV/bin:$PATH" "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir \
         -w "$WHEEL_DIR" "$source_dir/horovod-$HOROVOD_VERSION" >>"$build_log" 2>&1 \
       || { tail -n 40 "$build_log" >&2; rm -f "$WHEEL_DIR"/*.whl;
-           die "horovod build failed; full log: $build_log (see README, Troubleshooting)"; }
+           die "horovod build failed; full log: $build_log (see docs/troubleshooting.md)"; }
   else
     log "reusing cached horovod wheel from $WHEEL_DIR"
   fi

@@ -28,7 +28,7 @@ KEYS = default.KEYS
 PRESET_KEYS = ('dataset', 'network', 'loss')
 SETTABLE = sorted(set(KEYS) - set(PRESET_KEYS))
 # The suite runs a fixed (derandomized) 400 examples per property; SAMPLE_FC_SURFACE_EXAMPLES=N runs N
-# fresh random ones each, and N/10 through train.py and tools.plan (the long run: README, "Reliability").
+# fresh random ones each, and N/10 through train.py and tools.plan (the long run: docs/file-formats.md, "Reliability").
 LONG_RUN = int(os.environ.get('SAMPLE_FC_SURFACE_EXAMPLES', '0'))
 EXAMPLES = settings(max_examples=LONG_RUN or 400, derandomize=not LONG_RUN, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
