@@ -59,17 +59,19 @@ def step_check(modules, their_net, our_net, images, labels, num_classes, sample_
 
 
 def alternate_timing(runners, batch_size, steps, rounds, warmup=2):
-    """samples/s per round of each runner; runners: name -> (trainer, batch iterator)."""
+    """Per round and runner, samples per wall second and per CPU second of this process (all
+    its threads; less moved by other work taking the cores). runners: name -> (trainer, batches)."""
     for trainer, batches in runners.values():
         for _ in range(warmup):
             trainer.step(*next(batches))
-    rates = {name: [] for name in runners}
+    wall, cpu = {name: [] for name in runners}, {name: [] for name in runners}
     names = list(runners)
     for round_index in range(rounds):
         for name in (names if round_index % 2 == 0 else names[::-1]):
             trainer, batches = runners[name]
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 trainer.step(*next(batches))
-            rates[name].append(steps * batch_size / (time.perf_counter() - start))
-    return rates
+            wall[name].append(steps * batch_size / (time.perf_counter() - start))
+            cpu[name].append(steps * batch_size / (time.process_time() - start_cpu))
+    return wall, cpu
