@@ -13,7 +13,13 @@ memory or from the .rec decoded per step by DataLoader workers as its dataset.py
 here) it first checks ours against their own modules (same weights -> same embeddings; one
 training step from equal states -> same loss and same updated parameters), then times both
 steps in alternating rounds on the same threads and data, and prints the ratio (bound: ours
-within 5% of theirs). Threads and processes of each side are printed.
+within 5% of theirs, either way) in samples per wall second and per CPU second of the process
+(the second moves less when other work shares the cores; loader workers' CPU is not in it).
+Threads and processes are printed: both sides run in this one process, with torch's default
+threads (importing mxnet, as their dataset.py does at import, drops torch to 1 thread: the
+yardstick sets them back). Left out on both sides: train_v2.py's DistributedDataParallel
+wrapper (its fp16-compressed gradient all-reduce has nothing to reduce on one process), fp16
+autocast (CUDA only) and its logging and verification callbacks.
 
     networks  their backbones' layouts (mbf, r18..r200), final kernel following the input size
     training  PartialFC_V2, CombinedMarginLoss, SGD set-up, clipping, lr schedule: the step
