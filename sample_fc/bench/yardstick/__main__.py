@@ -8,7 +8,7 @@ import torch
 from . import faithful, upstream
 from .data import LOADER_WORKERS, MemoryFaces, Prefetched, RecFaces, rec_loader
 from .networks import EMBEDDING_SIZE, NETWORKS, build_network
-from .training import CombinedMargin, PartialFC, Trainer
+from .training import CombinedMargin, PartialFC, Trainer, distributed_backbone
 
 BOUND = 0.05     # ours must train within 5% of arcface_torch's own samples/s, either way
 
@@ -34,6 +34,8 @@ def parse_args(argv):
     parser.add_argument("--scale", type=float, default=64.0)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
+    parser.add_argument("--ddp", action="store_true", help="wrap both backbones in DistributedDataParallel "
+                        "with float16-compressed gradients, as train_v2.py does (one-process Gloo group)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own before mxnet is "
                         "imported; importing it, as their dataset.py does, leaves torch 1 thread)")
     args = parser.parse_args(argv)
@@ -73,6 +75,8 @@ def batch_iterators(args):
 
 def describe_processes(args):
     threads = f"torch threads {torch.get_num_threads()} (inter-op {torch.get_num_interop_threads()})"
+    if args.ddp:
+        threads += ", backbones in DDP on a one-process Gloo group (its threads: Gloo's and DDP's reducer)"
     if args.source == "memory":
         return f"1 process, {threads}; data held in memory, no loader workers"
     return (f"1 process, {threads}; data: DataLoader with {args.workers} worker processes "
@@ -100,6 +104,10 @@ def print_rates(rates, unit):
               f"{', '.join(f'{r:.3f}' for r in per_round)}); {verdict} 5% of theirs")
 
 
+def wrapper(args):
+    return distributed_backbone if args.ddp else (lambda backbone: backbone)
+
+
 def their_runner(args, margin, our_net, batches):
     """Check ours against arcface_torch's own modules, print the checks; their trainer."""
     modules = upstream.load(args.check_against)
@@ -107,9 +115,9 @@ def their_runner(args, margin, our_net, batches):
     forward = faithful.forward_check(their_net, our_net, args.image_size)
     images, labels = next(batches)
     step = faithful.step_check(modules, their_net, our_net, images, labels, args.classes,
-                               args.sample_rate, margin, args.lr, args.weight_decay)
+                               args.sample_rate, margin, args.lr, args.weight_decay, wrapper(args))
     print_checks(forward, step)
-    return upstream.UpstreamTrainer(modules, their_net, args.classes, args.sample_rate, margin,
+    return upstream.UpstreamTrainer(modules, wrapper(args)(their_net), args.classes, args.sample_rate, margin,
                                     args.lr, args.weight_decay)
 
 
@@ -123,14 +131,14 @@ def main(argv=None):
     torch.set_num_threads(args.threads or default_threads)
     print(f"{args.network} at {args.image_size} px, {args.classes} classes, batch {args.batch}, "
           f"sample rate {args.sample_rate}, margins {args.margins} s {args.scale}, lr {args.lr}, "
-          f"weight decay {args.weight_decay}, data {args.source}{' from ' + args.rec if args.rec else ' (random)'}")
+          f"weight decay {args.weight_decay}{', DDP' if args.ddp else ''}, data {args.source}{' from ' + args.rec if args.rec else ' (random)'}")
     print(describe_processes(args))
     our_net = build_network(args.network, args.image_size)
     runners = {}
     if args.check_against:
         runners["arcface_torch"] = (their_runner(args, margin, our_net, new_batches()), new_batches())
     head = PartialFC(margin, EMBEDDING_SIZE, args.classes, args.sample_rate)
-    runners["ours"] = (Trainer(our_net, head, args.lr, args.weight_decay), new_batches())
+    runners["ours"] = (Trainer(wrapper(args)(our_net), head, args.lr, args.weight_decay), new_batches())
     wall, cpu = faithful.alternate_timing(runners, args.batch, args.steps, args.rounds)
     print(f"timing: {args.rounds} rounds x {args.steps} steps per side, 2 warm-up steps each, "
           f"torch threads {torch.get_num_threads()}")

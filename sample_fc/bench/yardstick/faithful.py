@@ -36,15 +36,16 @@ def forward_check(theirs, ours, image_size, batch=4, seed=0):
 
 
 def step_check(modules, their_net, our_net, images, labels, num_classes, sample_rate, margin,
-               lr, weight_decay, seed=0):
-    """One training step each from equal states: |loss difference| and max |parameter difference|."""
+               lr, weight_decay, wrap=lambda backbone: backbone, seed=0):
+    """One training step each from equal states (each backbone through `wrap`, e.g. DDP):
+    |loss difference| and max |parameter difference| after the update."""
     their_net, our_net = copy.deepcopy(their_net), copy.deepcopy(our_net)
     copy_state_in_order(their_net, our_net)
-    theirs = UpstreamTrainer(modules, their_net, num_classes, sample_rate, margin, lr, weight_decay)
+    theirs = UpstreamTrainer(modules, wrap(their_net), num_classes, sample_rate, margin, lr, weight_decay)
     head = PartialFC(margin, EMBEDDING_SIZE, num_classes, sample_rate)
     with torch.no_grad():
         head.weight.copy_(theirs.head.weight)
-    ours = Trainer(our_net, head, lr, weight_decay)
+    ours = Trainer(wrap(our_net), head, lr, weight_decay)
     torch.manual_seed(seed)
     their_loss = theirs.step(images, labels.clone())
     torch.manual_seed(seed)

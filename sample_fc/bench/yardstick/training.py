@@ -18,6 +18,9 @@ What train_v2.py does each step, as facts of insightface recognition/arcface_tor
   clip_grad_norm_(backbone.parameters(), 5), step, zero_grad, then the lr schedule
   (lr_scheduler.py: linear warm-up, then polynomial decay, power 1).
 """
+import os
+import tempfile
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -105,6 +108,27 @@ def scheduled_lr(base_lr, step, warmup_steps, total_steps, power=1.0):
     if step <= warmup_steps:
         return base_lr * step / warmup_steps
     return base_lr * (1.0 - (step - warmup_steps) / (total_steps - warmup_steps)) ** power
+
+
+def start_one_process_group():
+    """A Gloo process group of this process alone (PartialFC_V2 and DDP need one)."""
+    if not torch.distributed.is_initialized():
+        store = os.path.join(tempfile.mkdtemp(prefix="yardstick_gloo_"), "store")
+        torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+
+
+def distributed_backbone(backbone):
+    """The backbone as train_v2.py wraps it: DistributedDataParallel (buffers not broadcast,
+    16 MB buckets, unused parameters searched, static graph), gradients all-reduced as float16
+    (fp16_compress_hook), here on a one-process group: the rounding and the bookkeeping stay."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+    start_one_process_group()
+    wrapped = nn.parallel.DistributedDataParallel(module=backbone, broadcast_buffers=False, bucket_cap_mb=16,
+                                                  find_unused_parameters=True)
+    wrapped.register_comm_hook(None, fp16_compress_hook)
+    wrapped.train()
+    wrapped._set_static_graph()
+    return wrapped
 
 
 class Trainer:

@@ -15,7 +15,6 @@ training step needs two things a CPU process lacks, and gets them here:
 import importlib.util
 import os
 import sys
-import tempfile
 import types
 import warnings
 
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from .networks import EMBEDDING_SIZE, SEP_CHANNELS, final_side
-from .training import CLIP_NORM, MOMENTUM
+from .training import CLIP_NORM, MOMENTUM, start_one_process_group
 
 FILES = ("backbones/__init__.py", "partial_fc_v2.py", "losses.py", "lr_scheduler.py")
 
@@ -37,12 +36,6 @@ def _import(name, path, package_dir=None):
     return module
 
 
-def _start_one_process_group():
-    if not torch.distributed.is_initialized():
-        store = os.path.join(tempfile.mkdtemp(prefix="yardstick_gloo_"), "store")
-        torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-
-
 def load(directory):
     """Their modules as attributes backbones, partial_fc_v2, losses, lr_scheduler."""
     missing = [f for f in FILES if not os.path.isfile(os.path.join(directory, f))]
@@ -50,7 +43,7 @@ def load(directory):
         raise FileNotFoundError(f"{directory} is not arcface_torch: no {', '.join(missing)}")
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.autocast.*", category=FutureWarning)
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    _start_one_process_group()
+    start_one_process_group()
     backbones_dir = os.path.join(directory, "backbones")
     return types.SimpleNamespace(
         backbones=_import("arcface_torch_backbones", os.path.join(backbones_dir, "__init__.py"), backbones_dir),
