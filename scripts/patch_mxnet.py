@@ -10,9 +10,38 @@ occur the stated number of times (or is already fixed) with the numpy type it al
 platform's default integer). Anything else stops the bootstrap with the file and text named,
 so a different mxnet never gets half-patched. With numpy < 1.24 the patched files behave as
 before (np.bool_ and np.int_ exist there too).
+
+Where scipy is installed (the test environment has it), `import mxnet` also imported
+scipy.stats, for two things training never calls (int8 calibration by entropy and the
+chi-square checks of mxnet.test_utils): over a third of the import's time, paid by every
+worker and every tool. Both places now take scipy.stats through importlib's LazyLoader: the
+module is found at import (None without scipy, as before) and loaded on first use.
 """
 import sys
 from pathlib import Path
+
+LAZY_SCIPY_STATS = '''import sys as _sys
+
+
+def _scipy_stats_on_first_use():
+    """scipy.stats, loaded on first use (sample_fc's scripts/patch_mxnet.py); None without scipy."""
+    import importlib.util
+    if 'scipy.stats' in _sys.modules:
+        return _sys.modules['scipy.stats']
+    try:
+        spec = importlib.util.find_spec('scipy.stats')
+    except ImportError:
+        return None
+    if spec is None:
+        return None
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    _sys.modules['scipy.stats'] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+'''
 
 FIXES = [   # (file, text, replacement, occurrences)
     ("numpy/utils.py", "bool = onp.bool\n", "bool = onp.bool_\n", 1),
@@ -26,6 +55,10 @@ FIXES = [   # (file, text, replacement, occurrences)
      "dtype = _np.bool_ if dtype is None else dtype", 1),
     ("test_utils.py", "np.dtype(np.bool): 0,", "np.dtype(np.bool_): 0,", 2),
     ("test_utils.py", "dtype=np.int)", "dtype=np.int_)", 1),
+    ("contrib/quantization.py", "try:\n    from scipy import stats\nexcept ImportError:\n    stats = None\n",
+     LAZY_SCIPY_STATS + "stats = _scipy_stats_on_first_use()\n", 1),
+    ("test_utils.py", "try:\n    import scipy.stats as ss\nexcept ImportError:\n    ss = None\n",
+     LAZY_SCIPY_STATS + "ss = _scipy_stats_on_first_use()\n", 1),
 ]
 
 

@@ -67,3 +67,28 @@ def test_fixes_apply_once_and_all_or_nothing(tmp_path):
     assert refused.returncode != 0 and "test_utils.py" in refused.stderr and "mxnet 1.9.1" in refused.stderr
     assert {p: p.read_text() for p in other.rglob("*.py")} == before
     shutil.rmtree(other)
+
+
+def test_import_mxnet_leaves_scipy_stats_to_first_use():
+    """Test that `import mxnet` no longer loads scipy.stats, and that mxnet's two users of it
+    still get the real module when they first use it: the normal distribution's 97.5%
+    quantile and the entropy of a fair coin equal their closed forms (None without scipy)."""
+    probe = ("import math, sys, mxnet\n"
+             "from mxnet import test_utils\n"
+             "from mxnet.contrib import quantization\n"
+             "print(int('scipy.stats._stats_py' in sys.modules))\n"
+             "if test_utils.ss is None:\n"
+             "    print('none', int(quantization.stats is None))\n"
+             "else:\n"
+             "    print(test_utils.ss.norm.ppf(0.975), quantization.stats.entropy([0.5, 0.5]) / math.log(2),\n"
+             "          int(quantization.stats is test_utils.ss), int('scipy.stats._stats_py' in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded_at_import, used = result.stdout.split("\n")[:2]
+    assert loaded_at_import == "0"
+    if importlib.util.find_spec("scipy") is None:
+        assert used == "none 1"
+        return
+    quantile, entropy_bits, same, loaded_after_use = used.split()
+    assert abs(float(quantile) - 1.959963984540054) < 1e-12 and abs(float(entropy_bits) - 1.0) < 1e-12
+    assert (same, loaded_after_use) == ("1", "1")
