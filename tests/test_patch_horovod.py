@@ -1,5 +1,6 @@
 """Tests for scripts/patch_horovod.py, the source fixes applied before building Horovod."""
 import ast
+import json
 import os
 import shlex
 import signal
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ GLOO_RUN = "horovod/runner/gloo_run.py"
 MPI_RUN = "horovod/runner/mpi_run.py"
 OPERATIONS = "horovod/common/operations.cc"
 SAFE_SHELL_EXEC = "horovod/runner/common/util/safe_shell_exec.py"
+UTIL = "horovod/common/util.py"
 QUEUE_AND_LOG = ("  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);\n"
                  "  if (status.ok()) {\n"
                  "    LOG(TRACE, horovod_global.global_controller->GetRank())\n"
@@ -49,6 +52,49 @@ BUGGY = {
         "    signal.signal(signal.SIGTERM, set_event_on_signal)\n"
         "    return event\n"),
     SAFE_SHELL_EXEC: "import os\nimport signal\nimport time\n\nimport psutil\n\n" + 'GRACEFUL_TERMINATION_TIME_S = 5\n\n\ndef terminate_executor_shell_and_children(pid):\n    # If the shell already ends, no need to terminate its child.\n    try:\n        p = psutil.Process(pid)\n    except psutil.NoSuchProcess:\n        return\n\n    # Terminate children gracefully.\n    for child in p.children():\n        try:\n            child.terminate()\n        except psutil.NoSuchProcess:\n            pass\n\n    # Wait for graceful termination.\n    gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)\n\n    # Freeze the process to prevent it from spawning any new children.\n    try:\n        p.send_signal(signal.SIGSTOP)\n    except psutil.NoSuchProcess:\n        pass\n\n    # Kill children recursively.\n    for child in alive:\n        try:\n            for grandchild in child.children(recursive=True):\n                try:\n                    grandchild.kill()\n                except psutil.NoSuchProcess:\n                    pass\n            child.kill()\n        except psutil.NoSuchProcess:\n            pass\n\n    # Kill shell itself.\n    try:\n        p.terminate()\n    except psutil.NoSuchProcess:\n        pass\n\n    try:\n        p.wait(timeout=GRACEFUL_TERMINATION_TIME_S)\n    except psutil.TimeoutExpired:\n        try:\n            p.kill()\n        except psutil.NoSuchProcess:\n            pass\n\n',
+    UTIL: ("import json\nimport multiprocessing\nimport os\n\n\n"
+           'def _check_extension_lambda(ext_base_name, fn, fn_desc, verbose):\n'
+           '    """\n'
+           '    Tries to load the extension in a new process.  If successful, puts fn(ext)\n'
+           '    to the queue or False otherwise.  Mutes all stdout/stderr.\n'
+           '    """\n'
+           '    def _target_fn(ext_base_name, fn, fn_desc, queue, verbose):\n'
+           '        import importlib\n'
+           '        import sys\n'
+           '        import traceback\n'
+           '\n'
+           '        if verbose:\n'
+           "            print('Checking whether extension {ext_base_name} was {fn_desc}.'.format(\n"
+           '                ext_base_name=ext_base_name, fn_desc=fn_desc))\n'
+           '        else:\n'
+           '            # Suppress output\n'
+           "            sys.stdout = open(os.devnull, 'w')\n"
+           "            sys.stderr = open(os.devnull, 'w')\n"
+           '\n'
+           '        try:\n'
+           "            ext = importlib.import_module('.' + ext_base_name, 'horovod')\n"
+           '            result = fn(ext)\n'
+           '        except:\n'
+           '            traceback.print_exc()\n'
+           '            result = None\n'
+           '\n'
+           '        if verbose:\n'
+           "            print('Extension {ext_base_name} {flag} {fn_desc}.'.format(\n"
+           "                ext_base_name=ext_base_name, flag=('was' if result else 'was NOT'),\n"
+           '                fn_desc=fn_desc))\n'
+           '\n'
+           '        queue.put(result)\n'
+           '\n'
+           "    # 'fork' is required because horovodrun is a frozen executable\n"
+           "    ctx = multiprocessing.get_context('fork')\n"
+           '    queue = ctx.Queue()\n'
+           '    p = ctx.Process(target=_target_fn,\n'
+           '                    args=(ext_base_name, fn, fn_desc, queue, verbose))\n'
+           '    p.daemon = True\n'
+           '    p.start()\n'
+           '    p.join()\n'
+           '    return queue.get_nowait()\n'
+           ),
     # broadcast, alltoall and join each log the caller's name after queueing the entry
     OPERATIONS: "".join(f"Status Enqueue{op}(const std::string& name) {{\n" + QUEUE_AND_LOG
                         for op in ("TensorBroadcast", "TensorAlltoall", "Join")),
@@ -69,7 +115,8 @@ def _patch(tmp_path):
 def test_fixes_apply_once_and_are_idempotent(tmp_path):
     """Test that reserve() becomes resize(), horovodrun's parser loses abbreviations, mpirun
     runs --quiet, the Gloo launcher exits with the worker's code instead of raising, every
-    queued name is copied before its entry is queued, and a second run changes nothing."""
+    queued name is copied before its entry is queued, the build checks keep their answers
+    in front of the unchanged in-process check, and a second run changes nothing."""
     _tree(tmp_path)
     for _ in range(2):
         result = _patch(tmp_path)
@@ -84,6 +131,9 @@ def test_fixes_apply_once_and_are_idempotent(tmp_path):
         assert "raise RuntimeError" not in gloo_run and "sys.exit(exit_code" in gloo_run
         assert "if event.is_set():" in gloo_run            # both fixes of this file are in it
         assert "HOROVOD_GRACEFUL_TERMINATION_TIME_S" in (tmp_path / SAFE_SHELL_EXEC).read_text()
+        util = (tmp_path / UTIL).read_text()
+        assert util.count("def _check_extension_lambda(") == 1 and util.count("def _check_extension_in_process(") == 1
+        assert util.endswith("    return queue.get_nowait()\n")     # the in-process check's body, unchanged
         operations = (tmp_path / OPERATIONS).read_text()
         assert "<< name;" not in operations
         for function in operations.split("Status Enqueue")[1:]:   # the copy comes before the queue
@@ -111,6 +161,70 @@ def test_patched_gloo_launcher_exits_with_the_workers_code(tmp_path, capsys):
             raise AssertionError("the patched launcher did not exit")
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "localhost[1]" in err and str(worker_code) in err
+
+
+def _patched_build_checks(tmp_path):
+    """The patched util.py's functions, run as Horovod's file at tmp_path/horovod/common/util.py
+    beside a fake MXNet extension library, with the in-process check replaced by a counter."""
+    _tree(tmp_path)
+    assert _patch(tmp_path).returncode == 0
+    library = tmp_path / "horovod" / "mxnet" / "mpi_lib.cpython-311-x86_64-linux-gnu.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"built")
+    namespace = {"__file__": str(tmp_path / UTIL)}
+    exec(compile((tmp_path / UTIL).read_text(), UTIL, "exec"), namespace)
+    asked, answer = [], {"value": True}
+
+    def in_process(ext_base_name, fn, fn_desc, verbose):
+        asked.append((ext_base_name, fn_desc, verbose))
+        return answer["value"]
+    namespace["_check_extension_in_process"] = in_process
+    return namespace, library, asked, answer
+
+
+def test_build_answers_are_kept_while_the_extension_files_stay_the_same(tmp_path):
+    """Test that the patched check loads the extension once per question and keeps the answer
+    beside util.py; that a changed library, a verbose check, a question about the machine
+    and an extension that did not load ask again; and that a damaged answers file is asked
+    around and rewritten."""
+    checks, library, asked, answer = _patched_build_checks(tmp_path)
+    check = checks["_check_extension_lambda"]
+    gloo = ("mxnet", None, "built with Gloo", False)
+    assert check(*gloo) is True and len(asked) == 1
+    kept = json.loads(Path(checks["BUILT_ANSWERS"]).read_text())
+    assert Path(checks["BUILT_ANSWERS"]).parent == tmp_path / "horovod" / "common"
+    assert kept["mxnet built with Gloo"][1] is True and str(library) in kept["mxnet built with Gloo"][0][0]
+    assert check(*gloo) is True and check(*gloo) is True and len(asked) == 1
+    answer["value"] = False
+    assert check("mxnet", None, "built with MPI", False) is False and len(asked) == 2
+    assert check("mxnet", None, "built with MPI", False) is False and len(asked) == 2
+    library.write_bytes(b"rebuilt")                                  # another build: asked again
+    assert check(*gloo) is False and len(asked) == 3
+    assert check("mxnet", None, "built with Gloo", True) is False and len(asked) == 4      # verbose
+    for _ in range(2):
+        check("mxnet", None, "running with GPU", False)
+    assert len(asked) == 6
+    answer["value"] = None                                           # the extension did not load
+    for _ in range(2):
+        assert check("torch", None, "built with Gloo", False) is None
+    assert len(asked) == 8 and "torch built with Gloo" not in json.loads(Path(checks["BUILT_ANSWERS"]).read_text())
+    Path(checks["BUILT_ANSWERS"]).write_text("{damaged")
+    answer["value"] = True
+    assert check(*gloo) is True and len(asked) == 9
+    assert json.loads(Path(checks["BUILT_ANSWERS"]).read_text())["mxnet built with Gloo"][1] is True
+
+
+def test_the_installed_horovod_keeps_answers_equal_to_loading_the_extension():
+    """Test that the bootstrap's Horovod has the kept build answers, and that what horovodrun
+    asks (built with Gloo, with MPI) equals what loading MXNet's extension in a process says."""
+    probe = ("from horovod.common import util\n"
+             "fresh = [util._check_extension_in_process('mxnet', fn, desc, False) for fn, desc in (\n"
+             "    (lambda ext: ext.gloo_built(), 'built with Gloo'), (lambda ext: ext.mpi_built(), 'built with MPI'))]\n"
+             "print(fresh, [util.gloo_built(), util.mpi_built()], [util.gloo_built(), util.mpi_built()])\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    fresh, kept, again = ast.literal_eval("[" + result.stdout.strip().replace("] [", "], [") + "]")
+    assert fresh[0] is True and kept == fresh and again == fresh
 
 
 def test_unexpected_source_stops_with_the_file_named(tmp_path):
