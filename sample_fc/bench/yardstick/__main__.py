@@ -84,7 +84,8 @@ def describe_processes(args):
 
 
 def print_checks(forward, step):
-    print(f"forward: {forward['state_entries']} state entries mapped in order; parameters "
+    print(f"forward: {forward['state_entries']} state entries mapped in order "
+          f"({' -> '.join(forward['first_pair'])}, ..., {' -> '.join(forward['last_pair'])}); parameters "
           f"theirs {forward['params_theirs']:,}, ours {forward['params_ours']:,}; "
           f"max |diff| eval {forward['max_abs_eval']:.2e}, train {forward['max_abs_train']:.2e}")
     print(f"one step: loss theirs {step['loss_theirs']:.6f}, ours {step['loss_ours']:.6f} "

@@ -25,7 +25,8 @@ def forward_check(theirs, ours, image_size, batch=4, seed=0):
     """Max |theirs - ours| of the embeddings in eval and train mode, and both parameter counts."""
     pairs = copy_state_in_order(theirs, ours)
     images = torch.randn(batch, 3, image_size, image_size, generator=torch.Generator().manual_seed(seed))
-    result = {"state_entries": len(pairs), "params_theirs": parameter_count(theirs),
+    result = {"state_entries": len(pairs), "first_pair": pairs[0], "last_pair": pairs[-1],
+              "params_theirs": parameter_count(theirs),
               "params_ours": parameter_count(ours)}
     with torch.no_grad():
         for mode in ("eval", "train"):

@@ -20,6 +20,7 @@ What train_v2.py does each step, as facts of insightface recognition/arcface_tor
 """
 import os
 import tempfile
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +128,9 @@ def distributed_backbone(backbone):
                                                   find_unused_parameters=True)
     wrapped.register_comm_hook(None, fp16_compress_hook)
     wrapped.train()
-    wrapped._set_static_graph()
+    with warnings.catch_warnings():       # "find_unused_parameters is not needed with a static graph"
+        warnings.simplefilter("ignore", UserWarning)
+        wrapped._set_static_graph()
     return wrapped
 
 

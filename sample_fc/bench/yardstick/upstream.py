@@ -2,7 +2,7 @@
 
 Nothing of theirs is stored here: `load(directory)` imports backbones/, partial_fc_v2.py,
 losses.py and lr_scheduler.py from a checkout of insightface recognition/arcface_torch. Their
-training step needs two things a CPU process lacks, and gets them here:
+training step needs three things this CPU process lacks, and gets them here:
 - PartialFC_V2 asserts an initialised process group and moves buffers with `.cuda()` every
   step: a one-process Gloo group is started, and Tensor.cuda returns the tensor itself (in
   this process only; sample_fc's yardstick never calls it).
