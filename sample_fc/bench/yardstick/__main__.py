@@ -47,6 +47,15 @@ def parse_args(argv):
         parser.error(f"--margins {args.margins!r} is not three numbers m1,m2,m3")
     if len(args.margins) != 3:
         parser.error(f"--margins {args.margins} is not three numbers m1,m2,m3")
+    if not 0 < args.sample_rate <= 1:
+        parser.error(f"--sample-rate {args.sample_rate} is not in (0, 1]")
+    try:
+        CombinedMargin(args.scale, *args.margins)
+    except ValueError as error:
+        parser.error(f"--margins: {error}")
+    if args.check_against and upstream.missing_files(args.check_against):
+        parser.error(f"--check-against {args.check_against} is not arcface_torch: no "
+                     f"{', '.join(upstream.missing_files(args.check_against))}")
     return args
 
 

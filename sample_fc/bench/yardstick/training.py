@@ -124,12 +124,13 @@ def distributed_backbone(backbone):
     (fp16_compress_hook), here on a one-process group: the rounding and the bookkeeping stay."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
     start_one_process_group()
-    wrapped = nn.parallel.DistributedDataParallel(module=backbone, broadcast_buffers=False, bucket_cap_mb=16,
-                                                  find_unused_parameters=True)
-    wrapped.register_comm_hook(None, fp16_compress_hook)
-    wrapped.train()
-    with warnings.catch_warnings():       # "find_unused_parameters is not needed with a static graph"
+    with warnings.catch_warnings():       # broadcast_buffers deprecated; find_unused_parameters not needed
+        warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", UserWarning)
+        wrapped = nn.parallel.DistributedDataParallel(module=backbone, broadcast_buffers=False, bucket_cap_mb=16,
+                                                      find_unused_parameters=True)
+        wrapped.register_comm_hook(None, fp16_compress_hook)
+        wrapped.train()
         wrapped._set_static_graph()
     return wrapped
 

@@ -36,9 +36,14 @@ def _import(name, path, package_dir=None):
     return module
 
 
+def missing_files(directory):
+    """The files of arcface_torch the yardstick imports that `directory` lacks."""
+    return [f for f in FILES if not os.path.isfile(os.path.join(directory, f))]
+
+
 def load(directory):
     """Their modules as attributes backbones, partial_fc_v2, losses, lr_scheduler."""
-    missing = [f for f in FILES if not os.path.isfile(os.path.join(directory, f))]
+    missing = missing_files(directory)
     if missing:
         raise FileNotFoundError(f"{directory} is not arcface_torch: no {', '.join(missing)}")
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.autocast.*", category=FutureWarning)
