@@ -2,8 +2,8 @@
 
     .venv/bin/python -m sample_fc.bench.yardstick [--check-against /tmp/arcface_torch]
         [--rec DIR] [--source memory|rec] [--network mbf|r50|...] [--image-size 32]
-        [--classes 1000] [--batch 128] [--steps 5] [--rounds 4] [--sample-rate 1.0]
-        [--margins 1,0,0.25] [--scale 64] [--lr 0.1] [--weight-decay 5e-4] [--threads N]
+        [--classes 1000] [--batch 128] [--steps 2] [--rounds 12] [--sample-rate 1.0]
+        [--margins 1,0,0.25] [--scale 64] [--lr 0.1] [--weight-decay 5e-4] [--ddp] [--threads N]
 
 What it measures: samples/s of one process training as arcface_torch does on CPU (its
 MobileFaceNet or IResNet, PartialFC_V2 with CombinedMarginLoss, SGD with its weight decay,

@@ -27,10 +27,12 @@ def parse_args(argv):
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=128, help="global batch (one process)")
-    parser.add_argument("--steps", type=int, default=5, help="steps per timed round")
-    parser.add_argument("--rounds", type=int, default=4, help="timed rounds per side, alternating")
+    parser.add_argument("--steps", type=int, default=2, help="steps per timed round")
+    parser.add_argument("--rounds", type=int, default=12, help="timed rounds per side, alternating (short rounds, "
+                        "many of them: the ratio is the median of the rounds' ratios)")
     parser.add_argument("--sample-rate", type=float, default=1.0)
-    parser.add_argument("--margins", default="1.0,0.0,0.25", help="m1,m2,m3 (arcface_torch's ArcFace: 1,0.5,0)")
+    parser.add_argument("--margins", default="1.0,0.0,0.25", help="m1,m2,m3: CosFace 0.25 by default; "
+                        "arcface_torch's configs/base.py: ArcFace 1,0.5,0")
     parser.add_argument("--scale", type=float, default=64.0)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
