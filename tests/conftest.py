@@ -32,13 +32,19 @@ def horovod_job():
 def per_rank_tail(output, lines=25):
     """The last `lines` lines of each rank's output (Horovod's "[N]<stdout>:" prefixes,
     "[1,N]<stdout>:" under MPI), then the launcher's own last lines: a failing rank's
-    traceback stays visible even when another rank printed more after it."""
+    traceback stays visible even when another rank printed more after it. A rank that
+    crashed keeps its whole fault report (PYTHONFAULTHANDLER: every thread's stack, the
+    crashing one first), which is longer than `lines`."""
     by_rank = {}
     for line in output.splitlines():
         match = re.match(r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>:", line)
         by_rank.setdefault(match.group(1) if match else "launcher", []).append(line)
-    return "\n".join(f"--- {'rank ' + key if key != 'launcher' else key} ---\n" + "\n".join(kept[-lines:])
-                     for key, kept in sorted(by_rank.items()))
+    shown = {}
+    for key, kept in by_rank.items():
+        crash = next((n for n, line in enumerate(kept) if "Fatal Python error" in line), None)
+        shown[key] = kept[min(crash, len(kept) - lines):] if crash is not None else kept[-lines:]
+    return "\n".join(f"--- {'rank ' + key if key != 'launcher' else key} ---\n" + "\n".join(kept)
+                     for key, kept in sorted(shown.items()))
 
 
 def mpi_available():
