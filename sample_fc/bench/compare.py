@@ -1,27 +1,45 @@
-"""Compare sample_fc's learning with a plain PyTorch trainer of the same recipe.
+"""Compare sample_fc with the field's trainer: learning and speed, both sides in each run.
 
     scripts/test.sh                            # once: installs torch (CPU; not needed for training)
-    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--network N] [--loss L] [--set key=value ...]
-        [--np 2] [--only sample_fc|torch] [--seeds 0,1,2] [--torch-clip 5]
-        [--torch-init torch|xavier2] [--torch-wd all|mxnet]
+    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] --network mbf|r18|r34|r50|r100
+        [--loss L] [--set key=value ...] [--np 2] [--only sample_fc|torch] [--seeds 0,1,2]
+        [--runs 3] [--torch-data rec|memory] [--torch-clip 5]
 
-Both train the dataset preset's recipe (default: the demo's, on the demo data built on
-first use) for the same steps on the same .rec, and are scored on the same held-out pairs
-with the same 10-fold verification. sample_fc runs as users run it (horovodrun, --np
-workers, Gloo); the reference (sample_fc/bench/torch_reference.py) runs in this process
-with the whole global batch. Prints both loss curves side by side, then both accuracies;
-with --seeds, each side trains once per seed (init, data order, sampling) and the table
-has the loss averaged over the seeds and each seed's accuracy with their mean and spread.
+Both train the same recipe (the dataset preset's, with --network/--loss/--set, as
+`train.py --print-config` resolves it; default the demo, built on first use) for the same
+steps on the same .rec and are scored on the same held-out pairs with the same 10-fold
+verification. sample_fc runs as users run it (horovodrun, --np workers, Gloo, train.py's
+threads). The other side is the yardstick (sample_fc/bench/yardstick/: insightface
+arcface_torch's train_v2.py step, its own network layouts, PartialFC_V2, CombinedMarginLoss,
+SGD over every parameter, clip 5) in this process with the whole global batch, torch's
+default threads, fed by its DataLoader (2 worker processes decoding the .rec per step, one
+prefetch thread: --torch-data rec) or from images decoded once before timing (memory).
+It trains sample_fc's recipe: network (mbf = arcface_torch's mbf, r18..r100 its IResNets; no
+other), embedding size, image size, classes, global batch (batch_size x np), lr (scaled by
+the global batch as train.py does) and sample_fc's lr schedule (lr_schedule: step with its
+warm-up, or poly, cosine; the same lr at every update, not arcface_torch's PolynomialLRWarmup),
+weight decay wd (arcface_torch's way: on every parameter), momentum 0.9, the loss preset's
+margins as CombinedMarginLoss (m1, m2, m3) with scale loss_s (ArcFace or CosFace only),
+sample_ratio as sample_rate (auto resolved as train.py does; no ratio warm-up, no sampling
+corrections on that side).
+Prints both loss curves side by side, both accuracies, then speed: each run trains both
+sides (sample_fc first in odd runs, the yardstick first in even ones), each side's global
+samples/s over the steps after the first SPEED_SKIP_STEPS (start-up and verification
+excluded), a table of the runs and the median of their ratios; with --seeds, every seed
+gets --runs runs and the loss is averaged over them all.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from easydict import EasyDict
 
+from ..ranks import cores_per_worker
 from ..run.run_root import read_progress, read_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,15 +61,20 @@ def parse_args(argv):
                         help="train once per seed (config key seed) and report the mean; default: the config's seed")
     parser.add_argument("--train-arg", action="append", default=[], metavar="ARG",
                         help="extra train.py argument for the sample_fc side only (repeatable)")
+    parser.add_argument("--runs", type=positive_int, default=1,
+                        help="train both sides this many times per seed, alternating which goes first (default 1)")
+    parser.add_argument("--torch-data", choices=("rec", "memory"), default="rec",
+                        help="yardstick: the .rec decoded per step by its 2-worker DataLoader (default), "
+                        "or decoded once into memory before training")
     parser.add_argument("--torch-clip", type=float, default=5.0,
-                        help="reference: backbone gradient-norm clip (0 = none; default 5 as arcface_torch)")
-    parser.add_argument("--torch-init", choices=("torch", "xavier2"), default="torch",
-                        help="reference: PyTorch's default init, or sample_fc's Xavier magnitude 2")
-    parser.add_argument("--torch-wd", choices=("all", "mxnet"), default="all",
-                        help="reference: weight decay on every parameter, or MXNet's rule (not on betas)")
-    parser.add_argument("--torch-momentum", choices=("torch", "mxnet"), default="torch",
-                        help="reference: PyTorch's momentum (in gradient units) or MXNet's (in lr-scaled steps)")
+                        help="yardstick: backbone gradient-norm clip (0 = none; default 5 as arcface_torch)")
     return parser.parse_args(argv)
+
+
+def positive_int(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return int(text)
 
 
 def seed_list(text):
@@ -118,24 +141,150 @@ def samples_per_s(records, skip):
     return steps / step_seconds if step_seconds else None
 
 
+# sample_fc's numbers the yardstick needs that only sample_fc's own code computes; run in a
+# process of its own: sample_fc.optimizers loads Horovod, and torch may not share a process with it
+RECIPE_NUMBERS = """
+import json, sys
+from easydict import EasyDict
+from sample_fc.builder import resolve_auto
+from sample_fc.optimizers import make_schedule
+cfg, world = EasyDict(json.load(sys.stdin)), int(sys.argv[1])
+resolve_auto(cfg, world)
+lr = cfg.lr * (cfg.batch_size * world / 512 if cfg.lr_scale_by_world else 1.0)
+schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
+print(json.dumps({"sample_ratio": cfg.sample_ratio, "lrs": [schedule(n) for n in range(1, cfg.max_update + 1)]}))
+"""
+
+
+def recipe_numbers(cfg, world):
+    """{'sample_ratio': the number train.py trains with (auto resolved), 'lrs': the lr of each
+    update 1..max_update}, computed by sample_fc's own builder.resolve_auto and make_schedule."""
+    result = subprocess.run([sys.executable, "-c", RECIPE_NUMBERS, str(world)], input=json.dumps(cfg), cwd=ROOT,
+                            capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"compare: error: sample_fc's lr schedule: {result.stderr.strip().splitlines()[-1]}")
+    return json.loads(result.stdout)
+
+
+def yardstick_recipe(cfg, world, sample_ratio):
+    """The yardstick's settings for sample_fc's resolved config on `world` workers (no torch here):
+    the same network, shapes, global batch, scaled lr, weight decay, margins and scale (momentum:
+    arcface_torch's fixed 0.9, which yardstick_refusal holds the recipe to)."""
+    global_batch = cfg.batch_size * world
+    return EasyDict(network=cfg.network, image_size=cfg.image_size, embedding_size=cfg.embedding_size,
+                    classes=cfg.num_classes, global_batch=global_batch, steps=cfg.max_update,
+                    lr=cfg.lr * (global_batch / 512 if cfg.lr_scale_by_world else 1.0),
+                    weight_decay=cfg.wd, margins=(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3),
+                    scale=cfg.loss_s, sample_rate=float(sample_ratio), seed=cfg.seed)
+
+
+def yardstick_refusal(cfg):
+    """None, or the one line saying why the yardstick cannot train cfg's recipe (imports torch)."""
+    from .yardstick import CombinedMargin
+    from .yardstick.networks import NETWORKS
+    from .yardstick.training import MOMENTUM
+    if cfg.network not in NETWORKS:
+        return (f"the yardstick has no network {cfg.network!r}; arcface_torch's networks it has: "
+                f"{', '.join(NETWORKS)} (--network NAME)")
+    if cfg.momentum != MOMENTUM:
+        return (f"momentum={cfg.momentum:g}, but arcface_torch's train_v2.py fixes SGD momentum at {MOMENTUM:g} "
+                f"(--set momentum={MOMENTUM:g})")
+    try:
+        CombinedMargin(cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3)
+    except ValueError as error:
+        return f"loss {cfg.loss}: {error}"
+    return None
+
+
+def sample_fc_layout(args, cfg):
+    """Processes and threads of the sample_fc side, as train.py sets them (ranks.share_cores)."""
+    threads = os.environ.get("OMP_NUM_THREADS") or cores_per_worker(args.np)
+    engine = os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")
+    return (f"{args.np} worker processes x {threads} OpenMP threads ({engine} MXNet engine thread, "
+            f"{cfg.data_threads} decoding threads each)")
+
+
+def first_image_side(folder):
+    """Height of the .rec's first image, read with PIL: decoding with MXNet in this process
+    before the DataLoader forks its workers would start MXNet's threads here and hang them."""
+    import io
+    import mxnet as mx
+    from PIL import Image
+    from .yardstick.data import image_indices, open_record
+    record = open_record(folder)
+    _, payload = mx.recordio.unpack(record.read_idx(int(image_indices(record)[0])))
+    record.close()
+    return Image.open(io.BytesIO(payload)).size[1]
+
+
+def yardstick_batches(args, recipe, rec_folder):
+    """(endless (images, labels) batches, a close() for them, the data's layout line)."""
+    from .yardstick import MemoryFaces, RecFaces, rec_loader
+    from .yardstick.data import LOADER_WORKERS, Prefetched
+    dataset = RecFaces(rec_folder)
+    side = first_image_side(rec_folder)
+    if side != recipe.image_size:
+        sys.exit(f"compare: {rec_folder} holds {side} px images and the recipe trains at image_size="
+                 f"{recipe.image_size}; the yardstick does not resize (--set image_size={side})")
+    if args.torch_data == "memory":
+        faces = MemoryFaces.from_rec(rec_folder)
+        return (faces.batches(recipe.global_batch, seed=recipe.seed), lambda: None,
+                f"data decoded once into memory ({len(faces.labels)} images), no loader workers")
+    loader = Prefetched(rec_loader(dataset, recipe.global_batch, LOADER_WORKERS, seed=recipe.seed))
+    return (loader, loader.close,
+            f"DataLoader with {LOADER_WORKERS} worker processes decoding the .rec per step, 1 prefetch thread")
+
+
+def rate_after(step_ends, skip, global_batch):
+    """Samples/s over the steps after the first `skip`; step_ends[n]: the time step n ended
+    (step_ends[0]: the start). None when there are no such steps."""
+    steps = len(step_ends) - 1 - skip
+    if steps < 1:
+        return None
+    return steps * global_batch / (step_ends[-1] - step_ends[skip])
+
+
 def run_torch(args, cfg):
+    """Train the yardstick on cfg's recipe in this process; return ([(step, loss)], {target:
+    accuracy}, samples/s) as run_sample_fc does."""
+    import mxnet  # noqa: F401  (the .rec reader's; importing it leaves torch 1 thread: set them after)
+    import torch
     from sample_fc.data.bin_format import load_bin
-    from sample_fc.data.iterators import FaceRecordIter
-    from . import torch_reference
-    rec = os.path.join(ROOT, cfg.rec) if not os.path.isabs(cfg.rec) else cfg.rec
+    from sample_fc.verification import score
+    from .yardstick import CombinedMargin, PartialFC, Trainer, build_network
+    from .yardstick.scoring import embed_pairs
+    numbers = recipe_numbers(cfg, args.np)
+    recipe = yardstick_recipe(cfg, args.np, numbers["sample_ratio"])
+    rec = cfg.rec if os.path.isabs(cfg.rec) else os.path.join(ROOT, cfg.rec)
+    torch.set_num_threads(args.torch_threads)
+    torch.manual_seed(recipe.seed)
+    backbone = build_network(recipe.network, recipe.image_size, recipe.embedding_size)
+    head = PartialFC(CombinedMargin(recipe.scale, *recipe.margins), recipe.embedding_size, recipe.classes,
+                     recipe.sample_rate)
+    lrs = numbers["lrs"]
+    trainer = Trainer(backbone, head, recipe.lr, recipe.weight_decay, lr_at=lambda n: lrs[min(n, len(lrs)) - 1],
+                      clip_norm=args.torch_clip)
+    # the loader last: its workers fork from this process while nothing else runs in it
+    batches, close, data_layout = yardstick_batches(args, recipe, os.path.dirname(rec))
+    print(f"yardstick: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch}, lr {recipe.lr:g} "
+          f"({cfg.lr_schedule} schedule), wd {recipe.weight_decay:g} on every parameter, margins {recipe.margins} "
+          f"s {recipe.scale:g}, sample rate {recipe.sample_rate:g}, clip {args.torch_clip:g}", flush=True)
+    print(f"yardstick layout: 1 process, {torch.get_num_threads()} torch threads; {data_layout}", flush=True)
+    losses, window, step_ends = [], [], [time.perf_counter()]
+    for step in range(1, recipe.steps + 1):
+        window.append(float(trainer.step(*next(batches))))
+        step_ends.append(time.perf_counter())
+        if step % cfg.frequent == 0 or step == recipe.steps:
+            losses.append((step, sum(window) / len(window)))
+            print(f"  yardstick step {step}/{recipe.steps}  loss {losses[-1][1]:.4f}", flush=True)
+            window = []
+    close()
+    speed = rate_after(step_ends, SPEED_SKIP_STEPS, recipe.global_batch)
     target = cfg.val_targets[0]
     images, issame = load_bin(os.path.join(os.path.dirname(rec), target + ".bin"), cfg.image_size)
-    train_iter = FaceRecordIter(rec, cfg.batch_size * args.np, (3, cfg.image_size, cfg.image_size),
-                                seed=cfg.seed, num_threads=cfg.data_threads, num_classes=cfg.num_classes)
-    print(f"torch reference: clip {args.torch_clip:g}, init {args.torch_init}, weight decay on "
-          f"{args.torch_wd}, {os.cpu_count()} threads, global batch {cfg.batch_size * args.np}", flush=True)
-    result = torch_reference.train(cfg, train_iter, images, issame, args.np, clip_grad_norm=args.torch_clip,
-                                   init=args.torch_init, wd_all=args.torch_wd == "all",
-                                   mxnet_momentum=args.torch_momentum == "mxnet",
-                                   log=lambda line: print("  " + line, flush=True), threads=os.cpu_count(),
-                                   speed_skip=SPEED_SKIP_STEPS)
-    train_iter.close()
-    return result["losses"], {target: result["accuracy"]}, result["samples_per_s"]
+    accuracy = score(embed_pairs(backbone, images), issame).accuracy
+    print(f"  yardstick {target} accuracy {accuracy:.4f}, {speed or 0:.1f} samples/s", flush=True)
+    return losses, {target: accuracy}, speed
 
 
 def mean_curve(curves):
@@ -159,51 +308,83 @@ def accuracy_summary(per_seed):
     return ", ".join(parts)
 
 
-def report(curves, accuracies, speeds, seeds):
-    """curves: name -> [curve per seed]; accuracies: name -> [{target: accuracy} per seed];
-    speeds: name -> [samples/s per seed]."""
+def speed_table(sample_fc_speeds, yardstick_speeds):
+    """(lines of the table: run, both sides' samples/s, their ratio; the median ratio or None).
+    A side that did not run or measure has None (and its run no ratio)."""
+    lines = [f"  {'run':>3}  {'sample_fc':>10}  {'yardstick':>10}  {'ratio':>6}"]
+    ratios = []
+    for run, (ours, theirs) in enumerate(zip(sample_fc_speeds, yardstick_speeds), start=1):
+        ratio = ours / theirs if ours and theirs else None
+        if ratio is not None:
+            ratios.append(ratio)
+        cells = [f"{v:10.1f}" if v else f"{'-':>10}" for v in (ours, theirs)]
+        lines.append(f"  {run:3d}  {cells[0]}  {cells[1]}  " + (f"{ratio:6.3f}" if ratio else f"{'-':>6}"))
+    return lines, (statistics.median(ratios) if ratios else None)
+
+
+def report(curves, accuracies, speeds, trainings, layouts):
+    """curves: name -> [curve per training]; accuracies: name -> [{target: accuracy} per training];
+    speeds: name -> [samples/s per training]; trainings: [(seed, run)]; layouts: name -> line."""
     names = list(curves)
     mean = {name: dict(mean_curve(curves[name])) for name in names}
     steps = sorted({s for curve in mean.values() for s in curve})
-    over = f", averaged over seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else ""
+    over = f", averaged over {len(trainings)} trainings" if len(trainings) > 1 else ""
     print(f"\nloss (mean over the steps since the previous row{over})")
     print("  step  " + "".join(f"{n:>12}" for n in names))
     for step in steps:
         row = [mean[n].get(step) for n in names]
         print(f"  {step:4d}  " + "".join(f"{v:12.4f}" if v is not None else f"{'-':>12}" for v in row))
-    print("\nheld-out verification accuracy (10-fold, flip)" + (f", seeds {','.join(map(str, seeds))}" if over else ""))
+    print("\nheld-out verification accuracy (10-fold, flip), per training "
+          + ", ".join(f"seed {seed} run {run}" for seed, run in trainings))
     for name in names:
         print(f"  {name:>10}: " + accuracy_summary(accuracies[name]))
     print(f"\nspeed (global samples/s over the steps after the first {SPEED_SKIP_STEPS})")
     for name in names:
-        values = [f"{v:.1f}" if v else "- (run too short)" for v in speeds[name]]
-        print(f"  {name:>10}: " + " ".join(values))
+        print(f"  {name:>10}: {layouts[name]}")
+    missing = [None] * len(trainings)
+    lines, median = speed_table(speeds.get("sample_fc", missing), speeds.get("yardstick", missing))
+    print("\n".join(lines))
+    if median is not None:
+        print(f"  median ratio sample_fc / yardstick: {median:.3f}")
+
+
+def train_both(args, order, curves, accuracies, speeds):
+    """One training of each side (in `order`), results appended to the per-side lists."""
+    for name in order:
+        if name == "sample_fc":
+            with tempfile.TemporaryDirectory(prefix="compare-") as models_root:
+                result = run_sample_fc(args, models_root)
+        else:
+            result = run_torch(args, config(args))
+        for table, value in zip((curves, accuracies, speeds), result):
+            table.setdefault(name, []).append(value)
 
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = config(args)                   # builds the demo data on first use, as train.py does
-    if args.only != "sample_fc":
+    sides = [{"sample_fc": "sample_fc", "torch": "yardstick"}[args.only]] if args.only else ["sample_fc", "yardstick"]
+    layouts = {"sample_fc": sample_fc_layout(args, cfg)}
+    if "yardstick" in sides:
         try:
-            import torch  # noqa: F401
+            import torch
         except ImportError:
-            sys.exit("compare: PyTorch is not installed; run `scripts/test.sh -k torch_reference` once (it installs torch 2.13.0, CPU build, and its pinned dependencies: requirements-test.txt)")
-    seeds = args.seeds or [cfg.seed]
+            sys.exit("compare: PyTorch is not installed; run `scripts/test.sh -k yardstick` once (it installs torch 2.13.0, CPU build, and its pinned dependencies: requirements-test.txt)")
+        args.torch_threads = torch.get_num_threads()      # torch's default, before mxnet is imported here
+        refusal = yardstick_refusal(cfg)
+        if refusal:
+            sys.exit(f"compare: {refusal}")
+        layouts["yardstick"] = (f"1 process x {args.torch_threads} torch threads, data: " +
+                                ("DataLoader, 2 worker processes + 1 prefetch thread" if args.torch_data == "rec"
+                                 else "decoded once into memory"))
+    trainings = [(seed, run) for seed in (args.seeds or [cfg.seed]) for run in range(1, args.runs + 1)]
     base_overrides = list(args.overrides)
     curves, accuracies, speeds = {}, {}, {}
-    for seed in seeds:
+    for index, (seed, run) in enumerate(trainings):
         args.overrides = base_overrides + ([f"seed={seed}"] if args.seeds else [])
-        results = {}
-        if args.only != "torch":
-            with tempfile.TemporaryDirectory(prefix="compare-") as models_root:
-                results["sample_fc"] = run_sample_fc(args, models_root)
-        if args.only != "sample_fc":
-            results["torch"] = run_torch(args, config(args))
-        for name, (curve, accuracy, speed) in results.items():
-            curves.setdefault(name, []).append(curve)
-            accuracies.setdefault(name, []).append(accuracy)
-            speeds.setdefault(name, []).append(speed)
-    report(curves, accuracies, speeds, seeds)
+        print(f"\n== seed {seed}, run {run}", flush=True)
+        train_both(args, sides if index % 2 == 0 else sides[::-1], curves, accuracies, speeds)
+    report(curves, accuracies, speeds, trainings, {name: layouts[name] for name in sides})
     return 0
 
 

@@ -1,8 +1,9 @@
-"""Where a CPU training step's time goes: sample_fc's step by stage beside the PyTorch
-reference's forward, backward and update, on the same network, image size and global batch.
+"""Where a CPU training step's time goes: sample_fc's step by stage beside the yardstick's
+(arcface_torch's step, sample_fc/bench/yardstick/), on the same network, image size and global batch.
 
-    .venv/bin/python -m sample_fc.bench.step_breakdown [--networks mbf,mbf_small] [--sizes 32,112]
+    .venv/bin/python -m sample_fc.bench.step_breakdown [--networks mbf,r50] [--sizes 32,112]
         [--worlds 1,2] [--global-batch 128] [--steps 8] [--no-torch]
+        [--torch-data rec|memory] [--torch-rec DIR ...]
 
 Each sample_fc case is a job of its own (`python -m sample_fc.bench --worker step` on `world`
 ranks under horovodrun, cores // world threads each, as ./horovodrun.sh sets them): the real
@@ -10,8 +11,25 @@ module (builder.build_module: the backbone as training runs it, the full-softmax
 demo's images resized to the case's size, read by FaceRecordIter as train.py reads them.
 `step` is the median of plain module.step calls (with the data wait before each); the stage
 columns are the median of steps timed stage by stage with every MXNet operation finished at
-both ends (bench.cases.StageTimer), so they add up to a little more than `step`. The
-reference runs in this process with all cores (as bench.compare runs it).
+both ends (bench.cases.StageTimer), so they add up to a little more than `step`.
+
+The yardstick row (per network and size) runs in this process with torch's default threads:
+arcface_torch's network (mbf, r18..r200; none for sample_fc's other networks), PartialFC_V2
+at sample rate 1 with the demo recipe's classes, embedding size and CosFace margin, SGD, clip
+5, the global batch on one process. Its data is the .rec of the case's size (the demo's at
+32 px, or a --torch-rec folder: its property file names the size) decoded per step by its
+2-worker DataLoader; with --torch-data memory, or with no .rec of that size, images held in
+memory (the trainer cell says which). `step` is the median of its steps' totals.
+
+What each column counts, sample_fc | yardstick:
+    data          wait for the batch: FaceRecordIter (decode, resize, copy) | the loader's queue or the gather
+    forward       backbone forward | backbone forward
+    head          allgather of embeddings and labels, sampling, logits, softmax, the head's
+                  gradients, reduce-scatter (the collectives) | PartialFC forward: logits, margin, loss
+    backward      backbone backward | all of backward (the head's and the backbone's)
+    check/clip    finite check of the gradients | clip_grad_norm_ of the backbone's
+    update        gradient sum over ranks (a collective) with clipping, bank and backbone SGD |
+                  SGD step, zero_grad, lr
 """
 import argparse
 import os
@@ -26,7 +44,7 @@ from .jobs import run_worker
 STAGE_COLUMNS = (("data", ("data",)), ("forward", ("forward",)),
                  ("head", ("allgather", "sample", "gather_rows", "logits", "softmax", "gradients",
                            "reducescatter")),
-                 ("backward", ("backbone_backward",)), ("finite check", ("finite_check",)),
+                 ("backward", ("backbone_backward",)), ("check/clip", ("finite_check",)),
                  ("update", ("gradient_sum", "bank_update", "backbone_update")))
 
 
@@ -78,36 +96,52 @@ def step_case(network, image_size, batch_size, steps, seed=0):
             "samples_per_s": batch_size * world / step_ms * 1e3, "stages": stages}
 
 
-def torch_case(network, image_size, global_batch, steps, classes=200, embedding_size=128):
-    """The PyTorch reference's forward, backward (loss included) and SGD update, medians in ms."""
+def rec_side_and_classes(folder):
+    """(image side, classes) from a .rec folder's property file ('classes,height,width'), or None."""
+    try:
+        with open(os.path.join(folder, "property")) as handle:
+            classes, side, _ = (int(v) for v in handle.read().strip().split(","))
+    except (OSError, ValueError):
+        return None
+    return side, classes
+
+
+def rec_for_size(folders, image_size, num_classes):
+    """The first folder holding a .rec of `image_size` px images with at most num_classes labels, or None."""
+    for folder in folders:
+        found = rec_side_and_classes(folder)
+        if found and found[0] == image_size and found[1] <= num_classes:
+            return folder
+    return None
+
+
+def yardstick_case(network, image_size, global_batch, steps, data, rec_folders):
+    """The yardstick's step by stage (yardstick.stages) on the demo recipe's head: medians in ms,
+    the data it read and its threads."""
     import torch
-    import torch.nn.functional as F
-    from . import torch_reference
-    torch.set_num_threads(os.cpu_count() or 1)
+    threads = torch.get_num_threads()        # torch's default; importing mxnet (the .rec reader) leaves 1
+    import mxnet  # noqa: F401
+    from default import get_config
+    from .yardstick import CombinedMargin, MemoryFaces, PartialFC, RecFaces, Trainer, build_network, rec_loader
+    from .yardstick.data import LOADER_WORKERS, Prefetched
+    from .yardstick.stages import stage_medians
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = torch_reference.network(network, embedding_size, image_size)
-    centers = torch.nn.Parameter(torch.randn(classes, embedding_size) * 0.01)
-    optimizer = torch.optim.SGD(list(model.parameters()) + [centers], lr=0.1, momentum=0.9, weight_decay=5e-4)
-    pixels = torch.rand(global_batch, 3, image_size, image_size) * 255
-    labels = torch.randint(0, classes, (global_batch,))
-    times = {"forward": [], "backward": [], "update": []}
-    for i in range(steps + 3):
-        start = time.perf_counter()
-        cosine = F.linear(F.normalize(model(pixels)), F.normalize(centers))
-        loss = F.cross_entropy(torch_reference.margin_logits(cosine, labels, 32.0, 1.0, 0.0, 0.25), labels)
-        middle = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        after = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        optimizer.step()
-        end = time.perf_counter()
-        if i >= 3:
-            for name, seconds in (("forward", middle - start), ("backward", after - middle), ("update", end - after)):
-                times[name].append(seconds)
-    medians = {name: float(np.median(values) * 1e3) for name, values in times.items()}
-    step_ms = sum(medians.values())
-    return {"step_ms": step_ms, "samples_per_s": global_batch / step_ms * 1e3, "stages": medians}
+    cfg = get_config("demo", network=network)
+    lr = cfg.lr * global_batch / 512 if cfg.lr_scale_by_world else cfg.lr
+    head = PartialFC(CombinedMargin(cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3), cfg.embedding_size,
+                     cfg.num_classes)
+    trainer = Trainer(build_network(network, image_size, cfg.embedding_size), head, lr, cfg.wd)
+    folder = rec_for_size(rec_folders, image_size, cfg.num_classes) if data == "rec" else None
+    if folder:              # the loader last: its workers fork while nothing else runs here
+        loader = Prefetched(rec_loader(RecFaces(folder), global_batch, LOADER_WORKERS))
+        source, batches, close = f"rec, {LOADER_WORKERS} loader workers", loader, loader.close
+    else:
+        faces = MemoryFaces.random(max(4 * global_batch, 512), image_size, cfg.num_classes)
+        source, batches, close = "memory", faces.batches(global_batch), (lambda: None)
+    stages = stage_medians(trainer, batches, steps)
+    close()
+    return {"step_ms": stages.pop("step"), "stages": stages, "source": source, "threads": torch.get_num_threads()}
 
 
 def rate(samples_per_s):
@@ -129,6 +163,12 @@ def check_args(parser, args):
     unknown = [n for n in networks if n not in default.NETWORKS]
     if unknown:
         parser.error(f"--networks: unknown {', '.join(unknown)}; choose from {', '.join(default.NETWORKS)}")
+    if not args.no_torch:
+        from .yardstick.networks import NETWORKS as YARDSTICK_NETWORKS
+        missing = [n for n in networks if n not in YARDSTICK_NETWORKS]
+        if missing:
+            parser.error(f"--networks: the yardstick has no {', '.join(missing)}; arcface_torch's networks it has: "
+                         f"{', '.join(YARDSTICK_NETWORKS)} (or --no-torch for sample_fc rows only)")
     try:
         sizes, worlds = [int(v) for v in args.sizes.split(",")], [int(v) for v in args.worlds.split(",")]
     except ValueError:
@@ -139,15 +179,32 @@ def check_args(parser, args):
         parser.error(f"--worlds must divide --global-batch {args.global_batch} and --steps be >= 1")
 
 
+def yardstick_row(args, network, size):
+    """The table row of the yardstick's step for `network` at `size` px."""
+    from .jobs import REPO
+    demo = os.path.join(REPO, "data", "demo")
+    record = yardstick_case(network, size, args.global_batch, args.steps, args.torch_data, args.torch_rec + [demo])
+    stages = record["stages"]
+    return ([network, size, f"yardstick ({record['source']})", f"1 x {record['threads']}", f"{record['step_ms']:.0f}",
+             rate(args.global_batch / record["step_ms"] * 1e3)]
+            + [f"{stages[name]:.0f}" for name in ("data", "forward", "head", "backward", "clip", "update")])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.step_breakdown", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--networks", default="mbf,mbf_small")
+    parser.add_argument("--networks", default="mbf,r50")
     parser.add_argument("--sizes", default="32,112")
     parser.add_argument("--worlds", default="1,2")
     parser.add_argument("--global-batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=8, help="timed steps per case (plain and staged each)")
-    parser.add_argument("--no-torch", action="store_true", help="sample_fc only")
+    parser.add_argument("--no-torch", action="store_true", help="sample_fc only (no yardstick rows)")
+    parser.add_argument("--torch-data", choices=("rec", "memory"), default="rec",
+                        help="yardstick: a .rec of the case's size read by its DataLoader (default; memory where "
+                        "there is none), or images held in memory")
+    parser.add_argument("--torch-rec", action="append", default=[], metavar="DIR",
+                        help="yardstick: a folder with train.rec/.idx/property of another size (repeatable; "
+                        "the demo's serves 32 px)")
     args = parser.parse_args(argv)
     check_args(parser, args)
     rows = []
@@ -166,11 +223,7 @@ def main(argv=None):
                              rate(args.global_batch / slowest['step_ms'] * 1e3)] + cells)
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
             if not args.no_torch:
-                record = torch_case(network, size, args.global_batch, args.steps)
-                stages = record["stages"]
-                rows.append([network, size, "PyTorch", f"1 x {os.cpu_count()}", f"{record['step_ms']:.0f}",
-                             rate(record['samples_per_s']), "-", f"{stages['forward']:.0f}", "(in forward)",
-                             f"{stages['backward']:.0f}", "-", f"{stages['update']:.0f}"])
+                rows.append(yardstick_row(args, network, size))
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
     print("\n" + table(rows))
     return 0

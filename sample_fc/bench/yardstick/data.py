@@ -105,12 +105,32 @@ class Prefetched:
     def __init__(self, loader, depth=PREFETCH_BATCHES):
         self.batches = queue.Queue(depth)
         self.loader = loader
-        threading.Thread(target=self._fill, daemon=True).start()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._fill, daemon=True)
+        self.thread.start()
 
     def _fill(self):
-        while True:
+        while not self.stopped.is_set():
             for batch in self.loader:
-                self.batches.put(batch)
+                if not self._put(batch):
+                    return
+
+    def _put(self, batch):
+        """Queue `batch` once there is room; False when close() was called meanwhile."""
+        while not self.stopped.is_set():
+            try:
+                self.batches.put(batch, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self):
+        """Stop reading ahead and let the loader's workers end (a process running several
+        trainings in turn, as bench.compare's --runs, must not keep each one's workers)."""
+        self.stopped.set()
+        self.thread.join()
+        self.loader = None
 
     def __next__(self):
         return self.batches.get()

@@ -136,25 +136,44 @@ def distributed_backbone(backbone):
 
 
 class Trainer:
-    """One process's training step: data -> backbone -> PartialFC loss -> backward -> clip -> SGD."""
+    """One process's training step: data -> backbone -> PartialFC loss -> backward -> clip -> SGD.
 
-    def __init__(self, backbone, head, lr, weight_decay, warmup_steps=0, total_steps=10 ** 9):
+    lr_at(n): the lr of update n (1, 2, ...); default arcface_torch's schedule (scheduled_lr:
+    warm-up over warmup_steps, polynomial decay to total_steps). bench.compare passes
+    sample_fc's recipe's schedule instead, so both sides train the same recipe. clip_norm: the
+    backbone's gradient-norm clip (train_v2.py's 5; 0 = none)."""
+
+    def __init__(self, backbone, head, lr, weight_decay, warmup_steps=0, total_steps=10 ** 9, lr_at=None,
+                 clip_norm=CLIP_NORM):
         self.backbone, self.head = backbone.train(), head.train()
+        self.clip_norm = clip_norm          # 0: no clipping (train_v2.py always clips at 5)
         self.optimizer = make_optimizer(backbone, head, lr, weight_decay)
-        self.base_lr, self.warmup_steps, self.total_steps = lr, warmup_steps, total_steps
+        self.lr_at = lr_at or (lambda update: scheduled_lr(lr, update - 1, warmup_steps, total_steps))
         self.steps = 0
+        self._set_lr(self.lr_at(1))
 
-    def step(self, images, labels):
+    def _set_lr(self, lr):
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self, images, labels, mark=lambda stage: None):
+        """One update; mark(stage) is called as each stage ends (forward, head, backward, clip,
+        update), e.g. by a stages.StageClock timing them."""
         # forward: embeddings, then the centers' margin softmax loss
-        loss = self.head(self.backbone(images), labels)
+        embeddings = self.backbone(images)
+        mark("forward")
+        loss = self.head(embeddings, labels)
+        mark("head")
         # backward, the backbone's gradient norm clipped to 5, the SGD update
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.backbone.parameters(), CLIP_NORM)
+        mark("backward")
+        if self.clip_norm:
+            torch.nn.utils.clip_grad_norm_(self.backbone.parameters(), self.clip_norm)
+        mark("clip")
         self.optimizer.step()
         self.optimizer.zero_grad()
         # the lr schedule steps after every update
         self.steps += 1
-        lr = scheduled_lr(self.base_lr, self.steps, self.warmup_steps, self.total_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self._set_lr(self.lr_at(self.steps + 1))
+        mark("update")
         return loss.detach()
