@@ -1,14 +1,29 @@
-"""The learning benchmark's bookkeeping (sample_fc/bench/compare.py): seeds it accepts, the
-loss curve it averages over seeds and the accuracy line it prints. (Training both sides is
-the benchmark itself, not a test.)"""
+"""bench.compare (sample_fc/bench/compare.py): the seeds it accepts, the loss curve it averages,
+the accuracy line, the samples/s of each side and the speed table, the yardstick's recipe
+mapped from sample_fc's config, its refusals, and one tiny yardstick-only run end to end.
+torch is never imported in this process (Horovod is): the yardstick side runs in a subprocess."""
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
+from easydict import EasyDict
 
-from sample_fc.bench.compare import accuracy_summary, mean_curve, parse_args, samples_per_s, seed_list
+from default import get_config
+from sample_fc.bench.compare import (accuracy_summary, mean_curve, parse_args, rate_after, recipe_numbers,
+                                     samples_per_s, seed_list, speed_table, yardstick_recipe)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def compare(args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sample_fc.bench.compare"] + args, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_seed_list_parses_distinct_non_negative_integers():
+    """Test that --seeds takes distinct integers >= 0 and rejects anything else."""
     assert seed_list("0,1,2") == [0, 1, 2]
     assert seed_list("7") == [7]
     for bad in ("0,x", "1,1", "-1,2", ""):
@@ -18,18 +33,34 @@ def test_seed_list_parses_distinct_non_negative_integers():
     assert parse_args([]).seeds is None
 
 
+def test_options_runs_and_torch_data():
+    """Test that --runs defaults to 1 and takes integers >= 1, --torch-data defaults to rec, and
+    the options of the old reference (--torch-init, --torch-wd, --torch-momentum) are gone."""
+    args = parse_args([])
+    assert (args.runs, args.torch_data, args.torch_clip) == (1, "rec", 5.0)
+    assert parse_args(["--runs", "3", "--torch-data", "memory"]).runs == 3
+    for bad in (["--runs", "0"], ["--runs", "x"], ["--torch-data", "disk"], ["--torch-init", "torch"],
+                ["--torch-wd", "all"], ["--torch-momentum", "mxnet"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+
+
 def test_mean_curve_averages_each_step_over_the_runs_that_logged_it():
+    """Test that the loss at each step is averaged over the trainings that logged that step."""
     curves = [[(20, 10.0), (40, 8.0)], [(20, 12.0), (40, 6.0), (60, 5.0)]]
     assert mean_curve(curves) == [(20, 11.0), (40, 7.0), (60, 5.0)]
 
 
 def test_accuracy_summary_gives_each_seed_then_mean_and_spread():
+    """Test that the accuracy line lists each training's accuracy, then their mean and spread."""
     assert accuracy_summary([{"demo_val": 0.92}]) == "demo_val 0.9200"
     line = accuracy_summary([{"demo_val": 0.92}, {"demo_val": 0.90}, {"demo_val": 0.91}])
     assert line == "demo_val 0.9200 0.9000 0.9100 (mean 0.9100, spread 0.0200)"
 
 
 def test_samples_per_s_is_total_samples_over_total_time_after_the_skipped_steps():
+    """Test that sample_fc's samples/s is the progress windows after the skipped steps taken as
+    total samples over total time."""
     # windows of 20 steps at a global batch of 128: 20-40 takes 10 s, 40-60 takes 30 s,
     # 60-70 takes 5 s (the window 0-20, with start-up, is skipped)
     batch = 128
@@ -38,3 +69,88 @@ def test_samples_per_s_is_total_samples_over_total_time_after_the_skipped_steps(
     assert samples_per_s(records, 20) == pytest.approx(50 * batch / 45)
     assert samples_per_s(records, 40) == pytest.approx(30 * batch / 35)
     assert samples_per_s(records[:1], 20) is None          # nothing after the skipped steps
+
+
+def test_yardstick_rate_counts_only_the_steps_after_the_skipped_ones():
+    """Test that the yardstick's samples/s is (steps after `skip`) x batch over the time from
+    the end of step `skip` to the end of the last step, and None without such steps."""
+    ends = [0.0, 5.0, 6.0, 7.0, 9.0, 10.0]            # start, then the end of steps 1..5 (step 1: start-up)
+    assert rate_after(ends, 1, 32) == pytest.approx(4 * 32 / 5.0)
+    assert rate_after(ends, 3, 32) == pytest.approx(2 * 32 / 3.0)
+    assert rate_after(ends, 5, 32) is None and rate_after(ends[:1], 0, 32) is None
+
+
+def test_speed_table_gives_each_runs_ratio_and_their_median():
+    """Test that each run's row has both sides' samples/s and sample_fc / yardstick, that the
+    median is over the runs' ratios (not the ratio of medians), and that a side without a
+    number has '-' and no ratio."""
+    lines, median = speed_table([100.0, 130.0, 90.0], [80.0, 100.0, 100.0])
+    assert median == pytest.approx(1.25)                  # ratios 1.25, 1.3, 0.9
+    assert lines[1].split() == ["1", "100.0", "80.0", "1.250"]
+    assert lines[3].split() == ["3", "90.0", "100.0", "0.900"]
+    lines, median = speed_table([None, 60.0], [50.0, 40.0])
+    assert lines[1].split() == ["1", "-", "50.0", "-"] and median == pytest.approx(1.5)
+    assert speed_table([None], [50.0])[1] is None
+
+
+def test_yardstick_recipe_is_the_demo_presets_by_hand():
+    """Test that the yardstick trains the demo's recipe as default.py sets it: mbf at 32 px,
+    embedding 128, 200 classes, global batch 64 x 2 = 128, lr 0.8 x 128 / 512 = 0.2, wd 5e-4,
+    260 steps, CosFace (1, 0, 0.25) at s 32; with --loss arcface (1, 0.5, 0) at s 32."""
+    recipe = yardstick_recipe(EasyDict(get_config("demo", network="mbf")), 2, 1.0)
+    assert recipe == {"network": "mbf", "image_size": 32, "embedding_size": 128, "classes": 200,
+                      "global_batch": 128, "steps": 260, "lr": pytest.approx(0.2), "weight_decay": 5e-4,
+                      "margins": (1.0, 0.0, 0.25), "scale": 32.0, "sample_rate": 1.0, "seed": 0}
+    arcface = yardstick_recipe(EasyDict(get_config("demo", network="r50", loss="arcface")), 4, 0.5)
+    assert (arcface.network, arcface.global_batch, arcface.lr) == ("r50", 256, pytest.approx(0.4))
+    assert (arcface.margins, arcface.scale, arcface.sample_rate) == ((1.0, 0.5, 0.0), 32.0, 0.5)
+
+
+def test_recipe_numbers_are_sample_fcs_schedule_and_resolved_ratio():
+    """Test that the yardstick's lr of each update is sample_fc's: the demo's ArcFace recipe at
+    a global batch of 128 warms up over 50 steps to 0.2, then x0.1 at steps 180 and 230; and
+    that sample_ratio=auto comes back as train.py's number (1.0 for 200 classes)."""
+    cfg = get_config("demo", network="mbf", loss="arcface")
+    cfg.sample_ratio = "auto"
+    numbers = recipe_numbers(cfg, 2)
+    lrs = numbers["lrs"]
+    assert len(lrs) == 260
+    assert lrs[0] == pytest.approx(0.2 / 50) and lrs[24] == pytest.approx(0.1) and lrs[49] == pytest.approx(0.2)
+    assert lrs[178] == pytest.approx(0.2) and lrs[179] == pytest.approx(0.02) and lrs[229] == pytest.approx(0.002)
+    assert numbers["sample_ratio"] == 1.0
+
+
+@pytest.mark.parametrize("args,line", [
+    (["--network", "mbf_small"], "compare: the yardstick has no network 'mbf_small'; arcface_torch's networks it "
+                                 "has: mbf, r18, r34, r50, r100, r200 (--network NAME)"),
+    (["--network", "mbf", "--set", "loss_m2=0.3"], "compare: loss cosface: margins m1=1.0, m2=0.3, m3=0.25")])
+def test_a_recipe_the_yardstick_cannot_train_is_one_line(args, line):
+    """Test that a network arcface_torch does not have, or combined margins its loss does not
+    train, end compare with one line naming the choices, before anything trains."""
+    result = compare(args + ["--only", "torch"], timeout=120)
+    assert result.returncode == 1 and result.stderr.strip().startswith(line), result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and "step" not in result.stdout
+
+
+def test_a_tiny_yardstick_run_reports_loss_accuracy_and_layout(tmp_path):
+    """Test that compare --only torch trains the yardstick on a tiny 16 px set read by its
+    DataLoader and prints its loss rows, its held-out accuracy, its process layout and a speed
+    row without a number (the run is shorter than the skipped steps)."""
+    data = tmp_path / "tiny"
+    subprocess.run([sys.executable, "-m", "sample_fc.tools.demo_data", "--out", str(data), "--num-identities", "20",
+                    "--images-per-identity", "4", "--num-val-identities", "20", "--num-pairs", "40",
+                    "--image-size", "16"], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    result = compare(["--dataset", "custom", "--network", "mbf", "--set", f"rec={data / 'train.rec'}",
+                      "--set", 'val_targets=["demo_val"]', "--set", "max_update=6", "--set", "batch_size=8",
+                      "--set", "frequent=2", "--only", "torch", "--torch-data", "rec"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "global batch 16" in out and "sample rate 1" in out and "margins (1.0, 0.0, 0.25) s 32" in out
+    assert "1 process x " in out and "DataLoader, 2 worker processes" in out
+    section = out.split("loss (mean over")[1].split("held-out")[0].splitlines()
+    assert section[1].split() == ["step", "yardstick"]
+    rows = [line.split() for line in section[2:] if line.strip()]
+    assert [row[0] for row in rows] == ["2", "4", "6"] and all(float(row[1]) > 0 for row in rows)
+    accuracy = out.split("yardstick: demo_val ")[1].split()[0]
+    assert 0.0 <= float(accuracy) <= 1.0
+    assert out.rstrip().splitlines()[-1].split() == ["1", "-", "-", "-"]
