@@ -133,8 +133,70 @@ def _data(out):
              loader=loader_batch[0].numpy(), loader_labels=loader_batch[1].numpy(), flipped=flipped)
 
 
+def _tiny_trainer_parts(seed):
+    """A tiny backbone (Linear, BatchNorm1d with its scale frozen) and a CosFace PartialFC."""
+    import torch
+    from torch import nn
+    from sample_fc.bench.yardstick import CombinedMargin, PartialFC
+    torch.manual_seed(seed)
+    backbone = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4))
+    backbone[1].weight.requires_grad_(False)
+    return backbone, PartialFC(CombinedMargin(64.0, 1.0, 0.0, 0.25), 4, 5)
+
+
+def _staged_and_scheduled(out):
+    """The same two steps plain and timed by stage (given lrs per update); one step unclipped."""
+    import copy
+
+    import torch
+    from sample_fc.bench.yardstick import Trainer
+    from sample_fc.bench.yardstick.stages import StageClock, timed_step
+    backbone, head = _tiny_trainer_parts(5)
+    twin_backbone, twin_head = copy.deepcopy(backbone), copy.deepcopy(head)
+    batches = [(torch.randn(10, 6) * 30, torch.randint(0, 5, (10,))) for _ in range(2)]
+    lrs = [0.3, 0.2, 0.1]
+    plain = Trainer(backbone, head, 0.1, 0.05, lr_at=lambda n: lrs[n - 1])
+    staged = Trainer(twin_backbone, twin_head, 0.1, 0.05, lr_at=lambda n: lrs[n - 1])
+    lr_before = plain.optimizer.param_groups[0]["lr"]
+    for images, labels in batches:
+        plain.step(images, labels)
+    marks = []
+    clock = StageClock()
+    staged.step(*batches[0], mark=lambda stage: (marks.append(stage), clock(stage)))
+    seconds = timed_step(staged, iter(batches[1:]))
+    pairs = zip([*backbone.parameters(), head.weight], [*twin_backbone.parameters(), twin_head.weight])
+    # one unclipped step (clip_norm 0) and the gradients it used, from a copy
+    backbone, head = _tiny_trainer_parts(6)
+    images, labels = torch.randn(10, 6) * 30, torch.randint(0, 5, (10,))
+    twin_backbone, twin_head = copy.deepcopy(backbone), copy.deepcopy(head)
+    twin_head(twin_backbone(images), labels).backward()
+    before = [p.detach().clone() for p in backbone.parameters() if p.requires_grad]
+    grads = [p.grad.clone() for p in twin_backbone.parameters() if p.requires_grad]
+    Trainer(backbone, head, 0.1, 0.0, clip_norm=0).step(images, labels)
+    after = [p.detach() for p in backbone.parameters() if p.requires_grad]
+    np.savez(out / "staged.npz", max_diff=max(float((a - b).abs().max()) for a, b in pairs),
+             marks=np.array(marks), clock_stages=np.array(list(clock.seconds)),
+             timed_stages=np.array(list(seconds)), timed_seconds=np.array(list(seconds.values())),
+             lr_before=lr_before, lr_after=plain.optimizer.param_groups[0]["lr"],
+             grad_norm=float(torch.sqrt(sum((g ** 2).sum() for g in grads))),
+             unclipped_error=max(float((a - (b - 0.1 * g)).abs().max()) for a, b, g in zip(after, before, grads)))
+
+
+def _scoring(out):
+    """embed_pairs of a flatten + Linear backbone on uint8 images, in batches of 3."""
+    import torch
+    from torch import nn
+    from sample_fc.bench.yardstick.scoring import embed_pairs
+    torch.manual_seed(7)
+    backbone = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 5)).train()
+    images = np.random.default_rng(8).integers(0, 256, (7, 4, 4, 3), dtype=np.uint8)
+    embeddings = embed_pairs(backbone, images, batch_size=3)
+    np.savez(out / "scoring.npz", images=images, embeddings=embeddings, training_after=backbone.training,
+             weight=backbone[1].weight.detach().numpy(), bias=backbone[1].bias.detach().numpy())
+
+
 def compute(out):
-    for part in (_losses, _sampling, _one_sgd_step, _networks, _data):
+    for part in (_losses, _sampling, _one_sgd_step, _networks, _data, _staged_and_scheduled, _scoring):
         part(out)
 
 
@@ -250,6 +312,32 @@ def test_rec_path_yields_the_in_memory_tensors(computed):
     mirrored = [np.array_equal(f, want[0][:, :, ::-1]) for f in arrays["flipped"]]
     plain = [np.array_equal(f, want[0]) for f in arrays["flipped"]]
     assert all(m or p for m, p in zip(mirrored, plain)) and any(mirrored) and any(plain)
+
+
+def test_staged_step_is_the_plain_step_with_the_given_lrs(computed):
+    """Test that the step timed by stage (marks after forward, head, backward, clip, update; the
+    data wait before) updates exactly as the plain step, that lr_at sets the lr of update 1
+    at construction and that of update n + 1 after update n, and that clip_norm 0 leaves the
+    gradient unclipped though its norm is above 5."""
+    arrays = np.load(computed / "staged.npz")
+    assert float(arrays["max_diff"]) == 0.0
+    stages = ["forward", "head", "backward", "clip", "update"]
+    assert arrays["marks"].tolist() == stages and arrays["clock_stages"].tolist() == stages
+    assert arrays["timed_stages"].tolist() == ["data"] + stages and (arrays["timed_seconds"] >= 0).all()
+    assert float(arrays["lr_before"]) == 0.3 and float(arrays["lr_after"]) == pytest.approx(0.1)
+    assert float(arrays["grad_norm"]) > 5 and float(arrays["unclipped_error"]) < 1e-6
+
+
+def test_embed_pairs_normalises_as_training_and_sums_the_mirror(computed):
+    """Test that embed_pairs feeds (x / 255 - 0.5) / 0.5 in CHW, sums each image's embedding
+    with its mirror's (flipped along the width), covers every image across batches, and leaves
+    the backbone in the mode it found it in."""
+    arrays = np.load(computed / "scoring.npz")
+    pixels = (arrays["images"].transpose(0, 3, 1, 2).astype(np.float64) / 255 - 0.5) / 0.5
+    weight, bias = arrays["weight"].astype(np.float64), arrays["bias"].astype(np.float64)
+    want = (pixels.reshape(7, -1) @ weight.T + bias) + (pixels[:, :, :, ::-1].reshape(7, -1) @ weight.T + bias)
+    np.testing.assert_allclose(arrays["embeddings"], want, rtol=1e-4, atol=1e-4)
+    assert bool(arrays["training_after"])
 
 
 if __name__ == "__main__":
