@@ -56,7 +56,7 @@ def parse_args(argv):
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for both trainers (repeatable), e.g. max_update=400")
     parser.add_argument("--np", type=int, default=2, help="sample_fc workers (default 2)")
-    parser.add_argument("--only", choices=("sample_fc", "torch"), help="run one side only")
+    parser.add_argument("--only", choices=("sample_fc", "torch"), help="run one side only (torch: the yardstick)")
     parser.add_argument("--seeds", type=seed_list, default=None, metavar="N,N,...",
                         help="train once per seed (config key seed) and report the mean; default: the config's seed")
     parser.add_argument("--train-arg", action="append", default=[], metavar="ARG",
@@ -369,7 +369,7 @@ def main(argv=None):
         try:
             import torch
         except ImportError:
-            sys.exit("compare: PyTorch is not installed; run `scripts/test.sh -k yardstick` once (it installs torch 2.13.0, CPU build, and its pinned dependencies: requirements-test.txt)")
+            sys.exit("compare: PyTorch is not installed; run `scripts/test.sh -k yardstick` once (the test script installs torch 2.13.0, CPU build, and its pinned dependencies: requirements-test.txt)")
         args.torch_threads = torch.get_num_threads()      # torch's default, before mxnet is imported here
         refusal = yardstick_refusal(cfg)
         if refusal:
