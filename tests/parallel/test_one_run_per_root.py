@@ -28,7 +28,7 @@ def test_a_second_job_into_a_running_root_is_refused(tiny_data, tmp_path):
     finishes with exit 0, its train.log holds one run and every checkpoint is its own."""
     root = tmp_path / "m"
     argv = [sys.executable, str(REPO / "train.py"), "--models-root", str(root), "--set", f"rec={tiny_data}",
-            *TINY_TRAIN, "--set", "max_update=200", "--set", "ckpt_period=100"]
+            *TINY_TRAIN, "--set", "max_update=120", "--set", "ckpt_period=60"]
     first = subprocess.Popen(horovodrun_command(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, env=single_thread_env(), cwd=str(REPO), start_new_session=True)
     try:
@@ -37,7 +37,7 @@ def test_a_second_job_into_a_running_root_is_refused(tiny_data, tmp_path):
             assert first.poll() is None and time.monotonic() < deadline, "the first job did not start"
             time.sleep(0.5)
         config = (root / "config.json").read_bytes()
-        second = run_train(root, tiny_data, "--set", "max_update=200", timeout_s=120)
+        second = run_train(root, tiny_data, "--set", "max_update=120", timeout_s=120)
         assert second.returncode == 2 and second.seconds < 60, per_rank_tail(second.output)
         print(f"\nSECOND refused after {second.seconds:.1f} s")
         line = _one_error_line(second)
@@ -51,7 +51,7 @@ def test_a_second_job_into_a_running_root_is_refused(tiny_data, tmp_path):
     log = (root / "train.log").read_text()
     assert log.count("world size 2") == 1, log[-3000:]
     status = json.loads((root / "status.json").read_text())
-    assert (status["state"], status["step"], status["checkpoint_step"]) == ("done", 200, 200), status
+    assert (status["state"], status["step"], status["checkpoint_step"]) == ("done", 120, 120), status
     assert json.loads((root / "config.json").read_text())["run_id"] == status["run_id"]
     assert {read_state(path)["run_id"] for _, path in list_checkpoints(root)} == {status["run_id"]}
 

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -53,13 +54,15 @@ def test_soak_restarts_reach_the_uninterrupted_final_state(tiny_data, tmp_path):
     --max-restarts 5 exits 0 and its final backbone, bank (weights and momentum) and per-step
     losses equal an uninterrupted run's."""
     common = [*TINY_TRAIN, "--set", f"rec={tiny_data}", *SOAK]
-    straight = launch([REPO / "train.py", "--models-root", tmp_path / "straight", *common], tmp_path)
-    assert straight.returncode == 0, per_rank_tail(straight.output)
-
     faults, markers = planned_faults(), tmp_path / "markers"
     markers.mkdir()
-    soak = launch([WORKERS / "soak_train.py", "--models-root", tmp_path / "soak", *common], tmp_path,
-                  restarts=5, env_extra={"SAMPLE_FC_FAULTS": ",".join(faults), "SAMPLE_FC_FAULT_DIR": str(markers)})
+    with ThreadPoolExecutor(1) as pool:       # the uninterrupted run trains while the soak waits out its faults
+        uninterrupted = pool.submit(launch, [REPO / "train.py", "--models-root", tmp_path / "straight", *common],
+                                    tmp_path)
+        soak = launch([WORKERS / "soak_train.py", "--models-root", tmp_path / "soak", *common], tmp_path,
+                      restarts=5, env_extra={"SAMPLE_FC_FAULTS": ",".join(faults), "SAMPLE_FC_FAULT_DIR": str(markers)})
+        straight = uninterrupted.result()
+    assert straight.returncode == 0, per_rank_tail(straight.output)
     assert soak.returncode == 0, per_rank_tail(soak.output)
     assert sorted(os.listdir(markers)) == sorted(
         ["hang_all-%s-rank0" % faults[3].split(":")[1], "hang_all-%s-rank1" % faults[3].split(":")[1],

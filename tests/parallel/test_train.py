@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
 import numpy as np
@@ -188,9 +189,11 @@ def test_not_learning_is_said_in_a_real_run(tiny_data, tmp_path):
     """Test the not-learning watch on real training: at an absurd lr (200) the tiny set's loss
     sits at or above chance with a small gradient and the warning is logged once and kept in
     status.json; at the tiny settings' own lr the run learns and nothing is said."""
-    stuck = train(tmp_path / "stuck", tiny_data, "--set", "lr=200", "--set", "max_update=240", "--set", "frequent=20")
+    runs = {"stuck": ("--set", "lr=200"), "learning": ()}      # two jobs at once: neither fills both cores
+    with ThreadPoolExecutor(2) as pool:
+        stuck, learning = pool.map(lambda name: train(tmp_path / name, tiny_data, *runs[name], "--set", "max_update=240",
+                                                      "--set", "frequent=20"), runs)
     assert stuck.output.count("not learning: the loss has sat at") == 1, per_rank_tail(stuck.output)
     assert read_status(str(tmp_path / "stuck"))["warning"].startswith("not learning: the loss has sat at")
-    learning = train(tmp_path / "learning", tiny_data, "--set", "max_update=240", "--set", "frequent=20")
     assert "not learning" not in learning.output
     assert read_status(str(tmp_path / "learning")).get("warning") is None
