@@ -3,6 +3,7 @@ import os
 import re
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,10 @@ def run_train(models_root, rec, *extra, num_proc=2, timeout_s=300, script=None, 
     result = run_job(argv, num_proc=num_proc, timeout_s=timeout_s, cwd=str(REPO))
     assert not result.timed_out, f"train.py hung and was killed after {timeout_s}s:\n{per_rank_tail(result.output)}"
     return result
+
+
+def run_trains_together(rec, runs):
+    """run_train for each {models_root: extra arguments} of `runs`, two jobs at a time (a tiny
+    job leaves the cores partly idle in its start-up and collectives): {models_root: result}."""
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(runs, pool.map(lambda root: run_train(root, rec, *runs[root]), runs)))

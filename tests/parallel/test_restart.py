@@ -118,16 +118,19 @@ def test_a_bug_keeps_its_traceback_and_is_retried(tiny_data, tmp_path):
     newest checkpoint (found in the run's status.json) to a finished run."""
     common = [WORKERS / "soak_train.py", "--models-root", tmp_path / "m", *TINY_TRAIN, "--set", f"rec={tiny_data}",
               "--set", "max_update=12", "--set", "ckpt_period=4"]
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    env = {"SAMPLE_FC_FAULTS": "value_error:6:1", "SAMPLE_FC_FAULT_DIR": str(markers)}
-    once = launch(common, tmp_path, env_extra=env, timeout_s=240)
+    envs = []
+    for name in ("markers_once", "markers_retried"):       # each job's fault fires once in it
+        (tmp_path / name).mkdir()
+        envs.append({"SAMPLE_FC_FAULTS": "value_error:6:1", "SAMPLE_FC_FAULT_DIR": str(tmp_path / name)})
+    with ThreadPoolExecutor(1) as pool:
+        retrying = pool.submit(launch, [*common[:2], tmp_path / "r", *common[3:]], tmp_path, restarts=2,
+                               env_extra=envs[1])
+        once = launch(common, tmp_path, env_extra=envs[0], timeout_s=240)
+        retried = retrying.result()
     assert once.returncode == 1, per_rank_tail(once.output)
     assert "Traceback" in once.output and "ValueError: injected bug on rank 1 at update 6" in once.output
     status = json.loads((tmp_path / "m" / "status.json").read_text())
     assert status["state"] != "done" and status["checkpoint_step"] == 4, status     # killed or failed
-    (markers / "value_error-6").unlink()
-    retried = launch([*common[:2], tmp_path / "r", *common[3:]], tmp_path, restarts=2, env_extra=env)
     assert retried.returncode == 0, per_rank_tail(retried.output)
     assert "Traceback" in retried.output
     assert re.search(r"\[restart\] restart 1/2 after exit code 1.*; resuming from step 4 in ", retried.output)

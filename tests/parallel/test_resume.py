@@ -4,11 +4,10 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from conftest import REPO, per_rank_tail, run_train
+from conftest import REPO, per_rank_tail, run_train, run_trains_together
 from sample_fc.checkpoint import bank_shard_files, list_checkpoints
 from sample_fc.bench.harness import run_job, single_thread_env
 from test_train import assert_same, checkpoint_arrays
@@ -210,8 +209,7 @@ def test_resume_in_the_middle_of_the_sampling_warmup_is_exact(tiny_data, tmp_pat
             plain: ("--set", "max_update=8", *small),
             uncorrected: ("--set", "max_update=8", *warm, "--set", "sample_correction=false"),
             undecayed: ("--set", "max_update=8", *warm, "--set", "sample_wd_correction=false")}
-    with ThreadPoolExecutor(2) as pool:       # two tiny jobs at a time: one leaves the cores half idle
-        results = dict(zip(runs, pool.map(lambda root: run_train(root, tiny_data, *runs[root]), runs)))
+    results = run_trains_together(tiny_data, runs)
     assert all(result.returncode == 0 for result in results.values()), \
         [per_rank_tail(result.output) for result in results.values() if result.returncode]
     result = resume_only("--resume", interrupted, "--set", "max_update=8")
