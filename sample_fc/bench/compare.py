@@ -1,7 +1,7 @@
 """Compare sample_fc with the field's trainer: learning and speed, both sides in each run.
 
     scripts/test.sh                            # once: installs torch (CPU; not needed for training)
-    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] --network mbf|r18|r34|r50|r100
+    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--network mbf|r18|r34|r50|r100]
         [--loss L] [--set key=value ...] [--np 2] [--only sample_fc|torch] [--seeds 0,1,2]
         [--runs 3] [--torch-data rec|memory] [--torch-clip 5]
 
@@ -51,7 +51,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.compare", description=__doc__.split("\n\n")[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="demo", help="dataset preset of default.py (default demo)")
-    parser.add_argument("--network", help="network preset of default.py, for both (default: the dataset's)")
+    parser.add_argument("--network", help="network preset of default.py, for both (default mbf, arcface_torch's "
+                                           "MobileFaceNet; with --only sample_fc, the dataset's)")
     parser.add_argument("--loss", help="loss preset of default.py (default: the dataset's recipe)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for both trainers (repeatable), e.g. max_update=400")
@@ -68,7 +69,10 @@ def parse_args(argv):
                         "or decoded once into memory before training")
     parser.add_argument("--torch-clip", type=float, default=5.0,
                         help="yardstick: backbone gradient-norm clip (0 = none; default 5 as arcface_torch)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.network is None and args.only != "sample_fc":
+        args.network = "mbf"            # the yardstick has arcface_torch's networks only
+    return args
 
 
 def positive_int(text):
