@@ -19,6 +19,7 @@ from .run import memory_plan, resume, run_root
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
 from .data.bin_format import load_bin
+from .config import scaled_lr
 from .data.recordio import read_property
 from .errors import UsageError
 from .run.gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
@@ -82,7 +83,7 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     The lr is given for a global batch of 512 and scaled by the real one (lr_scale_by_world);
     backbone and bank share one schedule, a pure function of the update number.
     """
-    lr = cfg.lr * (cfg.batch_size * world / 512 if cfg.lr_scale_by_world else 1.0)
+    lr = scaled_lr(cfg, cfg.batch_size * world)
     schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
     backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(
         learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,

@@ -298,6 +298,15 @@ def apply_overrides(cfg, overrides, keys):
     return cfg
 
 
+LR_REFERENCE_BATCH = 512        # default.py's lr is given for this global batch
+
+
+def scaled_lr(cfg, global_batch):
+    """The lr a run trains with: cfg.lr, given for a global batch of LR_REFERENCE_BATCH, scaled
+    linearly to `global_batch` when cfg.lr_scale_by_world."""
+    return cfg.lr * (global_batch / LR_REFERENCE_BATCH if cfg.lr_scale_by_world else 1.0)
+
+
 def save_config(cfg, path):
     """Write cfg as JSON to path atomically (see write_json)."""
     write_json(path, cfg)

@@ -39,6 +39,7 @@ import time
 
 from easydict import EasyDict
 
+from ..config import scaled_lr
 from ..ranks import cores_per_worker
 from ..run.run_root import read_progress, read_status
 
@@ -151,10 +152,11 @@ RECIPE_NUMBERS = """
 import json, sys
 from easydict import EasyDict
 from sample_fc.builder import resolve_auto
+from sample_fc.config import scaled_lr
 from sample_fc.optimizers import make_schedule
 cfg, world = EasyDict(json.load(sys.stdin)), int(sys.argv[1])
 resolve_auto(cfg, world)
-lr = cfg.lr * (cfg.batch_size * world / 512 if cfg.lr_scale_by_world else 1.0)
+lr = scaled_lr(cfg, cfg.batch_size * world)
 schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
 print(json.dumps({"sample_ratio": cfg.sample_ratio, "lrs": [schedule(n) for n in range(1, cfg.max_update + 1)]}))
 """
@@ -177,7 +179,7 @@ def yardstick_recipe(cfg, world, sample_ratio):
     global_batch = cfg.batch_size * world
     return EasyDict(network=cfg.network, image_size=cfg.image_size, embedding_size=cfg.embedding_size,
                     classes=cfg.num_classes, global_batch=global_batch, steps=cfg.max_update,
-                    lr=cfg.lr * (global_batch / 512 if cfg.lr_scale_by_world else 1.0),
+                    lr=scaled_lr(cfg, global_batch),
                     weight_decay=cfg.wd, margins=(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3),
                     scale=cfg.loss_s, sample_rate=float(sample_ratio), seed=cfg.seed)
 

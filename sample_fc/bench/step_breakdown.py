@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 
+from ..config import scaled_lr
 from .jobs import run_worker
 
 STAGE_COLUMNS = (("data", ("data",)), ("forward", ("forward",)),
@@ -97,13 +98,15 @@ def step_case(network, image_size, batch_size, steps, seed=0):
 
 
 def rec_side_and_classes(folder):
-    """(image side, classes) from a .rec folder's property file ('classes,height,width'), or None."""
+    """(image side, classes) from a .rec folder's property file (data.recordio.read_property), or
+    None when it has none or it does not read."""
+    from ..data.recordio import read_property
+    from ..errors import UsageError
     try:
-        with open(os.path.join(folder, "property")) as handle:
-            classes, side, _ = (int(v) for v in handle.read().strip().split(","))
-    except (OSError, ValueError):
+        found = read_property(folder)
+    except (OSError, UsageError):
         return None
-    return side, classes
+    return (found[1], found[0]) if found else None
 
 
 def rec_for_size(folders, image_size, num_classes):
@@ -128,7 +131,7 @@ def yardstick_case(network, image_size, global_batch, steps, data, rec_folders):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     cfg = get_config("demo", network=network)
-    lr = cfg.lr * global_batch / 512 if cfg.lr_scale_by_world else cfg.lr
+    lr = scaled_lr(cfg, global_batch)
     head = PartialFC(CombinedMargin(cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3), cfg.embedding_size,
                      cfg.num_classes)
     trainer = Trainer(build_network(network, image_size, cfg.embedding_size), head, lr, cfg.wd)

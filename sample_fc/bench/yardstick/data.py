@@ -40,8 +40,9 @@ def open_record(folder):
 
 
 def normalised(rgb):
-    """HWC uint8 RGB to CHW float32 (x / 255 - 0.5) / 0.5, as ToTensor then Normalize(0.5, 0.5)."""
-    pixels = torch.from_numpy(np.ascontiguousarray(rgb.transpose(2, 0, 1))).float().div_(255)
+    """HWC (or NHWC) uint8 RGB to CHW (NCHW) float32 (x / 255 - 0.5) / 0.5, as ToTensor then
+    Normalize(0.5, 0.5)."""
+    pixels = torch.from_numpy(np.ascontiguousarray(np.moveaxis(rgb, -1, -3))).float().div_(255)
     return pixels.sub_(0.5).div_(0.5)
 
 

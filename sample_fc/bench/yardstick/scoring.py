@@ -1,12 +1,14 @@
 """Embeddings of a verification set's images by the yardstick's backbone (bench.compare scores
 them with sample_fc.verification.score, the same 10-fold verification as sample_fc's side).
 
-Images come as .bin files hold them (RGB pixels 0..255, NHWC) and are normalised as the
-yardstick's data path normalises training images, (x / 255 - 0.5) / 0.5; each embedding is
+Images come as .bin files hold them (RGB pixels 0..255, NHWC) and are normalised by the
+yardstick's data path's own function (data.normalised); each embedding is
 the image's plus its mirror's, as sample_fc's Embedder does with flip on.
 """
 import numpy as np
 import torch
+
+from .data import normalised
 
 
 def embed_pairs(backbone, images_nhwc, batch_size=128):
@@ -17,8 +19,7 @@ def embed_pairs(backbone, images_nhwc, batch_size=128):
     parts = []
     with torch.no_grad():
         for start in range(0, len(images_nhwc), batch_size):
-            chunk = torch.from_numpy(np.ascontiguousarray(images_nhwc[start:start + batch_size].transpose(0, 3, 1, 2)))
-            pixels = chunk.float().div_(255).sub_(0.5).div_(0.5)
+            pixels = normalised(images_nhwc[start:start + batch_size])
             parts.append((backbone(pixels) + backbone(pixels.flip(3))).numpy())
     backbone.train(was_training)
     return np.concatenate(parts)
