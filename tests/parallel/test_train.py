@@ -4,13 +4,12 @@ import os
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import REPO, per_rank_tail, run_train
+from conftest import REPO, per_rank_tail, run_train, run_trains_together
 from sample_fc.checkpoint import bank_shard_files, list_checkpoints, model_prefix
 from sample_fc.run.run_root import read_progress, read_status
 from sample_fc.bench.harness import single_thread_env
@@ -189,10 +188,11 @@ def test_not_learning_is_said_in_a_real_run(tiny_data, tmp_path):
     """Test the not-learning watch on real training: at an absurd lr (200) the tiny set's loss
     sits at or above chance with a small gradient and the warning is logged once and kept in
     status.json; at the tiny settings' own lr the run learns and nothing is said."""
-    runs = {"stuck": ("--set", "lr=200"), "learning": ()}      # two jobs at once: neither fills both cores
-    with ThreadPoolExecutor(2) as pool:
-        stuck, learning = pool.map(lambda name: train(tmp_path / name, tiny_data, *runs[name], "--set", "max_update=240",
-                                                      "--set", "frequent=20"), runs)
+    common = ("--set", "max_update=240", "--set", "frequent=20")
+    stuck, learning = run_trains_together(tiny_data, {tmp_path / "stuck": ("--set", "lr=200", *common),
+                                                      tmp_path / "learning": common}).values()
+    for result in (stuck, learning):
+        assert result.returncode == 0, result.output[-5000:]
     assert stuck.output.count("not learning: the loss has sat at") == 1, per_rank_tail(stuck.output)
     assert read_status(str(tmp_path / "stuck"))["warning"].startswith("not learning: the loss has sat at")
     assert "not learning" not in learning.output
