@@ -32,6 +32,8 @@ _started = False          # init() ran in this process
 # default 1 ms it takes a share of a core per worker away from the compute; 5 ms (Horovod's own
 # default before 0.21) costs at most 5 ms per collective (measured: docs/benchmarks-history.md)
 CPU_CYCLE_TIME_MS = 5
+# Horovod's stall check (and its warning) runs every collective_timeout_s / this, at least 1 s
+STALL_CHECKS_PER_LIMIT = 10
 
 
 def init(stall_shutdown_s=None, on_cpu=False):
@@ -39,6 +41,9 @@ def init(stall_shutdown_s=None, on_cpu=False):
 
     stall_shutdown_s: when some ranks have waited this long in a collective that others
     have not joined, Horovod shuts the job down (its stall inspector) instead of hanging.
+    Its check runs every tenth of that (STALL_CHECKS_PER_LIMIT): a stalled collective that
+    Horovod had cached is first dropped from the cache at a check, then timed afresh, so the
+    job ends within about the limit plus two checks (at half the limit it took 2-2.5x).
     on_cpu: the backbone trains on the CPU, so Horovod's background thread polls every
     CPU_CYCLE_TIME_MS instead of its 1 ms (CPU_CYCLE_TIME_MS above).
     Values given to horovodrun (--stall-check-*) or in the environment take precedence.
@@ -46,7 +51,8 @@ def init(stall_shutdown_s=None, on_cpu=False):
     if on_cpu:
         os.environ.setdefault("HOROVOD_CYCLE_TIME", str(CPU_CYCLE_TIME_MS))
     if stall_shutdown_s:
-        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(stall_shutdown_s) // 2)))
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
+                              str(max(1, int(stall_shutdown_s) // STALL_CHECKS_PER_LIMIT)))
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall_shutdown_s)))
     global _started
     if not hvd.is_initialized():

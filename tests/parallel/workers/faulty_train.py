@@ -31,7 +31,7 @@ FORWARD_FAULTS = ("raise", "sigkill", "hang", "nan")
 def faulty_forward(self, data_batch):
     if kind in FORWARD_FAULTS and dist.rank() == on_rank and self.num_update == step and not injected:
         injected.append(kind)
-        print(f"INJECTING {kind} on rank {on_rank} at update {step}", flush=True)
+        print(f"INJECTING {kind} on rank {on_rank} at update {step} (unix time {time.time():.3f})", flush=True)
         if kind == "raise":
             raise RuntimeError(f"injected fault on rank {on_rank} at update {step}")
         if kind == "sigkill":
