@@ -112,6 +112,7 @@ def _declare_keys():
     keys.stop_grace_s = Real(25.0, lo=0, lo_open=True, hi=3600)         # a stop taking longer (or a second signal) ends the job at once; below SLURM's/Kubernetes' 30 s
     keys.tensorboard = Flag(True)                                       # write tensorboardX event files to <models root>/tensorboard (rank 0)
     keys.max_nonfinite_steps = Int(5, lo=1, hi=2 ** 40)                 # stop with an error after N consecutive steps with NaN/Inf loss
+    keys.not_learning_steps = Int(200, lo=0, hi=2 ** 40)                # warn once when the loss has sat near chance with a small gradient for N steps after the warm-ups (0 = never)
     keys.collective_timeout_s = Int(60, lo=1, hi=10 ** 6)               # stall limit: ranks waiting this long in a collective others miss end the job
     keys.step_timeout_s = Int(0, lo=0, hi=10 ** 7)                      # a rank with no finished step for this long ends the job (0 = max(300 s, 10x median step))
     return vars(keys)
@@ -365,7 +366,7 @@ def get_config(dataset='demo', network=None, loss=None):
 RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'frequent', 'verify_period',
                   'ckpt_period', 'ckpt_keep', 'ckpt_minutes', 'stop_signals', 'stop_grace_s', 'tensorboard',
                   'val_targets', 'data_threads',
-                  'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'context', 'bank_context',
+                  'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'not_learning_steps', 'context', 'bank_context',
                   'head_kernel', 'allgather', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
 
 # Keys added after runs were saved without them, with the value that behaves as those runs

@@ -63,18 +63,25 @@ class RunEvents:
                           PeriodicCallback(cfg.ckpt_period, self.save), self.save_when_due,
                           PeriodicCallback(cfg.verify_period, self.verify)]
         if rank == 0:
-            options = module.partial_fc.options
-            start = max(cfg.warmup_steps, cfg.margin_warmup_steps, options.sample_ratio_warmup_steps)
-            scored = (cfg.num_classes if options.sample_correction or options.sample_ratio >= 1.0   # the loss estimates
-                      else math.ceil(options.sample_ratio * cfg.num_classes))                      # the full softmax's
-            self.callbacks.append(ChanceWatch(chance_loss(scored, module.partial_fc.margin(start + 1)), start,
-                                              self.say_not_learning))
+            if cfg.not_learning_steps:
+                self.callbacks.append(self.chance_watch(cfg, module.partial_fc))
             self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
                                                     self.record_progress,
                                                     paused=lambda: self.paused_s))
             self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
         if stop_signals is not None:
             stop_signals.on_abort(self.abort)
+
+    def chance_watch(self, cfg, partial_fc):
+        """The not-learning watch over cfg.not_learning_steps steps after the warm-ups, at the
+        chance loss of the classes the loss scores (all of them, or the sampled share when the
+        loss is the uncorrected sampled softmax's)."""
+        options = partial_fc.options
+        start = max(cfg.warmup_steps, cfg.margin_warmup_steps, options.sample_ratio_warmup_steps)
+        scored = (cfg.num_classes if options.sample_correction or options.sample_ratio >= 1.0
+                  else math.ceil(options.sample_ratio * cfg.num_classes))
+        return ChanceWatch(chance_loss(scored, partial_fc.margin(start + 1)), start, self.say_not_learning,
+                           window=cfg.not_learning_steps)
 
     def requests(self):
         """This rank's StepRequests for the step's collective: `stop` (the number of the signal

@@ -187,13 +187,20 @@ def test_custom_preset_trains_at_a_ratio_chosen_by_hand(tmp_path):
 def test_not_learning_is_said_in_a_real_run(tiny_data, tmp_path):
     """Test the not-learning watch on real training: at an absurd lr (200) the tiny set's loss
     sits at or above chance with a small gradient and the warning is logged once and kept in
-    status.json; at the tiny settings' own lr the run learns and nothing is said."""
-    common = ("--set", "max_update=240", "--set", "frequent=20")
-    stuck, learning = run_trains_together(tiny_data, {tmp_path / "stuck": ("--set", "lr=200", *common),
-                                                      tmp_path / "learning": common}).values()
-    for result in (stuck, learning):
+    status.json; at the tiny settings' own lr the run learns and nothing is said; with
+    not_learning_steps=0 the stuck run says nothing. The watch looks at 40 steps here
+    (not_learning_steps; 200 by default)."""
+    common = ("--set", "max_update=60", "--set", "frequent=20", "--set", "not_learning_steps=40")
+    runs = run_trains_together(tiny_data, {tmp_path / "stuck": ("--set", "lr=200", *common),
+                                           tmp_path / "learning": common,
+                                           tmp_path / "unwatched": ("--set", "lr=200", *common,
+                                                                    "--set", "not_learning_steps=0")})
+    for result in runs.values():
         assert result.returncode == 0, result.output[-5000:]
-    assert stuck.output.count("not learning: the loss has sat at") == 1, per_rank_tail(stuck.output)
+    stuck = runs[tmp_path / "stuck"].output
+    assert stuck.count("not learning: the loss has sat at") == 1, per_rank_tail(stuck)
+    assert "for the 40 steps up to step 40" in stuck, per_rank_tail(stuck)
     assert read_status(str(tmp_path / "stuck"))["warning"].startswith("not learning: the loss has sat at")
-    assert "not learning" not in learning.output
-    assert read_status(str(tmp_path / "learning")).get("warning") is None
+    for quiet in ("learning", "unwatched"):
+        assert "not learning" not in runs[tmp_path / quiet].output
+        assert read_status(str(tmp_path / quiet)).get("warning") is None
