@@ -36,7 +36,7 @@ if command -v mpicxx >/dev/null 2>&1; then VARIANT=gloo-mpi; else VARIANT=gloo; 
 if [[ $GPU == 1 ]]; then VARIANT=$VARIANT-cuda11-nccl; fi
 
 # Everything that should trigger a refresh goes into the stamp.
-STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$REQUIREMENTS" "$ROOT/setup.py" "$ROOT/sample_fc/pfc/_half_rows.c" "$ROOT/sample_fc/_mx_ops.cc" "$ROOT/scripts/patch_mxnet.py";
+STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$REQUIREMENTS" "$ROOT/setup.py" "$ROOT/sample_fc/pfc/_half_rows.c" "$ROOT/sample_fc/_mx_ops.cc" "$ROOT/scripts/patch_mxnet.py" "$ROOT/scripts/mxnet_compiled_ops.py";
                 echo "$VARIANT"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)
 STAMP_FILE=$VENV/.sample_fc_stamp
 if [[ -f $STAMP_FILE && $(cat "$STAMP_FILE") == "$STAMP_WANT" && -x $VENV/bin/horovodrun ]]; then

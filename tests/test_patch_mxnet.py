@@ -54,7 +54,7 @@ def test_fixes_apply_once_and_all_or_nothing(tmp_path):
     and stops naming the file on a text it does not expect, writing nothing at all."""
     root = _original_tree(tmp_path)
     first = _run(root)
-    assert first.returncode == 0 and "fixed for numpy >= 1.24" in first.stdout, first.stderr
+    assert first.returncode == 0 and "file(s) fixed (numpy >= 1.24, start-up)" in first.stdout, first.stderr
     for relative, old, new, count in FIXES:
         text = (root / relative).read_text()
         assert text.count(new) >= count and text.startswith("x = _np.bool_\n"), relative
@@ -92,3 +92,76 @@ def test_import_mxnet_leaves_scipy_stats_to_first_use():
     quantile, entropy_bits, same, loaded_after_use = used.split()
     assert abs(float(quantile) - 1.959963984540054) < 1e-12 and abs(float(entropy_bits) - 1.0) < 1e-12
     assert (same, loaded_after_use) == ("1", "1")
+
+
+def _compiled_ops(cache_folder):
+    """scripts/mxnet_compiled_ops.py loaded as a fresh module whose cache file is in `cache_folder`."""
+    spec = importlib.util.spec_from_file_location("compiled_ops_under_test", REPO / "scripts" / "mxnet_compiled_ops.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module._FILE = str(Path(cache_folder) / "ops.marshal")
+    return module
+
+
+def test_every_operator_function_is_the_code_its_source_compiles_to():
+    """Test that with the installed mxnet's cache of operator code (mxnet/_compiled_ops.py), every
+    operator function `import mxnet` makes (ndarray, symbol, numpy) gets the code object that
+    compiling its generated source (naming this process's handle) gives, all of them from the
+    cache, and that the functions mxnet made (e.g. nd.relu, sym.FullyConnected) have that code."""
+    probe = (
+        "import importlib.util, os, sys\n"
+        "folder = importlib.util.find_spec('mxnet').submodule_search_locations[0]\n"
+        "spec = importlib.util.spec_from_file_location('mxnet._compiled_ops', os.path.join(folder, '_compiled_ops.py'))\n"
+        "ops = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(ops)\n"
+        "made, cached_compiled = [], ops.compiled\n"
+        "def recording(source, handle):\n"
+        "    code = cached_compiled(source, handle)\n"
+        "    made.append((source, code))\n"
+        "    return code\n"
+        "ops.compiled = recording\n"
+        "sys.modules['mxnet._compiled_ops'] = ops\n"
+        "added_before_done, done = [], ops.done\n"
+        "ops.done = lambda: (added_before_done.append(ops._added), done())\n"
+        "import mxnet as mx\n"
+        "for source, code in made:\n"
+        "    assert code == compile(source, '<string>', 'exec'), source\n"
+        "for function in (mx.nd.relu, mx.sym.FullyConnected, mx.nd.contrib.box_nms):\n"
+        "    assert any(function.__code__ == c for _, m in made for c in m.co_consts if hasattr(c, 'co_code')), function\n"
+        "print(len(made), added_before_done[0])\n")
+    subprocess.run([sys.executable, "-c", "import mxnet"], check=True, timeout=120)   # the cache is there
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    made, compiled_anew = map(int, result.stdout.split())
+    assert made > 2000 and compiled_anew == 0
+
+
+def test_the_operator_cache_compiles_once_and_survives_a_damaged_file(tmp_path):
+    """Test the cache on its own: a function naming a handle compiles to the code compile() gives,
+    with the handle in place; a second process (a fresh module) takes it from the file without
+    compiling and puts its own handle in; a damaged file or a folder it cannot write is the
+    uncached path, with the same code."""
+    def source(handle):
+        return f"def op(data=None, out=None):\n    return invoke({handle}, data, out, 'op')\n"
+
+    first = _compiled_ops(tmp_path)
+    assert first.compiled(source(140234567890123), 140234567890123) == compile(source(140234567890123), "<string>", "exec")
+    assert first._added == 1
+    first.done()
+    assert (tmp_path / "ops.marshal").is_file()
+    second = _compiled_ops(tmp_path)
+    code = second.compiled(source(139999000011112), 139999000011112)
+    assert second._added == 0 and code == compile(source(139999000011112), "<string>", "exec")
+    local = {}
+    exec(code, {"invoke": lambda *args: args}, local)
+    assert local["op"](1, 2) == (139999000011112, 1, 2, "op")
+    (tmp_path / "ops.marshal").write_bytes(b"\xe3 not marshal")
+    damaged = _compiled_ops(tmp_path)
+    assert damaged.compiled(source(7), 7) == compile(source(7), "<string>", "exec")  # a handle that is not an address
+    assert damaged.compiled(source(140234567890123), 140234567890123) == compile(source(140234567890123), "<string>", "exec")
+    damaged.done()
+    assert _compiled_ops(tmp_path)._load() != {}                 # rewritten whole
+    unwritable = _compiled_ops(tmp_path / "no such folder")
+    assert unwritable.compiled(source(140234567890123), 140234567890123) == compile(source(140234567890123), "<string>", "exec")
+    unwritable.done()
+    assert not (tmp_path / "no such folder").exists()
