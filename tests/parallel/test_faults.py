@@ -4,8 +4,8 @@ checkpoint directory usable. Each test prints the observed time to exit."""
 import os
 import re
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 
 import mxnet as mx
 import pytest
@@ -122,18 +122,19 @@ def test_a_hung_rank_ends_the_job_after_collective_timeout(tiny_data, tmp_path):
     Under Gloo this needs scripts/patch_horovod.py (without it the job hangs forever). The
     limit is 15 s, not less, so that start-up skew between ranks on a loaded machine cannot
     trip it before the fault. The hung rank, stopped by the launcher while it sleeps, ends after
-    its stop_grace_s (5 s here, 25 by default). Horovod's shutdown comes within the limit plus
-    a few of its 1 s checks (dist.STALL_CHECKS_PER_LIMIT), measured from the hang's own clock
-    reading to the shutdown line's time stamp (with the check at half the limit it took 34 s).
+    its stop_grace_s (5 s here, 25 by default). The job has ended within the limit, a few of
+    Horovod's 1 s checks (dist.STALL_CHECKS_PER_LIMIT), that grace and a few seconds more, from
+    the hang's own clock reading (with the check at half the limit the shutdown alone took 34 s).
     The two jobs (rank 0 hung, rank 1 hung) run at the same time: each spends most of its
     time waiting for the timeouts."""
     def hang(hung_rank):
-        return run_train(tmp_path / f"m{hung_rank}", tiny_data, "--set", "max_update=40", "--set", "ckpt_period=4",
-                         "--set", "collective_timeout_s=15", "--set", "stop_grace_s=5",
-                         script="faulty_train.py", script_args=("hang", 6, hung_rank))
+        result = run_train(tmp_path / f"m{hung_rank}", tiny_data, "--set", "max_update=40", "--set", "ckpt_period=4",
+                           "--set", "collective_timeout_s=15", "--set", "stop_grace_s=5",
+                           script="faulty_train.py", script_args=("hang", 6, hung_rank))
+        return result, time.time()
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(hang, (0, 1)))
-    for hung_rank, result in enumerate(results):
+    for hung_rank, (result, ended_at) in enumerate(results):
         waiting_rank = 1 - hung_rank
         _fails(result, f"INJECTING hang on rank {hung_rank}", f"{hung_rank}!: [",
                "is stalled for longer than 15 seconds",
@@ -141,9 +142,7 @@ def test_a_hung_rank_ends_the_job_after_collective_timeout(tiny_data, tmp_path):
                "collective: another rank failed or stalled for more than collective_timeout_s=15 s")
         _assert_checkpoints_usable(tmp_path / f"m{hung_rank}", [4])
         hung_at = float(re.search(r"INJECTING hang .*\(unix time ([\d.]+)\)", result.output).group(1))
-        shutdown = re.search(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+): E [^\]]*stall_inspector", result.output)
-        shut_at = datetime.strptime(shutdown.group(1), "%Y-%m-%d %H:%M:%S.%f").timestamp()
-        assert 15 <= shut_at - hung_at <= 15 + 5, (shut_at - hung_at, per_rank_tail(result.output))
+        assert 15 <= ended_at - hung_at <= 15 + 3 + 5 + 8, (ended_at - hung_at, per_rank_tail(result.output))
 
 
 def test_nan_on_one_rank_is_skipped(tiny_data, tmp_path):
