@@ -177,6 +177,35 @@ def test_distributed_update_equals_the_wrapped_sgd_at_world_size_1():
     assert wrapped.num_update == bare.num_update == 3
 
 
+def test_the_backbone_is_updated_60_parameters_per_call_with_the_same_arithmetic():
+    """Test that MXNet's updater (as Module calls it, all of a backbone's parameters at once)
+    updates 130 parameters in 3 calls of the wrapped SGD's multi-tensor update (MXNet's default:
+    4 per call, 33 calls), and that the weights and momenta after three updates are bit-equal to
+    updating each parameter on its own."""
+    rng = np.random.default_rng(11)
+    shapes = [tuple(rng.integers(1, 9, rng.integers(1, 4))) for _ in range(130)]
+    start = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3)]
+    results = {}
+    for kind in ("grouped", "one by one"):
+        optimizer = BackboneOptimizer(_sgd(), momentum_form="pytorch")
+        if kind == "one by one":
+            optimizer._optimizer.aggregate_num = 0
+        calls = []
+        inner_update = optimizer.update_multi_precision
+        optimizer.update_multi_precision = lambda *args: (calls.append(args[0]), inner_update(*args))
+        updater = mx.optimizer.get_updater(optimizer)
+        weights = [mx.nd.array(w) for w in start]
+        for step in grads:
+            updater(list(range(len(shapes))), [mx.nd.array(g) for g in step], weights)
+        results[kind] = [w.asnumpy() for w in weights] + [updater.states[i].asnumpy() for i in range(len(shapes))]
+        results[kind + " calls"] = calls
+    assert [len(index) for index in results["grouped calls"]] == [60, 60, 10] * 3
+    assert len(results["one by one calls"]) == 130 * 3
+    for grouped, alone in zip(results["grouped"], results["one by one"]):
+        np.testing.assert_array_equal(grouped, alone)
+
+
 def test_pytorch_momentum_form_equals_torch_sgd_over_lr_changes():
     """Test that BackboneOptimizer(SGD, momentum_form="pytorch"), with sum_gradients before
     each update (world size 1), follows torch.optim.SGD's form in NumPy (buf = m buf + g + wd w;
