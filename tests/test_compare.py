@@ -146,7 +146,7 @@ def test_a_tiny_yardstick_run_reports_loss_accuracy_and_layout(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert "global batch 16" in out and "sample rate 1" in out and "margins (1.0, 0.0, 0.25) s 32" in out
-    assert "1 process x " in out and "DataLoader, 2 worker processes" in out
+    assert "1 process x " in out and "DataLoader with 2 worker processes" in out
     section = out.split("loss (mean over")[1].split("held-out")[0].splitlines()
     assert section[1].split() == ["step", "yardstick"]
     rows = [line.split() for line in section[2:] if line.strip()]

@@ -223,6 +223,14 @@ def first_image_side(folder):
     return Image.open(io.BytesIO(payload)).size[1]
 
 
+def yardstick_data_layout(torch_data):
+    """How the yardstick's side gets its images (--torch-data rec or memory), in words."""
+    from .yardstick.data import LOADER_WORKERS
+    if torch_data == "memory":
+        return "data decoded once into memory, no loader workers"
+    return f"DataLoader with {LOADER_WORKERS} worker processes decoding the .rec per step, 1 prefetch thread"
+
+
 def yardstick_batches(args, recipe, rec_folder):
     """(endless (images, labels) batches, a close() for them, the data's layout line)."""
     from .yardstick import MemoryFaces, RecFaces, rec_loader
@@ -235,10 +243,9 @@ def yardstick_batches(args, recipe, rec_folder):
     if args.torch_data == "memory":
         faces = MemoryFaces.from_rec(rec_folder)
         return (faces.batches(recipe.global_batch, seed=recipe.seed), lambda: None,
-                f"data decoded once into memory ({len(faces.labels)} images), no loader workers")
+                f"{yardstick_data_layout('memory')} ({len(faces.labels)} images)")
     loader = Prefetched(rec_loader(dataset, recipe.global_batch, LOADER_WORKERS, seed=recipe.seed))
-    return (loader, loader.close,
-            f"DataLoader with {LOADER_WORKERS} worker processes decoding the .rec per step, 1 prefetch thread")
+    return loader, loader.close, yardstick_data_layout("rec")
 
 
 def rate_after(step_ends, skip, global_batch):
@@ -380,9 +387,7 @@ def main(argv=None):
         refusal = yardstick_refusal(cfg)
         if refusal:
             sys.exit(f"compare: {refusal}")
-        layouts["yardstick"] = (f"1 process x {args.torch_threads} torch threads, data: " +
-                                ("DataLoader, 2 worker processes + 1 prefetch thread" if args.torch_data == "rec"
-                                 else "decoded once into memory"))
+        layouts["yardstick"] = f"1 process x {args.torch_threads} torch threads; {yardstick_data_layout(args.torch_data)}"
     trainings = [(seed, run) for seed in (args.seeds or [cfg.seed]) for run in range(1, args.runs + 1)]
     base_overrides = list(args.overrides)
     curves, accuracies, speeds = {}, {}, {}
