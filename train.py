@@ -25,9 +25,10 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 import default
+from symbols import get_symbol
 from symbols.cost import backbone_cost, network_table
 from sample_fc import builder, checkpoint, dist
-from sample_fc.run import resume, run_root
+from sample_fc.run import layout, resume, run_root
 from sample_fc.checkpoint import CheckpointError
 from sample_fc.config import format_config, save_config
 from sample_fc.data.demo import ensure_demo
@@ -104,6 +105,9 @@ def make_parser():
                              "aside to <root>.<its run id> (never deleted)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the run's resolved config as JSON and exit (nothing is trained or written)")
+    parser.add_argument("--print-layout", action="store_true",
+                        help="print the CPU layout ./horovodrun.sh takes without -np (workers on this node, "
+                             "sample_fc/run/layout.py) as JSON and exit")
     return parser
 
 
@@ -144,6 +148,19 @@ def build_config(args, request):
     return cfg
 
 
+def chosen_layout(cfg, request):
+    """run/layout.py's layout of this run on this node: a resumed run's world size is its
+    checkpoint's; the networks' costs are symbols.cost's."""
+    try:
+        world = resume.saved_state(request.resume, request.continued_run)[1]["world_size"] if request.resume else None
+    except UsageError as error:
+        fail(f"{error} (see train.py --help)", USAGE_EXIT)
+
+    def cost_of(network, image_size):
+        return backbone_cost(get_symbol(network, cfg.embedding_size, image_size), image_size).multiply_adds
+    return layout.for_run(cfg, os.cpu_count() or 1, cost_of, world)
+
+
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -154,6 +171,9 @@ def main(argv=None):
         parser.error(str(error))
     if args.print_config:
         print(json.dumps(cfg, indent=2, sort_keys=True))
+        return 0
+    if args.print_layout:
+        print(json.dumps(chosen_layout(cfg, request)))
         return 0
     # a signal from here on asks for a stop (run_events.RunEvents.stop); before training starts,
     # a second one, or the grace over, ends the process at once (nothing written yet)

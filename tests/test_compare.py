@@ -11,8 +11,8 @@ import pytest
 from easydict import EasyDict
 
 from default import get_config
-from sample_fc.bench.compare import (accuracy_summary, mean_curve, parse_args, rate_after, recipe_numbers,
-                                     samples_per_s, seed_list, speed_table, yardstick_recipe)
+from sample_fc.bench.compare import accuracy_summary, mean_curve, parse_args, samples_per_s, seed_list, speed_table
+from sample_fc.bench.compare_yardstick import rate_after, recipe_numbers, yardstick_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -154,3 +154,43 @@ def test_a_tiny_yardstick_run_reports_loss_accuracy_and_layout(tmp_path):
     accuracy = out.split("yardstick: demo_val ")[1].split()[0]
     assert 0.0 <= float(accuracy) <= 1.0
     assert out.rstrip().splitlines()[-1].split() == ["1", "-", "-", "-"]
+
+
+def test_sample_fc_training_seconds_come_from_the_progress_windows(tmp_path):
+    """Test time_to_accuracy.sample_fc_curve on hand-written files: windows of 20 steps x 128
+    samples at 256 and 128 samples/s take 10 and 20 s, so the verifications at steps 20 and 40
+    sit at 10 and 30 training seconds; a verification of another target is not in the curve."""
+    import json
+    from sample_fc.bench.time_to_accuracy import sample_fc_curve
+    progress = [{"step": 20, "samples_per_s": 256.0, "loss": 9.0}, {"step": 40, "samples_per_s": 128.0, "loss": 8.0}]
+    events = [{"event": "start", "step": 0, "time": 1.0},
+              {"event": "verification", "step": 20, "time": 2.0, "accuracy": {"val": 0.6}},
+              {"event": "checkpoint", "step": 40, "time": 3.0},
+              {"event": "verification", "step": 40, "time": 4.0, "accuracy": {"val": 0.7, "other": 0.1}}]
+    (tmp_path / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in progress))
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in events))
+    assert sample_fc_curve(str(tmp_path), "val", 128) == [(20, 10.0, 0.6), (40, 30.0, 0.7)]
+
+
+def test_time_to_accuracy_targets_the_yardsticks_mean_final_accuracy():
+    """Test the report's numbers by hand: the yardstick's finals 0.80 and 0.90 (its trainings
+    100 and 90 s) make the target 0.85; sample_fc reaches it at 50 and 40 s (its first
+    verification at or above, not a later one): ratio (50 + 40) / (100 + 90). When one
+    training of sample_fc never reaches it, no ratio, and the line says so with its best."""
+    from sample_fc.bench.time_to_accuracy import first_reach, report_lines
+    yardstick = [[(10, 40.0, 0.6), (20, 100.0, 0.80)], [(10, 40.0, 0.86), (20, 90.0, 0.90)]]
+    ours = [[(10, 20.0, 0.5), (20, 50.0, 0.86), (30, 80.0, 0.84)], [(10, 20.0, 0.5), (20, 40.0, 0.87)]]
+    assert first_reach(ours[0], 0.85) == (20, 50.0) and first_reach(ours[0], 0.87) is None
+    lines, ratio = report_lines({"sample_fc": ours, "yardstick": yardstick}, [(0, 1), (1, 1)])
+    assert "mean of 2: 0.8500" in lines[0]
+    assert ratio == pytest.approx(90.0 / 190.0)
+    assert lines[-1].endswith(f"sample_fc / yardstick {90.0 / 190.0:.3f}")
+    ours[1] = [(10, 20.0, 0.5), (20, 40.0, 0.84)]
+    lines, ratio = report_lines({"sample_fc": ours, "yardstick": yardstick}, [(0, 1), (1, 1)])
+    assert ratio is None and "not reached, best 0.8400" in lines[3]
+    assert lines[-1] == "  sample_fc did not reach the target in 1 of 2 trainings"
+
+
+def test_eval_every_must_be_a_multiple_of_frequent():
+    result = compare(["--network", "mbf", "--eval-every", "30", "--only", "torch"], timeout=120)
+    assert result.returncode == 1 and "--eval-every 30 is not a multiple of the recipe's frequent=20" in result.stderr

@@ -4,4 +4,7 @@
     cases    what a worker measures: the head step by stage, its NumPy bound, the sampler
     jobs     bounded worker processes, the data loader case, the end-to-end train.py run
     report   machine facts, memory model, Markdown tables, targets
+
+Beside it: compare (sample_fc against the yardstick: compare_yardstick its side,
+time_to_accuracy), step_breakdown, yardstick/ (arcface_torch's step), glyphs (real-image data).
 """

@@ -1,5 +1,5 @@
 """A run's life around the training step: its models root, what was asked, events, stops,
-restarts, resume, and what it will need (memory, GPUs).
+restarts, resume, its layout on a CPU node, and what it will need (memory, GPUs).
 
     run_request.py   the command line and the restart supervisor's environment, read once
     run_root.py      the models root: its lock, the run id, the run's checkpoints
@@ -10,6 +10,7 @@ restarts, resume, and what it will need (memory, GPUs).
     restart.py       the restart supervisor (--max-restarts)
     resume.py        which checkpoint a run resumes from
     launch.py        the launcher behind `python -m sample_fc.launch` (./horovodrun.sh)
+    layout.py        the CPU layout (workers on a node) ./horovodrun.sh takes without -np, by measurement
     memory_plan.py   the host and GPU memory a run needs, refused in one line when it cannot fit
     gpus.py          the node's GPUs, read without MXNet; the refusal where MXNet cannot run
 """

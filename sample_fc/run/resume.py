@@ -60,20 +60,25 @@ def network_now(checkpoint, config, note):
     return config
 
 
-def saved_config(path, run_id=None, note=lambda line: None):
-    """The config saved with the newest candidate whose state.json reads and matches its checksum
-    (see candidates), its network under today's name (network_now; note(line) says when it was
-    renamed). A damaged state.json is passed over here as choose passes over its checkpoint."""
+def saved_state(path, run_id=None):
+    """(checkpoint, state) of the newest candidate whose state.json reads and matches its
+    checksum (see candidates). A damaged state.json is passed over here as choose passes over
+    its checkpoint."""
     problems = []
     for checkpoint in candidates(path, run_id):
         try:
             verify_files(checkpoint, files="state")
-            config = read_state(checkpoint, needs=("step", "world_size", "config"))["config"]
+            return checkpoint, read_state(checkpoint, needs=("step", "world_size", "config"))
         except UsageError as err:
             problems.append(str(err))
-            continue
-        return network_now(checkpoint, config, note)
     raise UsageError(f"--resume {path}: no readable checkpoint ({'; '.join(problems)})")
+
+
+def saved_config(path, run_id=None, note=lambda line: None):
+    """The config saved_state finds, its network under today's name (network_now; note(line)
+    says when it was renamed)."""
+    checkpoint, state = saved_state(path, run_id)
+    return network_now(checkpoint, state["config"], note)
 
 
 def choose(path, symbol, image_size, network, warn, run_id=None):
