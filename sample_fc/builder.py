@@ -97,7 +97,7 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
                                     data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
                                     max_nonfinite_steps=cfg.max_nonfinite_steps)
     arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights
-    module.init_params(backbone_initializer(cfg.backbone_init), arg_params, aux_params)
+    module.init_params(backbone_initializer(cfg.backbone_init, cfg.network), arg_params, aux_params)
     module.broadcast_parameters()
     return module
 

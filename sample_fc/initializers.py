@@ -1,8 +1,16 @@
 """Initial values of the backbone's parameters.
 
 - "pytorch": every conv and fully-connected weight uniform in +-1/sqrt(fan_in), fan_in = input
-  channels per group x kernel area: PyTorch's default (kaiming_uniform_ with a=sqrt(5)),
-  which insightface's arcface_torch trains with.
+  channels per group x kernel area: PyTorch's default (kaiming_uniform_ with a=sqrt(5)), which
+  arcface_torch's networks replace with their own (below) in all but the IResNet's FC.
+- "arcface_torch": what arcface_torch's own networks set in their constructors. MobileFaceNet
+  (mbf, mbf_small, mbf_large): every conv and the embedding FC weight normal with std
+  sqrt(2 / fan_out), fan_out = output channels x kernel area (kaiming_normal_, mode fan_out,
+  relu): a depthwise conv of C channels starts with a std sqrt(C / 6) times smaller than under
+  "pytorch" (4.6x at 128 channels). IResNet (r18..r200): every conv weight normal with std 0.1, the
+  embedding FC PyTorch's default (its bias starts at 0 here, U(+-1/sqrt(fan_in)) there: the
+  BatchNorm after it removes a constant in training). The default (default.py): on 1,000 glyph
+  identities mbf ended 0.9178 with it and 0.9094 with "pytorch" (three seeds each, BENCHMARKS.md).
 - "xavier": MXNet's Xavier(uniform, avg, magnitude=2), insightface's MXNet default: bound
   sqrt(4 / (fan_in + fan_out)), with MXNet's fan_out = output channels x kernel area, which
   for a depthwise conv of C channels is sqrt((C + 1) / 4) times smaller than the "pytorch"
@@ -12,7 +20,10 @@ a variable with its own init attribute (the PReLU slopes, 0.25) keeps it.
 """
 import mxnet as mx
 
+import symbols
 from .options import BACKBONE_INITS
+
+IRESNET_CONV_STD = 0.1      # arcface_torch iresnet.py: nn.init.normal_(conv.weight, 0, 0.1)
 
 
 class FanInUniform(mx.init.Initializer):
@@ -26,10 +37,40 @@ class FanInUniform(mx.init.Initializer):
         mx.random.uniform(-bound, bound, shape=arr.shape, out=arr)
 
 
-def backbone_initializer(kind):
-    """The mx.init.Initializer for `kind`, one of BACKBONE_INITS."""
+class FanOutNormal(mx.init.Initializer):
+    """Weights normal with std sqrt(2 / fan_out), fan_out = shape[0] x kernel area (PyTorch's
+    kaiming_normal_(mode="fan_out", nonlinearity="relu"); for an FC weight, its outputs)."""
+
+    def _init_weight(self, name, arr):
+        fan_out = arr.shape[0]
+        for dim in arr.shape[2:]:
+            fan_out *= dim
+        mx.random.normal(0.0, (2.0 / fan_out) ** 0.5, shape=arr.shape, out=arr)
+
+
+class ConvNormalFcUniform(FanInUniform):
+    """Conv weights (4-D) normal with a fixed std, FC weights (2-D) as FanInUniform."""
+
+    def __init__(self, conv_std):
+        super().__init__(conv_std=conv_std)
+        self.conv_std = conv_std
+
+    def _init_weight(self, name, arr):
+        if len(arr.shape) == 4:
+            mx.random.normal(0.0, self.conv_std, shape=arr.shape, out=arr)
+        else:
+            super()._init_weight(name, arr)
+
+
+def backbone_initializer(kind, network="mbf"):
+    """The mx.init.Initializer for `kind`, one of BACKBONE_INITS; "arcface_torch" depends on the
+    `network` (one of symbols.NETWORKS)."""
     if kind == "pytorch":
         return FanInUniform()
+    if kind == "arcface_torch":
+        if network not in symbols.NETWORKS:
+            raise ValueError(f"network must be one of {symbols.NETWORKS}, got {network!r}")
+        return FanOutNormal() if network.startswith("mbf") else ConvNormalFcUniform(IRESNET_CONV_STD)
     if kind == "xavier":
         return mx.init.Xavier(magnitude=2.0)
     raise ValueError(f"backbone_init must be one of {BACKBONE_INITS}, got {kind!r}")

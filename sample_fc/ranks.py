@@ -34,9 +34,9 @@ def launcher_local_size():
     return 1
 
 
-def cores_per_worker(local_workers):
-    """This node's cores shared by `local_workers` workers: cores // workers, at least 1."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_workers))
+def cores_per_worker(local_workers, cores=None):
+    """`cores` (default: this node's) shared by `local_workers` workers: cores // workers, at least 1."""
+    return max(1, (cores or os.cpu_count() or 1) // max(1, local_workers))
 
 
 def share_cores():

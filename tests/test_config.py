@@ -471,7 +471,7 @@ def test_a_run_saved_before_gradient_clipping_resumes_without_it():
     keeps its values."""
     saved = _saved_run()
     new_keys = ('clip_grad_norm', 'backbone_init', 'momentum_form')
-    assert [saved[k] for k in new_keys] == [5.0, 'pytorch', 'pytorch']   # the defaults
+    assert [saved[k] for k in new_keys] == [5.0, 'arcface_torch', 'pytorch']   # the defaults
     older = {k: v for k, v in saved.items() if k not in new_keys}
     cfg = default.config_for_run(resumed=older)
     assert [cfg[k] for k in new_keys] == [0.0, 'xavier', 'mxnet']

@@ -146,13 +146,10 @@ def samples_per_s(records, skip):
     """Global samples/s over the progress windows that start at or after step `skip` (each
     record's samples_per_s covers the steps since the previous record): the windows' speeds
     averaged as total samples over total time (the global batch is the same in every window)."""
-    steps = step_seconds = 0.0          # step_seconds: seconds per global sample, summed over steps
-    for previous, record in zip(records, records[1:]):
-        if previous["step"] >= skip and record.get("samples_per_s"):
-            window = record["step"] - previous["step"]
-            steps += window
-            step_seconds += window / record["samples_per_s"]
-    return steps / step_seconds if step_seconds else None
+    kept = [(last - first, seconds) for first, last, seconds in time_to_accuracy.progress_windows(records)
+            if first >= skip]
+    seconds = sum(seconds for _, seconds in kept)        # per global sample
+    return sum(steps for steps, _ in kept) / seconds if seconds else None
 
 
 def sample_fc_layout(args, cfg):

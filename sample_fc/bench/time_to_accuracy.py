@@ -8,28 +8,30 @@ starting) is not in them on either side. The target is the mean of the yardstick
 accuracies; the yardstick's time is its whole training's, sample_fc's the training seconds at
 its first verification at or above the target.
 """
-import os
-
-from ..run.run_root import EVENTS_FILE, PROGRESS_FILE
+def progress_windows(records):
+    """(first step, last step, seconds per global sample) of each progress record's window: a
+    record's samples_per_s covers the steps since the previous record (from 0 for the first)
+    with the paused time taken out, so a window's training seconds are its steps x the global
+    batch / samples_per_s."""
+    previous = 0
+    for record in records:
+        if record.get("samples_per_s"):
+            yield previous, record["step"], (record["step"] - previous) / record["samples_per_s"]
+        previous = record["step"]
 
 
 def sample_fc_curve(models_root, target, global_batch):
-    """The curve of a sample_fc run's target `target` from its progress.jsonl and events.jsonl.
-    A progress record's samples_per_s covers the steps since the previous record with the
-    paused time taken out, so the training seconds at a record's step are the sum of each
-    window's samples / samples_per_s (every window's samples: its steps x the global batch).
-    Verification at step S comes after S's progress record: S must be a multiple of the
-    run's `frequent` (compare checks it)."""
-    from ..tools.report import read_records
-    progress = read_records(os.path.join(models_root, PROGRESS_FILE), ("step", "samples_per_s"), print)
-    events = read_records(os.path.join(models_root, EVENTS_FILE), ("step", "event"), print)
-    seconds_at, total, previous = {}, 0.0, 0
-    for record in progress:
-        total += (record["step"] - previous) * global_batch / record["samples_per_s"]
-        seconds_at[record["step"]] = total
-        previous = record["step"]
-    return [(e["step"], seconds_at[e["step"]], e["accuracy"][target]) for e in events
-            if e["event"] == "verification" and e["step"] in seconds_at and target in e.get("accuracy", {})]
+    """The curve of a sample_fc run's target `target` from its progress and verification records
+    (tools.report.read_run). Verification at step S comes after S's progress record: S must be
+    a multiple of the run's `frequent` (compare checks it)."""
+    from ..tools.report import read_run
+    run = read_run(models_root, "sample_fc", print)
+    seconds_at, total = {}, 0.0
+    for _, step, seconds_per_sample in progress_windows(run.progress):
+        total += seconds_per_sample * global_batch
+        seconds_at[step] = total
+    return [(step, seconds_at[step], accuracy[target]) for step, accuracy, _, _ in run.verifications()
+            if step in seconds_at and target in accuracy]
 
 
 def first_reach(curve, target):

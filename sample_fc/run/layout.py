@@ -18,6 +18,8 @@ world size it was trained with (its checkpoint's), whatever it measured.
 import dataclasses
 import math
 
+from ..ranks import cores_per_worker
+
 DEFAULT_WORKERS = 2        # horovodrun.sh's -np when no layout is chosen (-H, --gpu)
 
 
@@ -48,12 +50,8 @@ class Layout:
     line: str
 
 
-def threads(cores, workers):
-    return max(1, cores // workers)
-
-
 def describe(workers, cores):
-    per = threads(cores, workers)
+    per = cores_per_worker(workers, cores)
     return f"{workers} worker{'s' * (workers > 1)} x {per} thread{'s' * (per > 1)}"
 
 
