@@ -21,6 +21,7 @@ a variable with its own init attribute (the PReLU slopes, 0.25) keeps it.
 import mxnet as mx
 
 import symbols
+from symbols import iresnet
 from .options import BACKBONE_INITS
 
 IRESNET_CONV_STD = 0.1      # arcface_torch iresnet.py: nn.init.normal_(conv.weight, 0, 0.1)
@@ -62,7 +63,7 @@ class ConvNormalFcUniform(FanInUniform):
             super()._init_weight(name, arr)
 
 
-def backbone_initializer(kind, network="mbf"):
+def backbone_initializer(kind, network=None):
     """The mx.init.Initializer for `kind`, one of BACKBONE_INITS; "arcface_torch" depends on the
     `network` (one of symbols.NETWORKS)."""
     if kind == "pytorch":
@@ -70,7 +71,7 @@ def backbone_initializer(kind, network="mbf"):
     if kind == "arcface_torch":
         if network not in symbols.NETWORKS:
             raise ValueError(f"network must be one of {symbols.NETWORKS}, got {network!r}")
-        return FanOutNormal() if network.startswith("mbf") else ConvNormalFcUniform(IRESNET_CONV_STD)
+        return ConvNormalFcUniform(IRESNET_CONV_STD) if network in iresnet.UNITS else FanOutNormal()
     if kind == "xavier":
         return mx.init.Xavier(magnitude=2.0)
     raise ValueError(f"backbone_init must be one of {BACKBONE_INITS}, got {kind!r}")
