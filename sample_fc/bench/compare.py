@@ -33,6 +33,7 @@ reported (time_to_accuracy).
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -126,10 +127,15 @@ def run_sample_fc(args, models_root):
     lines = []
     with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:
-        for line in proc.stdout:
-            lines.append(line)
-            if any(word in line for word in SHOWN):
-                print("  " + line.rstrip(), flush=True)
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if any(word in line for word in SHOWN):
+                    print("  " + line.rstrip(), flush=True)
+        except BaseException:             # stopped (stop_on_sigterm, Ctrl-C) or failed: the job stops too
+            proc.send_signal(signal.SIGTERM)      # horovodrun stops its workers on SIGTERM
+            proc.wait()
+            raise
     if proc.returncode:
         sys.exit(f"compare: sample_fc's run failed (exit {proc.returncode}); its last lines:\n"
                  + "".join(lines[-15:]))
@@ -247,8 +253,14 @@ def train_both(args, order, curves, accuracies, speeds, accuracy_curves):
             table.setdefault(name, []).append(value)
 
 
+def stop_on_sigterm(number, frame):
+    """SIGTERM to compare alone (`kill PID`) ends it as Ctrl-C would, its training job with it."""
+    sys.exit(f"compare: stopped by {signal.Signals(number).name}")
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     cfg = config(args)                   # builds the demo data on first use, as train.py does
     args.global_batch = cfg.batch_size * args.np
     if args.eval_every and args.eval_every % cfg.frequent:

@@ -200,3 +200,30 @@ def test_a_stop_during_start_up_leaves_a_resumable_root(tiny_data, tmp_path):
     assert step <= 4, step
     resumed = run_train(root, tiny_data, "--resume", root, "--set", f"max_update={step + 2}")
     assert resumed.returncode == 0 and f"at step {step}" in resumed.output, per_rank_tail(resumed.output)
+
+
+def test_sigterm_to_bench_compare_alone_stops_the_training_it_launched(tiny_data, tmp_path):
+    """Test that SIGTERM to bench.compare's own process (`kill PID`, not its group) stops the
+    horovodrun job it started: compare exits non-zero with a line naming the signal, and none
+    of the job's train.py workers is left running."""
+    command = [sys.executable, "-m", "sample_fc.bench.compare", "--only", "sample_fc", "--set", f"rec={tiny_data}",
+               *TINY_TRAIN, *LONG]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO),
+                           env=single_thread_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(training := workers(job)) < 2:
+            assert job.poll() is None, f"compare ended early:\n{job.communicate()[0][-3000:]}"
+            assert time.monotonic() < deadline, "compare started no 2-worker training in 240 s"
+            time.sleep(0.2)
+        time.sleep(3)
+        job.send_signal(signal.SIGTERM)
+        code, output, _ = finish(job)
+        assert code != 0 and "compare: stopped by SIGTERM" in output, output[-3000:]
+        _, alive = psutil.wait_procs(list(training.values()), timeout=10)
+        assert alive == [], [p.pid for p in alive]
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)       # compare and whatever of its job is left
+        except ProcessLookupError:
+            pass
