@@ -222,12 +222,15 @@ class ListOf(KeyType):
 
     def _from_text(self, text):
         stripped = text.strip()
-        if not stripped.startswith('['):
-            return [self._element_text(part.strip()) for part in stripped.split(',')] if stripped else []
-        try:
-            return json.loads(stripped)
-        except (ValueError, RecursionError):
-            self._refuse()
+        if stripped.startswith('['):
+            try:
+                return json.loads(stripped)
+            except (ValueError, RecursionError):
+                inner = stripped[1:-1]          # [a, b]: what bash leaves of ["a", "b"] typed unquoted
+                if not stripped.endswith(']') or '[' in inner or ']' in inner:
+                    self._refuse()
+                stripped = inner.strip()
+        return [self._element_text(part.strip()) for part in stripped.split(',')] if stripped else []
 
     def _element_text(self, text):
         try:

@@ -91,6 +91,7 @@ def test_speed_table_gives_each_runs_ratio_and_their_median():
     lines, median = speed_table([None, 60.0], [50.0, 40.0])
     assert lines[1].split() == ["1", "-", "50.0", "-"] and median == pytest.approx(1.5)
     assert speed_table([None], [50.0])[1] is None
+    assert speed_table([4.961], [4.85])[0][1].split() == ["1", "4.96", "4.85", "1.023"]   # r50's few per second
 
 
 def test_yardstick_recipe_is_the_demo_presets_by_hand():

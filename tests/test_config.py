@@ -314,6 +314,9 @@ def test_list_overrides_accept_json_and_commas():
     assert _override(_cfg(), ['lr_steps=[]']).lr_steps == []
     assert _override(_cfg(), ['val_targets=lfw, cfp_fp']).val_targets == ['lfw', 'cfp_fp']
     assert _override(_cfg(), ['val_targets=["agedb_30"]']).val_targets == ['agedb_30']
+    # ["lfw", "cfp_fp"] typed unquoted in bash arrives as [lfw, cfp_fp]: the same list
+    assert _override(_cfg(), ['val_targets=[lfw, cfp_fp]']).val_targets == ['lfw', 'cfp_fp']
+    assert _override(_cfg(), ['val_targets=[glyphs_val]']).val_targets == ['glyphs_val']
     ratios = _override(_cfg(), ['ratios=1,0.25']).ratios
     assert ratios == [1.0, 0.25] and all(type(r) is float for r in ratios)
     assert _override(_cfg(), ['ratios=[2, 0.5]']).ratios == [2.0, 0.5]
@@ -340,6 +343,7 @@ def test_words_and_atomic_overrides():
     ('lr_steps=10,x', 'each an integer'), ('lr_steps=[1.5]', 'each an integer'), ('lr_steps=[1,', 'list'),
     ('lr_steps={"a": 1}', 'list'), ('lr_steps=' + '[' * 100000, 'list'),
     ('lr_steps=20,10', 'strictly increasing'), ('val_targets=[1]', 'each a string'),
+    ('val_targets=[a, [b]', 'list'), ('lr_steps=[x]', 'each an integer'),
     ('momentum=x', 'number'), ('momentum=1', '[0, 1)'), ('sample_ratio=automatic', 'or auto'),
     ('momentum=1e-320', "float32's smallest"), ('lr=-1e-39', 'number > 0')])
 def test_wrong_type_names_key_value_and_type(override, typename):

@@ -28,7 +28,7 @@ samples/s over the steps after the first SPEED_SKIP_STEPS (start-up and verifica
 excluded), a table of the runs and the median of their ratios; with --seeds, every seed
 gets --runs runs and the loss is averaged over them all. With --eval-every N both sides
 verify every N steps, and each training's time to the yardstick's mean final accuracy is
-reported (time_to_accuracy).
+reported (time_to_accuracy). SIGTERM or Ctrl-C ends compare and the training it runs.
 """
 import argparse
 import json
@@ -188,7 +188,8 @@ def accuracy_summary(per_seed):
 
 
 def speed_table(sample_fc_speeds, yardstick_speeds):
-    """(lines of the table: run, both sides' samples/s, their ratio; the median ratio or None).
+    """(lines of the table: run, both sides' samples/s (two decimals below 10), their ratio; the
+    median ratio or None).
     A side that did not run or measure has None (and its run no ratio)."""
     lines = [f"  {'run':>3}  {'sample_fc':>10}  {'yardstick':>10}  {'ratio':>6}"]
     ratios = []
@@ -196,7 +197,7 @@ def speed_table(sample_fc_speeds, yardstick_speeds):
         ratio = ours / theirs if ours and theirs else None
         if ratio is not None:
             ratios.append(ratio)
-        cells = [f"{v:10.1f}" if v else f"{'-':>10}" for v in (ours, theirs)]
+        cells = [f"{v:10.{2 if v < 10 else 1}f}" if v else f"{'-':>10}" for v in (ours, theirs)]   # r50: ~5/s
         lines.append(f"  {run:3d}  {cells[0]}  {cells[1]}  " + (f"{ratio:6.3f}" if ratio else f"{'-':>6}"))
     return lines, (statistics.median(ratios) if ratios else None)
 
