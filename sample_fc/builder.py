@@ -3,14 +3,12 @@
 Every function takes the config (default.py's keys) and explicit rank/context arguments;
 nothing here reads default.py or the command line.
 """
-import dataclasses
 import logging
 import os
 import sys
 from types import SimpleNamespace
 
 import mxnet as mx
-import numpy as np
 
 import symbols
 
@@ -24,10 +22,9 @@ from .data.recordio import read_property
 from .errors import UsageError
 from .run.gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
 from .initializers import backbone_initializer
-from .pfc.host_head import default_threads
 from .module import SampleDistributeModule
 from .optimizers import BackboneOptimizer, make_schedule
-from .pfc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
+from .pfc.partial_fc import PartialFC, PartialFCOptions
 from .pfc.sampling_regime import safe_ratio
 from .models.saved_model import load_pretrained
 
@@ -102,17 +99,26 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     return module
 
 
+def target_paths(cfg):
+    """{name: path of <name>.bin next to the training data} of cfg.val_targets (found or not)."""
+    folder = os.path.dirname(os.path.abspath(cfg.rec)) if cfg.rec else ""
+    return {name: os.path.join(folder, name + ".bin") for name in cfg.val_targets}
+
+
 def load_targets(cfg, logger):
     """{name: (images, issame)} of the val_targets found next to the training data."""
-    folder = os.path.dirname(os.path.abspath(cfg.rec)) if cfg.rec else ""
     targets = {}
-    for name in cfg.val_targets:
-        path = os.path.join(folder, name + ".bin")
+    for name, path in target_paths(cfg).items():
         if os.path.isfile(path):
             targets[name] = load_bin(path, cfg.image_size)
         else:
             logger.warning("verification target %s not found at %s; skipped", name, path)
     return targets
+
+
+def target_bytes(targets):
+    """Bytes of the verification sets' images as load_targets holds them (the memory plan's)."""
+    return sum(images.nbytes for images, _ in targets.values())
 
 
 def setup_logger(rank):
@@ -186,60 +192,13 @@ def check_world(cfg, world):
                          f"workers (-np) or a dataset with more classes")
 
 
-def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads):
-    """(host memory plan, GPU memory plan or None) of one worker (memory_plan.plan): on a CPU
-    run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
-    sampler's and the head's memory where the bank is. UsageError for a bank the chosen kernel
-    cannot run (partial_fc.uses_host_kernel: bank_momentum int8 or none off the host kernel)."""
-    params, activations = memory_plan.backbone_sizes(symbol, cfg.image_size)
-    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype,
-                                   cfg.bank_momentum)
-    peak_ratio = PartialFCOptions.from_config(cfg).peak_ratio()      # the warm-up's start, if larger
-    whole = memory_plan.plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_ratio,
-                             np.dtype(cfg.bank_dtype).itemsize, params, activations, host_kernel, threads,
-                             cfg.bank_momentum)
-    if not on_gpu:
-        return whole, None
-    if bank_on_gpu:
-        return (dataclasses.replace(whole, bank=0, sampler=0, head=0, backbone=0),
-                dataclasses.replace(whole, runtime=0))
-    return dataclasses.replace(whole, backbone=0), dataclasses.replace(whole, bank=0, sampler=0, head=0, runtime=0)
-
-
-def plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, part):
-    """ways(share): memory_plan.ways_out's priced changes for this run's host (part 0) or GPU
-    (part 1) plan, replanned by run_plan with the changed keys."""
-    def replan(world=world, bank_on_gpu=bank_on_gpu, **changes):
-        return run_plan(type(cfg)(dict(cfg, **changes)), world, symbol, on_gpu, bank_on_gpu, threads)
-    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype,
-                                   cfg.bank_momentum)
-    return lambda share: memory_plan.ways_out(replan, part, share, world, cfg.batch_size, cfg.num_classes,
-                                              cfg.bank_dtype, on_gpu and bank_on_gpu, cfg.bank_momentum,
-                                              host_kernel)
-
-
-def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size):
-    """UsageError when this worker's plan does not fit what its node has: host memory
-    (MemAvailable, shared by the node's workers), and on GPUs its device's free memory; it
-    lists the ways out with what each would give (plan_ways_out)."""
-    on_gpu, bank_on_gpu, threads = ctx.device_type == "gpu", bank_ctx.device_type == "gpu", default_threads(local_size)
-    host, device = run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads)
-    memory_plan.check_fits(host, memory_plan.meminfo_available(), local_size, "host memory",
-                           plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, 0))
-    if device is not None:
-        memory_plan.check_fits(device, mx.context.gpu_memory_info(ctx.device_id)[0], 1,
-                               f"GPU {ctx.device_id} memory",
-                               plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, 1))
-    return host, device
-
-
 def open_run(cfg, models_root, request, rank, world, local_rank, logger, local_size=1):
     """Everything of a run that can be checked before anything is written (no collectives,
     no writes): UsageError naming the problem. `request` is the job's run_request.RunRequest.
     The models root must not be in use by another job (rank 0 checks its lock), and a fresh
     start must not overwrite a run's checkpoints unless --start-over; a resume takes only
     checkpoints of the continued run (request.continued_run; None: any); the run's memory plan
-    must fit this node (check_memory, before anything is allocated). Returns a namespace of
+    must fit this node (memory_plan.check_memory, before anything is allocated). Returns a namespace of
     models_root, resume_from (a checkpoint or None) and resumed_at (its step), run_id
     (request.run_id), pretrained ((arg, aux) params or None), train_iter,
     symbol, targets, ctx, bank_ctx."""
@@ -254,7 +213,9 @@ def open_run(cfg, models_root, request, rank, world, local_rank, logger, local_s
     warn = logger.warning if rank == 0 else (lambda message: None)
     ctx, bank_ctx = resolve_contexts(cfg, local_rank, warn)
     symbol = build_symbol(cfg)
-    plan, _ = check_memory(cfg, world, symbol, ctx, bank_ctx, local_size)
+    targets = load_targets(cfg, logger)
+    plan, _ = memory_plan.check_memory(cfg, world, symbol, ctx, bank_ctx, local_size, target_bytes(targets),
+                                       lambda device_id: mx.context.gpu_memory_info(device_id)[0])
     resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn,
                                        request.continued_run) if resume_path else (None, {})
     run_id = request.run_id(state)
@@ -269,4 +230,4 @@ def open_run(cfg, models_root, request, rank, world, local_rank, logger, local_s
                            pretrained=weights,
                            symbol=symbol, plan=plan,
                            train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
-                           targets=load_targets(cfg, logger))
+                           targets=targets)

@@ -148,10 +148,14 @@ class Embedder:
         return self.module.get_outputs()[0].asnumpy()
 
     def __call__(self, images):
-        """Embeddings (N, D) of images (N, 3, H, W), pixels 0..255, flip-summed if self.flip."""
+        """Embeddings (N, D) of images (N, 3, H, W), pixels 0..255, flip-summed if self.flip; or of
+        uint8 images (N, H, W, 3) as a .bin holds them, made float32 one batch at a time (a pair set
+        never whole in float32: LFW at 112 px would be 1.8 GB)."""
         outputs = []
+        as_stored = images.dtype == np.uint8 and images.ndim == 4 and images.shape[-1] == 3
         for start in range(0, len(images), self.batch_size):
             chunk = images[start:start + self.batch_size]
+            chunk = to_nchw(chunk) if as_stored else chunk
             padded = np.zeros((self.batch_size,) + chunk.shape[1:], dtype=np.float32)
             padded[:len(chunk)] = chunk
             total = 0
@@ -163,17 +167,27 @@ class Embedder:
         return np.concatenate(outputs)
 
 
-def evaluate(embed, images_uint8, issame, far=1e-3):
-    """VerificationResult of `embed` (images -> embeddings) on a pair set."""
-    return score(embed(to_nchw(images_uint8)), issame, far)
+def evaluate(embed, images_uint8, issame, far=1e-3, pairs_per_chunk=256):
+    """VerificationResult of `embed` (images (n, 3, H, W) float32 -> embeddings) on a pair set,
+    embedded `pairs_per_chunk` pairs at a time: no copy of the whole set in float32, nor all its
+    embeddings at once (the raw-pixel baseline's are 3 H W wide)."""
+    distances, norms = [], []
+    for start in range(0, len(images_uint8), 2 * pairs_per_chunk):
+        embeddings = embed(to_nchw(images_uint8[start:start + 2 * pairs_per_chunk]))
+        distances.append(pair_distances(embeddings))
+        norms.append(np.linalg.norm(embeddings, axis=1))
+    return score_distances(np.concatenate(distances), np.concatenate(norms), issame, far)
 
 
 def score(embeddings, issame, far=1e-3):
     """VerificationResult of the (un-normalised) embeddings of a pair set's images."""
-    distances = pair_distances(embeddings)
+    return score_distances(pair_distances(embeddings), np.linalg.norm(embeddings, axis=1), issame, far)
+
+
+def score_distances(distances, norms, issame, far=1e-3):
+    """VerificationResult of a pair set's pair distances and its embeddings' norms."""
     accuracy, std = kfold_accuracy(distances, issame)
-    return VerificationResult(accuracy, std, tar_at_far(distances, issame, far), far,
-                              float(np.linalg.norm(embeddings, axis=1).mean()))
+    return VerificationResult(accuracy, std, tar_at_far(distances, issame, far), far, float(np.mean(norms)))
 
 
 def raw_pixel_embed(images):

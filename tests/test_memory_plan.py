@@ -1,6 +1,5 @@
 """Tests for sample_fc.run.memory_plan: the per-worker arithmetic against hand-computed cases, the
-refusal line, and the backbone sizes against a network counted by hand."""
-import mxnet as mx
+refusal line and its ways out."""
 import pytest
 
 from sample_fc.run import memory_plan
@@ -9,15 +8,15 @@ from sample_fc.errors import UsageError
 
 def test_plan_of_20m_classes_on_two_workers_by_hand():
     """Test the plan of 20,000,000 classes x 512 on 2 workers of batch 128 at ratio 0.1, host
-    kernel, one thread: every term written out by hand."""
-    p = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=4, backbone_params=1_000_000,
-                         activations_per_image=2_000_000, host_kernel=True, threads=1)
+    kernel, one thread: every term written out by hand (the backbone's and the data's given)."""
+    p = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=4, backbone_bytes=123_456_789,
+                         backbone_params=1_000_000, data_bytes=7_000_000, host_kernel=True, threads=1)
     assert (p.num_local, p.sampled, p.global_batch) == (10_000_000, 1_000_000, 256)
     assert p.bank == 2 * 10_000_000 * 512 * 4 == 40_960_000_000
     assert p.sampler == 9 * 10_000_000 + 8 * 1_000_000 == 98_000_000
     assert p.head == 4 * (1_000_000 * 512 + 2 * 256 * 1_000_000 + 3 * 256 * 512 + 3 * 512 * 512)
-    assert p.backbone == 4 * (3 * 1_000_000 + 2 * 128 * 2_000_000)
-    assert p.total == p.bank + p.sampler + p.head + p.backbone + memory_plan.RUNTIME_BYTES
+    assert (p.backbone, p.data) == (123_456_789, 7_000_000)
+    assert p.total == p.bank + p.sampler + p.head + 123_456_789 + 7_000_000 + memory_plan.RUNTIME_BYTES
     assert p.checkpoint == 8 * 20_000_000 * 512 + 8 * 1_000_000 + 2 ** 20
     assert p.allgather_per_step == 256 * (4 * 512 + 8)
 
@@ -71,24 +70,14 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
     assert half.head == p.head             # float16 rows become float32 rows in one pass (no staging)
 
 
-def test_backbone_sizes_count_parameters_and_activations():
-    """Test that backbone_sizes counts an FC + BatchNorm network's parameters (weight, bias,
-    gamma, beta, moving mean and var) and its internal outputs per image, by hand."""
-    data = mx.sym.var("data")
-    fc = mx.sym.FullyConnected(mx.sym.Flatten(data), num_hidden=10, name="fc")
-    symbol = mx.sym.BatchNorm(fc, name="bn")
-    params, activations = memory_plan.backbone_sizes(symbol, 4)
-    assert params == 48 * 10 + 10 + 4 * 10
-    assert activations == 48 + 10 + 10          # the outputs of flatten, fc and bn; not the inputs
-
-
 def test_ways_out_put_the_batch_first_when_the_backbone_dominates_and_offer_the_host_bank():
     """Test that when the backbone is the largest term the smaller batch comes first, naming the
     backbone's GB, halved until it fits; and that a GPU bank is offered on the host with the GPU
     and host GB it gives."""
     def replan(world=8, batch_size=128, bank_dtype="float32", bank_on_gpu=True):
         whole = memory_plan.plan(400_000, world, 512, batch_size, 0.1, 2 if bank_dtype == "float16" else 4,
-                                 backbone_params=65_000_000, activations_per_image=48_000_000, host_kernel=False)
+                                 backbone_bytes=4 * (3 * 65_000_000 + 2 * batch_size * 48_000_000),
+                                 backbone_params=65_000_000, host_kernel=False)
         on_gpu = dict(bank=whole.bank, sampler=whole.sampler, head=whole.head) if bank_on_gpu else dict(bank=0, sampler=0, head=0)
         device = memory_plan.Plan(**{**whole.__dict__, "runtime": 0, **on_gpu})
         host = memory_plan.Plan(**{**whole.__dict__, "backbone": 0,
@@ -134,3 +123,25 @@ def test_the_bank_counts_its_momentum_as_stored_and_int8_is_a_way_out_for_float1
     for stored, on_gpu, host_kernel in (("int8", False, True), ("same", True, True), ("same", False, False)):
         assert not any("bank_momentum" in way for way in memory_plan.ways_out(
             replan, 0, 12e9, 2, 128, classes, "float16", on_gpu, stored, host_kernel))
+
+
+def test_the_fields_mbf_at_112_px_is_not_refused_on_a_24_gb_machine(monkeypatch):
+    """Test that check_memory, on a machine with 21.4 GB available (this 24 GB one, idle), takes mbf
+    at 112 px with 1,000 classes on 2 workers x 64 and on 1 worker x 128 (measured peaks: 6.5 and
+    11.5 GB a worker, docs/scale-and-memory.md), where the formula before MXNet's own plan refused
+    both; and that 20M classes in float32 on 2 workers is still refused, in one line."""
+    import mxnet as mx
+    import default
+    import symbols
+    from sample_fc.run.backbone_memory import planned_graph_bytes
+    monkeypatch.setattr(memory_plan, "meminfo_available", lambda: 21.4e9)
+    symbol = symbols.get_symbol("mbf", 512, 112)
+    for world, batch in ((2, 64), (1, 128)):
+        cfg = default.config_for_run("synthetic_1m", "mbf", None, ["num_classes=1000", f"batch_size={batch}"])
+        host, device = memory_plan.check_memory(cfg, world, symbol, mx.cpu(), mx.cpu(), local_size=world)
+        graph = planned_graph_bytes(symbol, 112, batch)           # MXNet's own plan: most of it
+        assert device is None and graph < host.backbone < host.total <= 21.4e9 / world, (world, batch, host.total)
+    cfg = default.config_for_run("synthetic_1m", "mbf", None, ["num_classes=20000000"])
+    with pytest.raises(UsageError, match=r"this run needs [\d.]+ GB of host memory per worker \(bank 41.0 GB") as error:
+        memory_plan.check_memory(cfg, 2, symbol, mx.cpu(), mx.cpu(), local_size=2)
+    assert "\n" not in str(error.value)

@@ -141,7 +141,7 @@ def test_memory_plan_holds_the_warmups_peak_ratio():
     ratio 1.0 (its first steps score every center), and one without a warm-up with ratio 0.1's."""
     import default
     import symbols
-    from sample_fc.builder import run_plan
+    from sample_fc.run.memory_plan import run_plan
     cfg = default.get_config(dataset='synthetic_1m', network='mbf_small')
     symbol = symbols.get_symbol('mbf_small', cfg.embedding_size, cfg.image_size)
     plain, _ = run_plan(cfg, 2, symbol, False, False, 1)

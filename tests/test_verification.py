@@ -211,3 +211,20 @@ def test_embedder_without_flip_is_the_plain_forward():
                      batch_size=3, flip=False)
     images = np.random.default_rng(4).random((4, 3, 4, 4)).astype(np.float32)
     np.testing.assert_allclose(embed(images), images.reshape(4, -1), rtol=1e-6)
+
+
+def test_uint8_images_and_chunked_evaluation_match_the_whole_float32_set():
+    """Test that the embedder takes a .bin's uint8 NHWC images (made float32 a batch at a time) with
+    the same embeddings as their float32 NCHW copy, and that evaluate, which embeds a few pairs at
+    a time, scores as `score` on the whole set's embeddings (distances, norms, accuracy)."""
+    symbol = mx.sym.FullyConnected(mx.sym.Flatten(mx.sym.var("data")), num_hidden=6, name="fc")
+    rng = np.random.default_rng(5)
+    params = {"fc_weight": mx.nd.array(rng.standard_normal((6, 48))), "fc_bias": mx.nd.zeros(6)}
+    embed = Embedder(symbol, params, {}, mx.cpu(), image_size=4, batch_size=3)
+    pairs = (rng.random((44, 4, 4, 3)) * 255).astype(np.uint8)
+    issame = rng.random(22) < 0.5
+    issame[:2] = (True, False)
+    whole = embed(pairs.transpose(0, 3, 1, 2).astype(np.float32))
+    np.testing.assert_array_equal(embed(pairs), whole)
+    assert evaluate(embed, pairs, issame, pairs_per_chunk=4) == score(whole, issame)
+

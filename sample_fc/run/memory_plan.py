@@ -1,36 +1,43 @@
 """The memory plan of a run: what one worker needs, computed before anything is allocated.
 
 Everything that grows with the class count is here, per worker, for the largest shard
-(C_r = ceil(C / W)), D the embedding size, B the global batch, K the rows scored per step
-(K = min(C_r, max(ceil(ratio * C_r), B)): the sample, which grows to every positive):
+(C_r = ceil(C / W)), D the embedding size, B the global batch, b a worker's, K the rows scored per
+step (K = min(C_r, max(ceil(ratio * C_r), B)): the sample, which grows to every positive):
     bank        C_r * (D * bank itemsize + momentum)        weights + momentum as stored, a row's:
                                                             D * itemsize (bank_momentum=same),
                                                             D + 4 ceil(D / 64) (int8), 0 (none)
     sampler     9 * C_r + 8 K                               a bool mask and an int64 index; the
-                                                            corrections' float32 logit offsets
-                                                            and weight-decay scales
+                                                            corrections' offsets and decay scales
     head        host kernel: 4 (K D + 2 B K + 3 B D + 3 threads 512 D)   rows, cosine, gradient
                             (no K D when K = C_r on a one-block float32 shard: the bank is used)
                 device kernel: 4 (6 K D + 8 B K)            rows, momentum, gradients; B x K terms
-    backbone    4 (3 P + 2 b A)                             P parameters (weight, gradient,
-                                                            momentum), A activations per image
-    runtime     RUNTIME_BYTES                               MXNet, Horovod, Python
+    backbone    from MXNet itself (backbone_memory.py): its plan of the bound training graph at
+                batch b, oneDNN's arrays outside it (a measured share), the parameters' copies,
+                and the inference graph a verification binds
+    data        BATCHES_IN_FLIGHT float32 batches of the loader, the verification sets' images
+    runtime     RUNTIME_BYTES                               Python, MXNet, Horovod (measured)
 and, for the user, the checkpoint's size and what a step moves between workers. The parts say
-their own bytes (PartialFC.memory_bytes: MemoryBank, ClassCenterSampler and the head kernel's
-workspace_bytes); `plan` adds them up, pure arithmetic (tests check it by hand); `available_bytes` reads what this machine has;
-train.py refuses a run whose plan does not fit (`check_fits`) before allocating anything,
-and `python -m sample_fc.tools.plan` prints it for any world.
+their own bytes (PartialFC.memory_bytes, backbone_memory); `plan` adds them up, pure arithmetic.
+`run_plan` makes the plan of a config (its host and GPU parts); `check_memory` refuses a run whose
+plan does not fit this node, in one line with the ways out (`ways_out`, each priced by replanning),
+before anything is allocated. `python -m sample_fc.tools.plan` prints it for any world, and
+`python -m sample_fc.bench.memory` measures it against real runs (docs/scale-and-memory.md).
 """
+import dataclasses
+import resource
 from dataclasses import dataclass
 
-from symbols.cost import backbone_cost
+import numpy as np
 
 from ..checkpoint.layout import checkpoint_bytes
 from ..errors import UsageError
-from ..pfc.partial_fc import PartialFC
+from ..pfc.host_head import default_threads
+from ..pfc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
+from .backbone_memory import backbone_memory
 
 GB = 1e9
-RUNTIME_BYTES = int(0.6 * GB)       # one worker's MXNet + Horovod + Python, with room above what was measured
+RUNTIME_BYTES = int(0.26 * GB)      # one worker's Python, MXNet, Horovod and threads before its arrays (measured)
+BATCHES_IN_FLIGHT = 4               # the loader's prefetched batches, the one in the step, the one decoding
 
 
 @dataclass
@@ -44,25 +51,28 @@ class Plan:
     sampler: int
     head: int
     backbone: int
+    data: int                   # the loader's batches and the verification sets' images
     runtime: int
     checkpoint: int             # one checkpoint, all workers
     allgather_per_step: int     # bytes each worker receives per step (embeddings + labels)
 
     @property
     def total(self):
-        return self.bank + self.sampler + self.head + self.backbone + self.runtime
+        return self.bank + self.sampler + self.head + self.backbone + self.data + self.runtime
 
     def summary(self):
         """The plan in one line (train.py's log)."""
         return (f"{self.total / GB:.2f} GB per worker (bank {self.bank / GB:.2f}, sampler {self.sampler / GB:.2f}, "
-                f"head {self.head / GB:.2f}, backbone {self.backbone / GB:.2f}, runtime {self.runtime / GB:.2f} GB); "
+                f"head {self.head / GB:.2f}, backbone {self.backbone / GB:.2f}, data {self.data / GB:.2f}, "
+                f"runtime {self.runtime / GB:.2f} GB); "
                 f"{self.num_local:,} classes and {self.sampled:,} rows sampled per step per worker; "
                 f"one checkpoint {self.checkpoint / GB:.2f} GB")
 
     def lines(self):
         """The plan as lines for a person."""
         rows = [("bank (weights + momentum)", self.bank), ("sampler", self.sampler),
-                ("head step temporaries", self.head), ("backbone (estimate)", self.backbone),
+                ("head step temporaries", self.head), ("backbone (MXNet's plan)", self.backbone),
+                ("data (batches, val sets)", self.data),
                 ("runtime", self.runtime), ("total per worker", self.total)]
         out = [f"{name:<28}{value / GB:10.2f} GB" for name, value in rows]
         out += [f"{'classes per worker':<28}{self.num_local:>13,}",
@@ -72,10 +82,11 @@ class Plan:
         return out
 
 
-def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_itemsize=4,
-         backbone_params=0, activations_per_image=0, host_kernel=True, threads=1, bank_momentum="same"):
+def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_itemsize=4, backbone_bytes=0,
+         backbone_params=0, data_bytes=0, host_kernel=True, threads=1, bank_momentum="same"):
     """The Plan of one worker of a run of `world` workers with `batch_size` images each, its
-    bank's momentum stored as `bank_momentum` (same, int8, none)."""
+    bank's momentum stored as `bank_momentum` (same, int8, none); the backbone's and the data's
+    bytes given (backbone_memory's total), the backbone's parameter count for the checkpoint."""
     if world < 1 or num_classes < world:
         raise ValueError(f"need 1 <= world <= num_classes, got world={world}, num_classes={num_classes}")
     num_local = -(-num_classes // world)
@@ -83,20 +94,74 @@ def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_item
     layer = PartialFC.memory_bytes(num_local, global_batch, embedding_size, sample_ratio, bank_itemsize,
                                    host_kernel, threads, bank_momentum)
     return Plan(world=world, num_local=num_local, sampled=layer["sampled"], global_batch=global_batch,
-                bank=layer["bank"], sampler=layer["sampler"], head=layer["head"],
-                backbone=4 * (3 * backbone_params + 2 * batch_size * activations_per_image),
-                runtime=RUNTIME_BYTES,
+                bank=layer["bank"], sampler=layer["sampler"], head=layer["head"], backbone=backbone_bytes,
+                data=data_bytes, runtime=RUNTIME_BYTES,
                 checkpoint=checkpoint_bytes(backbone_params, num_classes, embedding_size, bank_itemsize,
                                             bank_momentum),
                 allgather_per_step=global_batch * (4 * embedding_size + 8))
 
 
-def backbone_sizes(symbol, image_size):
-    """(parameters, activations per image) of a backbone symbol: the numbers its arguments
-    and auxiliary states hold, and the outputs of all its layers (not its inputs) for one image
-    (symbols.cost.backbone_cost)."""
-    cost = backbone_cost(symbol, image_size)
-    return cost.params + cost.aux, cost.activations
+def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads, target_bytes=0):
+    """(host memory plan, GPU memory plan or None) of one worker of a run of config `cfg`: on a
+    CPU run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
+    sampler's and the head's memory where the bank is. `target_bytes`: the verification sets'
+    images (a run with none does not verify). UsageError for a bank the chosen kernel cannot run
+    (partial_fc.uses_host_kernel)."""
+    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype,
+                                   cfg.bank_momentum)
+    backbone = backbone_memory(symbol, cfg.network, cfg.image_size, cfg.batch_size, on_cpu=not on_gpu,
+                               verifies=target_bytes > 0)
+    loader = BATCHES_IN_FLIGHT * cfg.batch_size * 3 * cfg.image_size ** 2 * 4
+    peak_ratio = PartialFCOptions.from_config(cfg).peak_ratio()      # the warm-up's start, if larger
+    whole = plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_ratio,
+                 np.dtype(cfg.bank_dtype).itemsize, backbone.total, backbone.values, loader + target_bytes,
+                 host_kernel, threads, cfg.bank_momentum)
+    if not on_gpu:
+        return whole, None
+    if bank_on_gpu:
+        return (dataclasses.replace(whole, bank=0, sampler=0, head=0, backbone=0),
+                dataclasses.replace(whole, data=0, runtime=0))
+    return (dataclasses.replace(whole, backbone=0),
+            dataclasses.replace(whole, bank=0, sampler=0, head=0, data=0, runtime=0))
+
+
+def plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, part, target_bytes=0):
+    """ways(share): ways_out's priced changes for this run's host (part 0) or GPU (part 1) plan,
+    replanned by run_plan with the changed keys."""
+    def replan(world=world, bank_on_gpu=bank_on_gpu, **changes):
+        return run_plan(type(cfg)(dict(cfg, **changes)), world, symbol, on_gpu, bank_on_gpu, threads, target_bytes)
+    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype,
+                                   cfg.bank_momentum)
+    return lambda share: ways_out(replan, part, share, world, cfg.batch_size, cfg.num_classes, cfg.bank_dtype,
+                                  on_gpu and bank_on_gpu, cfg.bank_momentum, host_kernel)
+
+
+def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size, target_bytes=0, gpu_free_bytes=None):
+    """(host plan, GPU plan or None) of this worker; UsageError when it does not fit what its node
+    has: host memory (MemAvailable, shared by the node's workers), and on GPUs its device's free
+    memory (`gpu_free_bytes(device_id)`); the error lists the ways out with what each would give."""
+    on_gpu, bank_on_gpu, threads = ctx.device_type == "gpu", bank_ctx.device_type == "gpu", default_threads(local_size)
+    host, device = run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads, target_bytes)
+    check_fits(host, meminfo_available(), local_size, "host memory",
+               plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, 0, target_bytes))
+    if device is not None:
+        check_fits(device, gpu_free_bytes(ctx.device_id), 1, f"GPU {ctx.device_id} memory",
+                   plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, 1, target_bytes))
+    return host, device
+
+
+def peak_rss_bytes():
+    """The peak resident memory of this process so far, in bytes: VmHWM of /proc/self/status (Linux).
+    Not ru_maxrss, which a process started by vfork (Python's subprocess) inherits from its parent:
+    a child of a 2 GB process reports 2 GB there whatever it uses itself."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def meminfo_available():
@@ -140,7 +205,7 @@ def ways_out(replan, part, share, world, batch_size, num_classes, bank_dtype, ba
         tried.append((replan(world=workers)[part], workers))
     if tried:
         fewer, workers = tried[-1] if tried[-1][0].total <= share else min(tried, key=lambda t: (t[0].total, t[1]))
-        if fewer.total < current.total:
+        if fewer.total <= share or fewer.total < 0.9 * current.total:     # a way that fits, or saves a tenth
             ways.append(f"more workers: -np {workers} ({gb(fewer)})")
     if bank_dtype == "float32":
         ways.append(f"bank_dtype=float16, half the bank ({gb(replan(bank_dtype='float16')[part])})")

@@ -15,9 +15,10 @@ from .. import checkpoint, dist
 from . import run_root
 from .callbacks import (ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, append_event, chance_loss,
                         save_verification_pairs)
+from .memory_plan import GB, peak_rss_bytes
 from .stop import STOP_EXIT_BASE, signal_name
 from ..module import StepRequests
-from ..verification import Embedder, evaluate, raw_pixel_embed, to_nchw
+from ..verification import Embedder, evaluate, raw_pixel_embed
 
 CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed (a measured one: docs/benchmarks-history.md)
 
@@ -188,10 +189,13 @@ class RunEvents:
         return result
 
     def embed_images(self, images):
+        """Embeddings of uint8 NHWC images (made float32 a batch at a time) with the current weights.
+        A new Embedder each time: a bound one given new weights by set_params embeds with stale ones
+        (oneDNN's fused inference graph keeps what it folded at the first forward)."""
         arg_params, aux_params = self.module.get_export_params()
         embed = Embedder(self.run.symbol, arg_params, aux_params, self.run.ctx, self.cfg.image_size,
                          batch_size=self.cfg.batch_size)
-        return embed(to_nchw(images))
+        return embed(images)
 
     def stop(self, step, number):
         """The ranks agreed to stop after `step` (signal `number`): the step's checkpoint (unless
@@ -231,11 +235,26 @@ class RunEvents:
             self.save(step)
         if not self.cfg.verify_period or step % self.cfg.verify_period:
             self.verify(step)
-        self.event("end", step)
+        peaks = dist.allgather_object(peak_rss_bytes(), "end.peak_memory")
+        self.event("end", step, peak_rss_bytes=peaks, planned_bytes=self.run.plan.total)
         for name, (images, issame) in (self.run.targets.items() if self.rank == 0 else ()):
             baseline = evaluate(raw_pixel_embed, images, issame)
             self.logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
                              name, self.verifier.last[name].accuracy, baseline.accuracy)
+        if self.rank == 0:
+            self.say_peak_memory(max(peaks))
+
+    def say_peak_memory(self, peak):
+        """Rank 0: the largest worker's peak resident memory beside the memory plan's total; a
+        warning when the peak was above the plan (the plan is meant never to be)."""
+        planned = self.run.plan.total
+        line = (f"memory: peak {peak / GB:.2f} GB resident in the largest of {self.world} worker(s); "
+                f"the memory plan said {planned / GB:.2f} GB per worker ({planned / peak:.2f}x)")
+        if peak <= planned:
+            self.logger.info(line)
+        else:
+            self.logger.warning(line + ": above the plan, which should never be; please report it with the run's "
+                                       "config.json (python -m sample_fc.bench.memory measures the plan)")
 
 
 def end_at_once(number, reason, rank=0):

@@ -84,7 +84,9 @@ def main(argv=None):
         import default
         import symbols
         from ..run import memory_plan
-        from ..builder import check_world, fill_from_property, plan_ways_out, resolve_auto, run_plan
+        from ..builder import check_world, fill_from_property, resolve_auto, target_paths
+        from ..data.bin_format import read_bin
+        from ..run.memory_plan import plan_ways_out, run_plan
         from ..run.run_request import default_models_root
         from ..pfc.partial_fc import PartialFCOptions
         from ..pfc.sampling_regime import regime
@@ -108,7 +110,10 @@ def main(argv=None):
         for name, value in (("--memory-per-node", args.memory_per_node), ("--gpu-memory", args.gpu_memory)):
             if value is not None and not value > 0:
                 raise UsageError(f"{name} must be a positive number of GB, got {value:g}")
-        host, device = run_plan(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads)
+        found = {name: path for name, path in target_paths(cfg).items() if os.path.isfile(path)}
+        images = sum(len(read_bin(path)[0]) for path in found.values())        # uint8 as train.py holds them
+        targets = images * 3 * cfg.image_size ** 2
+        host, device = run_plan(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads, targets)
         warmup = PartialFCOptions.from_config(cfg).peak_ratio() > cfg.sample_ratio
         print(f"{cfg.dataset}, {cfg.network}: {cfg.num_classes:,} classes x {cfg.embedding_size} on "
               f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}"
@@ -118,6 +123,11 @@ def main(argv=None):
                           backbone_cost(symbol, cfg.image_size).multiply_adds)
         if auto:
             print(auto)
+        missing = sorted(set(cfg.val_targets) - set(found))
+        print(f"verification: {images:,} images of {', '.join(found)} ({targets / 1e9:.2f} GB) planned"
+              if found else "verification: none planned (no val_targets found beside the data here)")
+        if found and missing:
+            print(f"verification: {', '.join(missing)} not found beside the data here: not planned")
         print(sampling.line())
         if sampling.warning():
             print(f"warning: {sampling.warning()}")
@@ -141,7 +151,8 @@ def main(argv=None):
             print(line)
             if not fits:
                 failed = True
-                ways = plan_ways_out(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads, part)(available / sharing)
+                ways = plan_ways_out(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads, part,
+                                     targets)(available / sharing)
                 print("\n".join(f"  way out: {way}" for way in ways + [memory_plan.OTHER_WAYS]))
         print("\n".join(disk_lines(host, cfg.ckpt_keep, args.models_root or default_models_root(cfg))))
         return failed

@@ -73,6 +73,14 @@ def test_two_workers_train_checkpoint_and_load(tiny_data, tmp_path):
                             cwd=str(REPO), env=single_thread_env())
     assert verify.returncode == 0, verify.stderr[-2000:]
     assert trained[-1][1].strip() in verify.stdout, (trained[-1][1], verify.stdout)
+    # the end record holds every worker's peak memory, logged beside the plan's total
+    end = [json.loads(line) for line in (root / "events.jsonl").read_text().splitlines()][-1]
+    start = [json.loads(line) for line in (root / "events.jsonl").read_text().splitlines()][0]
+    assert end["event"] == "end" and len(end["peak_rss_bytes"]) == 2 and min(end["peak_rss_bytes"]) > 100e6, end
+    assert end["planned_bytes"] == sum(start["memory_plan"][key] for key in ("bank", "sampler", "head", "backbone",
+                                                                             "data", "runtime"))
+    assert (f"memory: peak {max(end['peak_rss_bytes']) / 1e9:.2f} GB resident in the largest of 2 worker(s); "
+            f"the memory plan said {end['planned_bytes'] / 1e9:.2f} GB per worker") in result.stdout
 
 
 @pytest.mark.parametrize("bank_dtype,bank_momentum", [("float32", "same"), ("float16", "same"), ("float16", "int8")])
