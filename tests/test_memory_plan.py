@@ -145,3 +145,18 @@ def test_the_fields_mbf_at_112_px_is_not_refused_on_a_24_gb_machine(monkeypatch)
     with pytest.raises(UsageError, match=r"this run needs [\d.]+ GB of host memory per worker \(bank 41.0 GB") as error:
         memory_plan.check_memory(cfg, 2, symbol, mx.cpu(), mx.cpu(), local_size=2)
     assert "\n" not in str(error.value)
+
+
+def test_the_peak_is_the_processs_own_not_its_parents():
+    """Test that peak_rss_bytes counts this process's memory (1 GB written here shows) and that a
+    child started while this process holds that 1 GB reports its own few hundred MB: ru_maxrss,
+    which a vfork child inherits from its parent, would say 1 GB or more there."""
+    import subprocess
+    import sys
+    import numpy as np
+    held = np.ones(125_000_000)                                      # 1 GB, every page written
+    assert memory_plan.peak_rss_bytes() >= held.nbytes
+    child = subprocess.run([sys.executable, "-c", "from sample_fc.run.memory_plan import peak_rss_bytes; "
+                            "print(peak_rss_bytes())"], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0 and int(child.stdout) < 0.5e9, child.stdout + child.stderr[-500:]
+    del held

@@ -21,6 +21,7 @@ from ..module import SampleDistributeModule
 from ..optimizers import BackboneOptimizer, WarmupMultiStepSchedule
 from ..pfc.partial_fc import PartialFC, PartialFCOptions
 from ..pfc.sampler import class_center_sample, num_sample_for, shard_range
+from ..run.memory_plan import peak_rss_bytes
 
 STAGES = ("forward", "allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "finite_check",
           "reducescatter", "backbone_backward", "gradient_sum", "bank_update", "backbone_update")   # module.step's, in order
@@ -29,11 +30,11 @@ EMBEDDING_POOL = 4          # distinct embedding batches cycled through (labels 
 
 
 def rss_mb():
-    """(current RSS, peak RSS) of this process in MB (10**6 bytes)."""
+    """(current RSS, peak RSS) of this process in MB (10**6 bytes); the peak is its own (VmHWM:
+    memory_plan.peak_rss_bytes), not a spawning parent's."""
     with open("/proc/self/statm") as handle:
         pages = int(handle.read().split()[1])
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss        # KiB on Linux
-    return pages * resource.getpagesize() / 1e6, peak_kb * 1024 / 1e6
+    return pages * resource.getpagesize() / 1e6, peak_rss_bytes() / 1e6
 
 
 def median_ms(seconds):

@@ -150,30 +150,29 @@ def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size, target_bytes=0, 
     return host, device
 
 
-def peak_rss_bytes():
-    """The peak resident memory of this process so far, in bytes: VmHWM of /proc/self/status (Linux).
-    Not ru_maxrss, which a process started by vfork (Python's subprocess) inherits from its parent:
-    a child of a 2 GB process reports 2 GB there whatever it uses itself."""
+def _proc_bytes(path, key):
+    """The `key:` line of a /proc file (in kB) in bytes, or None where it cannot be read."""
     try:
-        with open("/proc/self/status") as handle:
+        with open(path) as handle:
             for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def meminfo_available():
-    """MemAvailable of this machine in bytes (Linux), or None."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
+
+
+def peak_rss_bytes():
+    """The peak resident memory of this process so far, in bytes: VmHWM of /proc/self/status (Linux).
+    Not ru_maxrss, which a process started by vfork (Python's subprocess) inherits from its parent:
+    a child of a 2 GB process reports 2 GB there whatever it uses itself."""
+    peak = _proc_bytes("/proc/self/status", "VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def meminfo_available():
+    """MemAvailable of this machine in bytes (Linux), or None."""
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
 
 
 # what else shrinks a plan, after the ways out that ways_out prices
