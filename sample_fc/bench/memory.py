@@ -1,6 +1,6 @@
 """The memory plan against measured peaks: `python -m sample_fc.bench.memory [--quick] [--markdown OUT]`.
 
-Each case is train.py itself, a few steps on synthetic images under horovodrun (Gloo, local
+Each case is train.py itself, 6 steps on synthetic images under horovodrun (Gloo, local
 workers), with a checkpoint and, where the case names pairs, verifications: the plan
 is what the run planned (its events.jsonl start record), the peak each worker's resident memory at
 the end of the run (the end record: every rank's VmHWM, after the checkpoint and the
@@ -50,7 +50,7 @@ QUICK = (("mbf_small", 32, 16, 1, "float32", 1000), ("mbf_small", 32, 32, 2, "fl
          ("mbf_small", 32, 32, 2, "float32", 100, 200))
 
 
-def case_argv(network, image_size, batch, bank, classes, models_root, rec=None, steps=3):
+def case_argv(network, image_size, batch, bank, classes, models_root, rec=None, steps=6):
     """train.py's command line for a case: `steps` steps on synthetic images, or on the set `rec`
     verifying on its demo_val.bin after every step (a new inference graph each time, as in a
     long run); a checkpoint at the end."""
@@ -112,7 +112,7 @@ def measure(case, timeout_s):
 def markdown(records, machine):
     """The docs' table: one row per case."""
     lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine} (`python -m sample_fc.bench.memory`): train.py, "
-             "3 steps, a checkpoint (and a verification after each step where pairs are given); peak = the largest "
+             "6 steps, a checkpoint (and a verification after each step where pairs are given); peak = the largest "
              "worker's VmHWM at the end.", "",
              "| network | px | batch | workers | bank | classes | val pairs | plan GB | peak GB | plan / peak |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -27,7 +27,7 @@ def test_a_bank_too_big_for_the_machine_is_one_line_and_writes_nothing(tmp_path)
 
 
 def test_the_plan_is_within_a_quarter_above_the_measured_peak(tmp_path):
-    """Test the memory plan against real runs (bench.memory: train.py under horovodrun, 3 steps and
+    """Test the memory plan against real runs (bench.memory: train.py under horovodrun, 6 steps and
     a checkpoint; each rank's VmHWM at the end): 1 worker on synthetic images, 2 workers with a
     float16 bank and 8-bit momentum for 200,000 classes, and 2 workers on a demo set verifying 200
     held-out pairs after each step; every plan is at least the largest worker's peak and at most 1.25x
