@@ -6,5 +6,6 @@
     report   machine facts, memory model, Markdown tables, targets
 
 Beside it: compare (sample_fc against the yardstick: compare_yardstick its side,
-time_to_accuracy), step_breakdown, yardstick/ (arcface_torch's step), glyphs (real-image data).
+time_to_accuracy), step_breakdown, memory (the memory plan against train.py's measured peaks),
+yardstick/ (arcface_torch's step), glyphs (real-image data).
 """

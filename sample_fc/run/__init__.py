@@ -12,5 +12,6 @@ restarts, resume, its layout on a CPU node, and what it will need (memory, GPUs)
     launch.py        the launcher behind `python -m sample_fc.launch` (./horovodrun.sh)
     layout.py        the CPU layout (workers on a node) ./horovodrun.sh takes without -np, by measurement
     memory_plan.py   the host and GPU memory a run needs, refused in one line when it cannot fit
+    backbone_memory.py  the backbone's part of it, from MXNet's own plan of the bound graph
     gpus.py          the node's GPUs, read without MXNet; the refusal where MXNet cannot run
 """
