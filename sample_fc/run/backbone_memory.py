@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
+from symbols.iresnet import UNITS as IRESNET_UNITS
+
 _TOTAL = re.compile(r"Total (\d+) MB allocated")
 
 
@@ -64,7 +66,7 @@ VERIFY_PARAMETER_COPIES = 3  # a verification's: the exported weights, its modul
 
 def onednn_extra(network):
     """oneDNN's share above MXNet's plan for `network` (ONEDNN_EXTRA; IResNets as 'iresnet')."""
-    family = "iresnet" if network.startswith("r") and network[1:].isdigit() else network
+    family = "iresnet" if network in IRESNET_UNITS else network
     return ONEDNN_EXTRA.get(family, max(ONEDNN_EXTRA.values()))
 
 
