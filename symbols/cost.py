@@ -26,10 +26,7 @@ def backbone_cost(symbol, image_size):
     that Convolution belongs to the PReLU and is not counted either.
     """
     data_shape = (1, 3, image_size, image_size)
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=data_shape)
-    params = sum(_size(shape) for name, shape in zip(symbol.list_arguments(), arg_shapes)
-                 if name != 'data')
-    aux = sum(_size(shape) for shape in aux_shapes)
+    params, aux = parameter_counts(symbol, image_size)
 
     internals = symbol.get_internals()
     _, out_shapes, _ = internals.infer_shape(data=data_shape)
@@ -43,6 +40,15 @@ def backbone_cost(symbol, image_size):
         elif op == 'FullyConnected':
             multiply_adds += _fc_multiply_adds(layer, shapes)
     return Cost(params=params, aux=aux, multiply_adds=multiply_adds, activations=activations)
+
+
+def parameter_counts(symbol, image_size):
+    """(params, aux) of `symbol` on image_size px inputs: the numbers of its learnable values (the
+    arguments except `data`) and of its auxiliary states (BN moving means and variances)."""
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, image_size, image_size))
+    params = sum(_size(shape) for name, shape in zip(symbol.list_arguments(), arg_shapes)
+                 if name != 'data')
+    return params, sum(_size(shape) for shape in aux_shapes)
 
 
 def network_table(image_size=112, embedding_size=512):

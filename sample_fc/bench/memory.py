@@ -28,6 +28,7 @@ import time
 
 from .harness import run_job
 from .jobs import REPO, worker_env
+from ..run.run_root import read_events
 
 GB = 1e9
 PROMISE = (1.0, 1.25)        # plan / measured peak
@@ -65,18 +66,6 @@ def case_argv(network, image_size, batch, bank, classes, models_root, rec=None, 
     return argv
 
 
-def run_records(models_root):
-    """{kind: record} of a run's events.jsonl (the last of each kind)."""
-    records = {}
-    path = os.path.join(models_root, "events.jsonl")
-    if os.path.exists(path):
-        with open(path) as handle:
-            for line in handle:
-                record = json.loads(line)
-                records[record["event"]] = record
-    return records
-
-
 def measure(case, timeout_s):
     """The record of one case: the plan's parts and total, every worker's peak, or why there is none."""
     network, image_size, batch, world, bank, classes, pairs = (tuple(case) + (0,))[:7]
@@ -93,7 +82,7 @@ def measure(case, timeout_s):
         result = run_job(case_argv(network, image_size, batch, bank, classes, root, rec), world,
                          timeout_s=timeout_s, env=worker_env(world), cwd=REPO)
         record["seconds"] = round(time.monotonic() - start, 1)
-        events = run_records(root)
+        events = {record.get("event"): record for record in read_events(root)}     # the last of each kind
     refusal = [line for line in result.output.splitlines() if "train.py: error:" in line]
     if result.returncode == 2 and refusal:
         record["refused"] = refusal[0].split("train.py: error:", 1)[1].strip()
@@ -158,7 +147,8 @@ def main(argv=None):
         record = measure(case, args.timeout)
         records.append(record)
         print(json.dumps({k: v for k, v in record.items() if k != "plan"}), flush=True)
-    table = markdown(records, f"{os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2 ** 30:.0f} GiB")
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    table = markdown(records, f"{os.cpu_count()} cores, {memory_gib:.0f} GiB")
     print(table)
     if args.json:
         with open(args.json, "w") as handle:

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 
 import mxnet as mx
-import numpy as np
 
+from symbols.cost import parameter_counts
 from symbols.iresnet import UNITS as IRESNET_UNITS
 
 _TOTAL = re.compile(r"Total (\d+) MB allocated")
@@ -96,9 +96,7 @@ def backbone_memory(symbol, network, image_size, batch_size, on_cpu=True, verifi
     """The BackboneMemory of `symbol` (backbone `network`) training on batches of `batch_size`
     images of image_size px, on a CPU (oneDNN) or a GPU; `verifies`: the run verifies (an
     inference graph of the same batch, bound at every verification)."""
-    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, image_size, image_size))
-    values = sum(int(np.prod(shape)) for name, shape in zip(symbol.list_arguments(), arg_shapes) if name != "data")
-    values += sum(int(np.prod(shape)) for shape in aux_shapes)
+    values = sum(parameter_counts(symbol, image_size))
     graph = planned_graph_bytes(symbol, image_size, batch_size)
     verification = 0
     if verifies:

@@ -101,14 +101,19 @@ def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_item
                 allgather_per_step=global_batch * (4 * embedding_size + 8))
 
 
+def runs_host_kernel(cfg, bank_on_gpu):
+    """Whether config `cfg`'s head runs on the host kernel, its bank on a GPU or not
+    (partial_fc.uses_host_kernel: UsageError for a bank the chosen kernel cannot run)."""
+    return uses_host_kernel(cfg.head_kernel, "gpu" if bank_on_gpu else "cpu", cfg.bank_dtype, cfg.bank_momentum)
+
+
 def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads, target_bytes=0):
     """(host memory plan, GPU memory plan or None) of one worker of a run of config `cfg`: on a
     CPU run everything is in host memory; on GPUs the backbone is on the GPU, and the bank, the
     sampler's and the head's memory where the bank is. `target_bytes`: the verification sets'
     images (a run with none does not verify). UsageError for a bank the chosen kernel cannot run
     (partial_fc.uses_host_kernel)."""
-    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype,
-                                   cfg.bank_momentum)
+    host_kernel = runs_host_kernel(cfg, on_gpu and bank_on_gpu)
     backbone = backbone_memory(symbol, cfg.network, cfg.image_size, cfg.batch_size, on_cpu=not on_gpu,
                                verifies=target_bytes > 0)
     loader = BATCHES_IN_FLIGHT * cfg.batch_size * 3 * cfg.image_size ** 2 * 4
@@ -130,10 +135,9 @@ def plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, part, target
     replanned by run_plan with the changed keys."""
     def replan(world=world, bank_on_gpu=bank_on_gpu, **changes):
         return run_plan(type(cfg)(dict(cfg, **changes)), world, symbol, on_gpu, bank_on_gpu, threads, target_bytes)
-    host_kernel = uses_host_kernel(cfg.head_kernel, "gpu" if on_gpu and bank_on_gpu else "cpu", cfg.bank_dtype,
-                                   cfg.bank_momentum)
+    gpu_bank = on_gpu and bank_on_gpu
     return lambda share: ways_out(replan, part, share, world, cfg.batch_size, cfg.num_classes, cfg.bank_dtype,
-                                  on_gpu and bank_on_gpu, cfg.bank_momentum, host_kernel)
+                                  gpu_bank, cfg.bank_momentum, runs_host_kernel(cfg, gpu_bank))
 
 
 def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size, target_bytes=0, gpu_free_bytes=None):

@@ -166,11 +166,11 @@ def append_progress(models_root, record):
     append_record(progress_path(models_root), record)
 
 
-def read_progress(models_root):
-    """The root's progress records, oldest first ([] without any); a line cut short by a
+def read_records(path):
+    """The records of the jsonl file `path`, oldest first ([] without it); a line cut short by a
     killed writer is skipped."""
     try:
-        with open(progress_path(models_root)) as handle:
+        with open(path) as handle:
             lines = handle.read().splitlines()
     except OSError:
         return []
@@ -181,6 +181,16 @@ def read_progress(models_root):
         except ValueError:
             continue
     return records
+
+
+def read_progress(models_root):
+    """The root's progress records, oldest first ([] without any)."""
+    return read_records(progress_path(models_root))
+
+
+def read_events(models_root):
+    """The root's events.jsonl records, oldest first ([] without any)."""
+    return read_records(os.path.join(models_root, EVENTS_FILE))
 
 
 def run_id_of(models_root):

@@ -86,7 +86,6 @@ def main(argv=None):
         from ..run import memory_plan
         from ..builder import check_world, fill_from_property, resolve_auto, target_paths
         from ..data.bin_format import read_bin
-        from ..run.memory_plan import plan_ways_out, run_plan
         from ..run.run_request import default_models_root
         from ..pfc.partial_fc import PartialFCOptions
         from ..pfc.sampling_regime import regime
@@ -113,7 +112,7 @@ def main(argv=None):
         found = {name: path for name, path in target_paths(cfg).items() if os.path.isfile(path)}
         images = sum(len(read_bin(path)[0]) for path in found.values())        # uint8 as train.py holds them
         targets = images * 3 * cfg.image_size ** 2
-        host, device = run_plan(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads, targets)
+        host, device = memory_plan.run_plan(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads, targets)
         warmup = PartialFCOptions.from_config(cfg).peak_ratio() > cfg.sample_ratio
         print(f"{cfg.dataset}, {cfg.network}: {cfg.num_classes:,} classes x {cfg.embedding_size} on "
               f"{args.world} worker(s), batch {cfg.batch_size} per worker, sample_ratio {cfg.sample_ratio}"
@@ -151,8 +150,8 @@ def main(argv=None):
             print(line)
             if not fits:
                 failed = True
-                ways = plan_ways_out(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads, part,
-                                     targets)(available / sharing)
+                ways = memory_plan.plan_ways_out(cfg, args.world, symbol, on_gpu, bank_on_gpu, threads, part,
+                                                 targets)(available / sharing)
                 print("\n".join(f"  way out: {way}" for way in ways + [memory_plan.OTHER_WAYS]))
         print("\n".join(disk_lines(host, cfg.ckpt_keep, args.models_root or default_models_root(cfg))))
         return failed
