@@ -28,7 +28,7 @@ from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, ap
 from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               BANK_DTYPES, BANK_MOMENTA, LR_SCHEDULES, MOMENTUM_FORMS)
+                               BANK_DTYPES, BANK_MOMENTA, LR_SCHEDULES, MOMENTUM_FORMS, TAIL_BNS)
 
 
 def _target_name(name):
@@ -61,6 +61,8 @@ def _declare_keys():
     keys.embedding_size = Int(512, lo=1, hi=65536)                      # embedding dimension D produced by the backbone
     keys.dropout = Real(0.0, lo=0, hi=1, hi_open=True)                  # dropout before the embedding layer (0 = off)
     keys.fp16 = Flag(False)                                             # mixed precision for the backbone (GPU only)
+    keys.bn_frozen = Flag(False)                                        # True: every BatchNorm normalises with its moving statistics in training too and keeps them (fine-tuning a trained backbone); a step then does not depend on how the global batch is split over workers
+    keys.tail_bn = Choice('worker', TAIL_BNS)                           # BatchNorms over samples only (mbf: the GDC's and the embedding's; IResNets: the embedding's): global = over the global batch (the layers from the first of them run on the gathered batch on every worker: an exact synchronised BatchNorm, no extra collective; sample_fc/pfc/global_tail.py) | worker = over each worker's batch (arcface_torch's DDP)
     keys.backbone_init = Choice('arcface_torch', BACKBONE_INITS)        # arcface_torch: as its networks start (mbf: conv/FC weights normal, std sqrt(2/fan_out); r*: convs normal(0, 0.1)) | pytorch: U(+-1/sqrt(fan_in)), PyTorch's default | xavier: MXNet Xavier magnitude 2 (sample_fc/initializers.py)
 
     # ---- loss: combined margin cos(m1*theta + m2) - m3, times s -------------------
@@ -367,7 +369,7 @@ RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'freque
                   'ckpt_period', 'ckpt_keep', 'ckpt_minutes', 'stop_signals', 'stop_grace_s', 'tensorboard',
                   'val_targets', 'data_threads',
                   'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'not_learning_steps', 'context', 'bank_context',
-                  'head_kernel', 'allgather', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
+                  'head_kernel', 'allgather', 'bn_frozen', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
 
 # Keys added after runs were saved without them, with the value that behaves as those runs
 # did (a run resumed from such a checkpoint goes on as it trained; the preset default

@@ -21,7 +21,8 @@ from .config import scaled_lr
 from .data.recordio import read_property
 from .errors import UsageError
 from .run.gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
-from .initializers import backbone_initializer
+from .pfc.global_tail import GlobalTail, split_tail
+from .initializers import backbone_initializer, initial_params
 from .module import SampleDistributeModule
 from .optimizers import BackboneOptimizer, make_schedule
 from .pfc.partial_fc import PartialFC, PartialFCOptions
@@ -61,7 +62,7 @@ def build_iterator(cfg, rank, world):
     random data when cfg.synthetic."""
     shape = (3, cfg.image_size, cfg.image_size)
     if cfg.synthetic:
-        return SyntheticIter(cfg.batch_size, cfg.num_classes, shape, seed=cfg.seed, rank=rank)
+        return SyntheticIter(cfg.batch_size, cfg.num_classes, shape, seed=cfg.seed, rank=rank, num_workers=world)
     augment = Augmentation(downscale=cfg.aug_downscale, blur=cfg.aug_blur,
                            color_jitter=cfg.aug_color_jitter, grayscale=cfg.aug_grayscale)
     return FaceRecordIter(cfg.rec, cfg.batch_size, shape, rank=rank, num_workers=world, seed=cfg.seed,
@@ -88,13 +89,21 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     partial_fc = PartialFC.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx,
                                     PartialFCOptions.from_config(cfg), schedule)
     data_shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
+    training_symbol = symbols.with_frozen_batchnorm(symbol) if cfg.bn_frozen else symbol
+    tail = None
+    if cfg.tail_bn == "global":     # the last BatchNorms over the global batch (pfc/global_tail.py)
+        training_symbol, tail_symbol, cut_shape = split_tail(training_symbol, data_shape)
+        tail = GlobalTail(tail_symbol, cut_shape, cfg.batch_size * world, ctx,
+                          "float16" if cfg.fp16 else "float32")
     # the same math, faster
-    training_symbol = fused_ops.fuse(symbol, data_shape) if ctx.device_type == "cpu" else symbol
+    training_symbol = fused_ops.fuse(training_symbol, data_shape) if ctx.device_type == "cpu" else training_symbol
     module = SampleDistributeModule(training_symbol, partial_fc, backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
                                     data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
-                                    max_nonfinite_steps=cfg.max_nonfinite_steps)
-    arg_params, aux_params = pretrained or (None, None)       # fine-tuning: trained backbone weights
-    module.init_params(backbone_initializer(cfg.backbone_init, cfg.network), arg_params, aux_params)
+                                    max_nonfinite_steps=cfg.max_nonfinite_steps, tail=tail)
+    initializer = backbone_initializer(cfg.backbone_init, cfg.network)
+    arg_params, aux_params = pretrained or (initial_params(symbol, cfg.image_size, initializer) if tail
+                                            else (None, None))     # fine-tuning: trained backbone weights
+    module.init_params(initializer, arg_params, aux_params)
     module.broadcast_parameters()
     return module
 

@@ -75,3 +75,13 @@ def backbone_initializer(kind, network=None):
     if kind == "xavier":
         return mx.init.Xavier(magnitude=2.0)
     raise ValueError(f"backbone_init must be one of {BACKBONE_INITS}, got {kind!r}")
+
+
+def initial_params(symbol, image_size, initializer):
+    """(arg_params, aux_params) of `symbol` as Module.init_params draws them (every parameter
+    in name order from one random stream): the whole backbone's, for a run that trains it
+    in two parts (pfc/global_tail.py), so that its start is the same as in one."""
+    module = mx.mod.Module(symbol, data_names=("data",), label_names=None, context=mx.cpu())
+    module.bind(data_shapes=[("data", (1, 3, image_size, image_size))], for_training=False)
+    module.init_params(initializer=initializer)
+    return module.get_params()

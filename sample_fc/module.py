@@ -58,7 +58,9 @@ class SampleDistributeModule:
       apply_updates          10. partial_fc's update of the sampled bank rows; 11. the backbone's
                                 update
 
-    `symbol`: the backbone (input `data`, one output: the embeddings); `partial_fc`: this rank's
+    `symbol`: the backbone (input `data`, one output: the embeddings), or with `tail` (a
+    pfc.global_tail.GlobalTail) its body, whose outputs are gathered and run through the tail on
+    every rank to make the global batch's embeddings (tail_bn=global); `partial_fc`: this rank's
     PartialFC; `backbone_optimizer`: a BackboneOptimizer; `context`: one mx.Context or a list (the
     backbone's devices); `batch_size` per rank; `data_shape` of one sample; `allgather` strategy
     (dist.py); `max_nonfinite_steps` in a row before NonFiniteError. The run around the step is
@@ -67,10 +69,13 @@ class SampleDistributeModule:
     """
 
     def __init__(self, symbol, partial_fc, backbone_optimizer, *, context, batch_size, data_shape=(3, 112, 112),
-                 allgather="native", max_nonfinite_steps=5):
+                 allgather="native", max_nonfinite_steps=5, tail=None):
         if allgather not in ALLGATHERS:
             raise ValueError(f"allgather must be one of {ALLGATHERS}, got {allgather!r}")
         self.contexts = list(context) if isinstance(context, (list, tuple)) else [context]
+        if tail is not None and len(self.contexts) > 1:
+            raise ValueError("a global tail needs one device per rank (its update uses the backbone's updater)")
+        self.tail = tail
         self.partial_fc, self.backbone_optimizer = partial_fc, backbone_optimizer
         self.batch_size, self.allgather = batch_size, allgather
         self.max_nonfinite_steps = max_nonfinite_steps
@@ -101,12 +106,16 @@ class SampleDistributeModule:
     def init_params(self, initializer=None, arg_params=None, aux_params=None):
         """Initialise the backbone (default: initializers "pytorch"), then call
         broadcast_parameters so all ranks agree."""
-        self.backbone.init_params(initializer=initializer or backbone_initializer("pytorch"),
-                                  arg_params=arg_params, aux_params=aux_params, allow_missing=False)
+        initializer = initializer or backbone_initializer("pytorch")
+        parts = [self.backbone] + ([self.tail.module] if self.tail else [])
+        for part in parts:       # with a tail, arg_params hold both parts' (builder.initial_params)
+            part.init_params(initializer=initializer, arg_params=arg_params, aux_params=aux_params,
+                             allow_missing=False, allow_extra=self.tail is not None)
         param_names = self.backbone._exec_group.param_names
         kvstore = "local" if len(self.contexts) > 1 else None
-        if kvstore is None:
-            self.backbone_optimizer.set_param_names(dict(enumerate(param_names)))
+        if kvstore is None:        # the tail's parameters are indexed after the body's
+            tail_names = self.tail.param_names if self.tail else []
+            self.backbone_optimizer.set_param_names(dict(enumerate(param_names + tail_names)))
         else:                   # update on the local kvstore: one index per parameter and device
             self.backbone_optimizer.set_param_names(
                 {i * len(self.contexts) + k: n for i, n in enumerate(param_names)
@@ -117,11 +126,25 @@ class SampleDistributeModule:
 
     def broadcast_parameters(self, root_rank=0):
         """Make every rank's backbone parameters equal root_rank's."""
-        arg_params, aux_params = self.backbone.get_params()
+        arg_params, aux_params = self.get_params()
         params = {f"arg:{k}": v for k, v in arg_params.items()}
         params.update({f"aux:{k}": v for k, v in aux_params.items()})
         dist.broadcast_parameters(params, root_rank=root_rank, prefix="backbone")
-        self.backbone.set_params(arg_params, aux_params)
+        self.set_params(arg_params, aux_params)
+
+    def get_params(self):
+        """(arg_params, aux_params) of the whole backbone on this rank (body and tail)."""
+        arg_params, aux_params = (dict(params) for params in self.backbone.get_params())
+        if self.tail:
+            tail_args, tail_aux = self.tail.get_params()
+            arg_params.update(tail_args)
+            aux_params.update(tail_aux)
+        return arg_params, aux_params
+
+    def set_params(self, arg_params, aux_params):
+        """Set the whole backbone's parameters (every one must be given)."""
+        for part in [self.backbone] + ([self.tail.module] if self.tail else []):
+            part.set_params(arg_params, aux_params, allow_missing=False, allow_extra=self.tail is not None)
 
     def set_num_update(self, num_update):
         """Continue counting updates from `num_update` (resume): the lr schedule of both
@@ -137,7 +160,7 @@ class SampleDistributeModule:
         Averaging commutes with the moving-average updates, so resuming stays exact.
         Collective: every rank must call it.
         """
-        arg_params, aux_params = self.backbone.get_params()
+        arg_params, aux_params = self.get_params()
         averaged = {name: dist.allreduce_sum(aux_params[name], f"export.aux.{name}") / dist.size()
                     for name in sorted(aux_params)}
         return arg_params, averaged
@@ -155,20 +178,27 @@ class SampleDistributeModule:
         finite check's flags (send_flags) before the reducescatter, so that both collectives
         are negotiated together and the flags are back before the backward ends."""
         stage = self.stage
-        embeddings = self.backbone.get_outputs(merge_multi_context=True)[0]
+        outputs = self.backbone.get_outputs(merge_multi_context=True)[0]
         with stage("allgather"):      # 2. the global batch: embeddings (B x D), integer labels (B)
-            all_embeddings = dist.allgather(embeddings.as_in_context(self.partial_fc.ctx), "embeddings",
-                                            self.allgather)
+            rows = mx.nd.reshape(outputs, (self.batch_size, -1)) if self.tail else outputs
+            gathered = dist.allgather(rows.as_in_context(self.tail.ctx if self.tail else self.partial_fc.ctx),
+                                      "embeddings", self.allgather)
             all_labels = dist.allgather(mx.nd.array(self._labels, dtype="int64"), "labels").asnumpy()
+        if self.tail:                 # the last layers on the global batch (pfc/global_tail.py)
+            with stage("tail_forward"):
+                gathered = self.tail.forward(gathered).as_in_context(self.partial_fc.ctx)
         # 3-8. sample (all local positives + negatives), sampled rows, cosine, margin, exact softmax, gradients
-        loss, grad_all_embeddings = self.partial_fc.forward_backward(all_embeddings, all_labels,
-                                                                     self.num_update + 1)
+        loss, grad_gathered = self.partial_fc.forward_backward(gathered, all_labels, self.num_update + 1)
         with stage("finite_check"):
-            self._flags = self.send_flags(loss, grad_all_embeddings)
+            self._flags = self.send_flags(loss, grad_gathered)
+        if self.tail:                 # its partial gradients: linear in this rank's d loss / d embeddings
+            with stage("tail_backward"):
+                grad_gathered = self.tail.backward(grad_gathered)
         with stage("reducescatter"):  # 9. this rank's rows of d loss / d embeddings, summed over ranks
-            grad_embeddings = dist.reducescatter_sum(grad_all_embeddings, "embedding_grads")
+            grad_rows = dist.reducescatter_sum(grad_gathered, "embedding_grads")
         with stage("backbone_backward"):
-            self.backbone.backward(out_grads=[grad_embeddings.as_in_context(self.contexts[0])])
+            self.backbone.backward(out_grads=[mx.nd.reshape(grad_rows.as_in_context(self.contexts[0]),
+                                                            outputs.shape)])
         return loss
 
     def send_flags(self, loss, grad_all_embeddings):
@@ -188,8 +218,8 @@ class SampleDistributeModule:
         flags say so and the summed gradients' norm is finite (a NaN/Inf in any rank's backbone
         gradients is one in the sum; float32 overflow of the sum counts too). `agreed` then holds
         each request's max over the ranks, so every rank acts on them after the same step."""
-        self.last_grad_norm = self.backbone_optimizer.sum_gradients(self.backbone._exec_group.grad_arrays,
-                                                                    self.num_update + 1)
+        grad_arrays = self.backbone._exec_group.grad_arrays + (self.tail.grad_arrays if self.tail else [])
+        self.last_grad_norm = self.backbone_optimizer.sum_gradients(grad_arrays, self.num_update + 1)
         flags = self._flags.asnumpy()
         self.agreed = StepRequests(*flags[1:].tolist())
         return flags[0] == 0.0 and math.isfinite(self.last_grad_norm)
@@ -202,6 +232,10 @@ class SampleDistributeModule:
             self.partial_fc.update(self.num_update)
         with self.stage("backbone_update"):
             self.backbone.update()
+            if self.tail:             # by the backbone's updater, at the indices after the body's
+                first = len(self.backbone._exec_group.param_names)
+                for index, (weights, grads) in enumerate(zip(self.tail.param_arrays, self.tail.grad_arrays), first):
+                    self.backbone._updater(index, grads[0], weights[0])
 
     # ---- one step ---------------------------------------------------------------------
     def step(self, data_batch):
@@ -211,7 +245,8 @@ class SampleDistributeModule:
         rank (BatchNorm statistics included); after max_nonfinite_steps such steps in a
         row NonFiniteError is raised.
         """
-        aux_before = [[a.copy() for a in per_context] for per_context in self.backbone._exec_group.aux_arrays]
+        aux_arrays = self.backbone._exec_group.aux_arrays + (self.tail.aux_arrays if self.tail else [])
+        aux_before = [[a.copy() for a in per_context] for per_context in aux_arrays]
         with self.stage("forward"):
             self.forward_backbone(data_batch)
         loss = self.loss_and_gradients()
@@ -221,7 +256,7 @@ class SampleDistributeModule:
             self.apply_updates()
             self.nonfinite_in_a_row = 0
             return float(loss.asscalar()), False
-        for saved, live in zip(aux_before, self.backbone._exec_group.aux_arrays):
+        for saved, live in zip(aux_before, aux_arrays):
             for source, target in zip(saved, live):
                 source.copyto(target)
         self.partial_fc.discard()

@@ -3,6 +3,7 @@
 Every helper takes the layer's name; MXNet derives the parameter names from it
 (`<name>_weight`, `<name>_gamma`, ...), so the symbol JSON reads like the architecture.
 """
+import json
 import numbers
 
 import mxnet as mx
@@ -37,6 +38,18 @@ def batch_norm(data, name, fix_gamma=False):
     """BatchNorm over channels (axis 1) with the project's eps and momentum."""
     return mx.sym.BatchNorm(data=data, name=name, fix_gamma=fix_gamma,
                             eps=BN_EPS, momentum=BN_MOMENTUM)
+
+
+def with_frozen_batchnorm(symbol):
+    """`symbol` with every BatchNorm normalising by its moving statistics in training too, and
+    keeping them (use_global_stats): the per-sample affine map a trained network applies at
+    inference, so a training step no longer depends on which images share a batch (fine-tuning,
+    and the world-size oracle: tests/parallel/test_world_size.py). The parameters are the same."""
+    graph = json.loads(symbol.tojson())
+    for node in graph['nodes']:
+        if node['op'] == 'BatchNorm':
+            node.setdefault('attrs', {})['use_global_stats'] = 'True'
+    return mx.sym.load_json(json.dumps(graph))
 
 
 def prelu(data, name, channels):

@@ -156,7 +156,7 @@ def test_save_writes_the_documented_layout(saved):
         on_disk[name] = {"bytes": len(data), "xxh3_64": xxhash.xxh3_64(data).hexdigest()}
     assert complete == {"step": 2, "files": on_disk}
     rank_state = read_rank_state(checkpoint, 0)
-    assert rank_state["data"] == {"epoch": 0, "batch_in_epoch": 2, "seed": 3}
+    assert rank_state["data"] == {"epoch": 0, "image_in_epoch": 2 * BATCH, "seed": 3}   # 2 steps of 1 x BATCH
     assert set(rank_state["sampler"]) == {"bit_generator"}
     _, arg_params, aux_params = mx.model.load_checkpoint(os.path.join(checkpoint, "model"), 2)
     assert set(arg_params) == {"fc_embed_weight", "fc_embed_bias", "bn_embed_gamma", "bn_embed_beta"}
@@ -275,3 +275,13 @@ def test_a_bank_without_float_momentum_saves_restores_and_is_checked(horovod, tm
     os.remove(path)
     with pytest.raises(UsageError, match=f"is damaged: {re.escape(damaged)} is missing$"):
         check_sound(checkpoint, symbol, DATA_SHAPE[1], "fc")
+
+
+def test_a_data_position_saved_in_batches_becomes_images_of_the_old_global_batch():
+    """Test that a rank<r>.json data state of before image positions (batches of the old world)
+    resumes at batch x old world size x batch_size images, and a current one as it is."""
+    from sample_fc.checkpoint.legacy import data_state
+    old = {"epoch": 3, "batch_in_epoch": 5, "seed": 1}
+    assert data_state(old, old_world=2, batch_size=64) == {"epoch": 3, "image_in_epoch": 640, "seed": 1}
+    new = {"epoch": 3, "image_in_epoch": 100, "seed": 1}
+    assert data_state(new, old_world=2, batch_size=64) == new

@@ -137,7 +137,7 @@ def test_resume_gives_identical_next_batches(dataset):
         next(reference)
         next(interrupted)
     state = interrupted.state_dict()
-    assert state == {"epoch": 1, "batch_in_epoch": 2, "seed": 5}
+    assert state == {"epoch": 1, "image_in_epoch": 16, "seed": 5}   # 2 global batches of 2 x 4
     interrupted.close()
     resumed = make()
     resumed.load_state_dict(state)
@@ -151,6 +151,71 @@ def test_resume_gives_identical_next_batches(dataset):
     for a, b in zip(*batches):
         np.testing.assert_array_equal(a.data[0].asnumpy(), b.data[0].asnumpy())
         np.testing.assert_array_equal(a.label[0].asnumpy(), b.label[0].asnumpy())
+
+
+def global_batches(make, world, steps):
+    """The global batches (images, labels: the ranks' batches concatenated in rank order) of the
+    first `steps` steps of `world` ranks made by make(rank, world)."""
+    ranks = [make(r, world) for r in range(world)]
+    out = []
+    for _ in range(steps):
+        batches = [next(it) for it in ranks]
+        out.append((np.concatenate([b.data[0].asnumpy() for b in batches]),
+                    np.concatenate([b.label[0].asnumpy() for b in batches])))
+    for it in ranks:
+        getattr(it, "close", lambda: None)()
+    return out
+
+
+def test_global_batch_same_for_every_world_size(dataset):
+    """Test that step t's global batch of 8 is the same images, mirrors, augmentations and labels,
+    in the same order, for 1 x 8, 2 x 4 and 4 x 2 workers, in this epoch and the next."""
+    from sample_fc.data.augment import Augmentation
+    folder, _ = dataset
+    augment = Augmentation(downscale=0.5, blur=0.3, color_jitter=0.5, grayscale=0.3)
+
+    def make(rank, world):
+        it = FaceRecordIter(str(folder / "train.rec"), batch_size=8 // world, data_shape=(3, SIZE, SIZE),
+                            rank=rank, num_workers=world, seed=4, augment=augment)
+        it.reset()        # epoch 1: another permutation than epoch 0's
+        return it
+    one, two, four = (global_batches(make, world, 6) for world in (1, 2, 4))
+    for (images, labels), (images2, labels2), (images4, labels4) in zip(one, two, four):
+        np.testing.assert_array_equal(images, images2)
+        np.testing.assert_array_equal(images, images4)
+        np.testing.assert_array_equal(labels, labels2)
+        np.testing.assert_array_equal(labels, labels4)
+    assert len({tuple(labels) for _, labels in one}) > 1
+    make_synthetic = lambda rank, world: SyntheticIter(8 // world, 1000, (3, 4, 4), seed=4, rank=rank,
+                                                       num_workers=world)
+    for (_, labels), (_, labels4) in zip(global_batches(make_synthetic, 1, 3), global_batches(make_synthetic, 4, 3)):
+        np.testing.assert_array_equal(labels, labels4)
+
+
+def test_resume_on_another_world_size_continues_the_sequence(dataset):
+    """Test that a 1 x 8 position, loaded by 2 x 8 workers, yields the images a 1 x 8 run sees
+    next (two of its batches per global batch of 16), through the end of the epoch."""
+    folder, _ = dataset
+    make = lambda rank, world: FaceRecordIter(str(folder / "train.rec"), batch_size=8, data_shape=(3, SIZE, SIZE),
+                                              rank=rank, num_workers=world, seed=9)
+    single = make(0, 1)
+    sequence = [next(single) for _ in range(6)]       # all of epoch 0: 48 images in 6 batches
+    saved = make(0, 1)
+    for _ in range(2):
+        next(saved)
+    state = saved.state_dict()
+    assert state["image_in_epoch"] == 16
+    resumed = [make(r, 2) for r in range(2)]
+    for it in resumed:
+        it.load_state_dict(state)
+    for step in range(2):               # positions 16-31, then 32-47; the epoch then ends
+        for rank, it in enumerate(resumed):
+            expected = sequence[2 + 2 * step + rank]
+            got = next(it)
+            np.testing.assert_array_equal(got.data[0].asnumpy(), expected.data[0].asnumpy())
+            np.testing.assert_array_equal(got.label[0].asnumpy(), expected.label[0].asnumpy())
+    with pytest.raises(StopIteration):
+        next(resumed[0])
 
 
 def test_resize_to_data_shape(dataset):
@@ -184,7 +249,7 @@ def test_synthetic_labels_large_int64_and_reproducible():
     """Test that SyntheticIter draws exact int64 labels in [0, C) for C above 2**24, reproducibly."""
     num_classes = 20_000_000
     make = lambda: SyntheticIter(batch_size=64, num_classes=num_classes, data_shape=(3, 8, 8), seed=2, rank=1,
-                                 num_batches=3)
+                                 num_workers=2, num_batches=3)
     it = make()
     labels = [b.label[0].asnumpy() for b in it]
     assert len(labels) == 3 and all(l.dtype == np.int64 for l in labels)
@@ -243,7 +308,9 @@ def test_clear_errors_for_files_sizes_and_classes(tmp_path):
         FaceRecordIter(str(tmp_path / "train.rec"), batch_size=2, num_workers=2, rank=2)
     it = FaceRecordIter(str(tmp_path / "train.rec"), batch_size=2, seed=1)
     with pytest.raises(ValueError, match="seed 7, this iterator has seed 1"):
-        it.load_state_dict({"epoch": 0, "batch_in_epoch": 0, "seed": 7})
+        it.load_state_dict({"epoch": 0, "image_in_epoch": 0, "seed": 7})
+    with pytest.raises(ValueError, match="image 8 "):
+        it.load_state_dict({"epoch": 0, "image_in_epoch": 8, "seed": 1})   # past the 6 images
 
 
 def test_truncated_rec_and_swapped_paths_are_named(dataset, tmp_path):

@@ -373,10 +373,39 @@ def test_dropout_in_graph():
 
 
 def test_public_names():
-    """Test that the package exports get_symbol and NETWORKS as a tuple."""
+    """Test that the package exports get_symbol, with_frozen_batchnorm and NETWORKS as a tuple."""
     assert symbols.NETWORKS == ('r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large',
                                 'mbf_small')
-    assert set(symbols.__all__) == {'NETWORKS', 'get_symbol'}
+    assert set(symbols.__all__) == {'NETWORKS', 'get_symbol', 'with_frozen_batchnorm'}
+
+
+def test_frozen_batchnorm_trains_with_the_moving_statistics_and_keeps_them():
+    """Test that with_frozen_batchnorm's BatchNorm, in a training forward, is the NumPy affine map
+    (x - moving_mean) / sqrt(moving_var + eps) * gamma + beta, its gradient gamma / sqrt(...),
+    and leaves the moving statistics as they were; the plain one normalises by the batch."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 2.0, (6, 4, 2, 2)).astype(np.float32)
+    mean, var = rng.normal(size=4).astype(np.float32), rng.uniform(0.5, 2, 4).astype(np.float32)
+    gamma, beta = rng.uniform(0.5, 2, 4).astype(np.float32), rng.normal(size=4).astype(np.float32)
+    bn = mx.sym.BatchNorm(mx.sym.var('data'), name='bn', eps=1e-5, momentum=0.9, fix_gamma=False)
+    outputs = {}
+    for name, symbol in (('frozen', symbols.with_frozen_batchnorm(bn)), ('plain', bn)):
+        module = mx.mod.Module(symbol, data_names=('data',), label_names=None)
+        module.bind([('data', x.shape)], for_training=True, inputs_need_grad=True)
+        module.init_params(arg_params={'bn_gamma': mx.nd.array(gamma), 'bn_beta': mx.nd.array(beta)},
+                           aux_params={'bn_moving_mean': mx.nd.array(mean), 'bn_moving_var': mx.nd.array(var)})
+        module.forward(mx.io.DataBatch([mx.nd.array(x)]), is_train=True)
+        module.backward([mx.nd.ones(x.shape)])
+        outputs[name] = (module.get_outputs()[0].asnumpy(), module.get_input_grads()[0].asnumpy(),
+                         module._exec_group.aux_arrays[0][0].asnumpy())
+    scale = (gamma / np.sqrt(var + 1e-5))[None, :, None, None]
+    out, grad, moving_mean = outputs['frozen']
+    np.testing.assert_allclose(out, (x - mean[None, :, None, None]) * scale + beta[None, :, None, None],
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad, np.broadcast_to(scale, x.shape), rtol=1e-5)
+    np.testing.assert_array_equal(moving_mean, mean)
+    assert not np.allclose(outputs['plain'][0], out, atol=1e-2)
+    assert not np.allclose(outputs['plain'][2], mean)
 
 
 def test_prelu_matches_numpy_formula():

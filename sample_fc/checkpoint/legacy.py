@@ -12,9 +12,11 @@ import mxnet as mx
 import numpy as np
 
 from ..data.mxnet_files import ndarray_file_problem, symbol_file_problem
+from ..data.iterators import DATA_STATE_KEYS as ITERATOR_STATE_KEYS
 from ..errors import UsageError, mxnet_reason
 
-DATA_STATE_KEYS = {"epoch", "batch_in_epoch", "seed"}     # what iterators' load_state_dict takes
+DATA_STATE_KEYS = set(ITERATOR_STATE_KEYS)         # what the iterators' load_state_dict takes
+OLD_DATA_STATE_KEYS = {"epoch", "batch_in_epoch", "seed"}   # before 2026-11-29: counted in batches of the old world
 
 
 def loader_reason(error):
@@ -57,16 +59,29 @@ def _rank_state_problem(state):
         np.random.default_rng().bit_generator.state = sampler["bit_generator"]   # the sampler's kind (PCG64)
     except (TypeError, ValueError, KeyError) as err:
         return f"holds a sampler state that is not a generator's ({err})"
-    if not isinstance(data, dict) or set(data) != DATA_STATE_KEYS:
+    if not isinstance(data, dict) or set(data) not in (DATA_STATE_KEYS, OLD_DATA_STATE_KEYS):
         return f"holds a data state without the keys {', '.join(sorted(DATA_STATE_KEYS))}"
-    if not all(type(data[key]) is int and data[key] >= 0 for key in ("epoch", "batch_in_epoch")):
-        return f"holds a data position that is not two counts ({data['epoch']!r}, {data['batch_in_epoch']!r})"
+    position = "image_in_epoch" if "image_in_epoch" in data else "batch_in_epoch"
+    if not all(type(data[key]) is int and data[key] >= 0 for key in ("epoch", position)):
+        return f"holds a data position that is not two counts ({data['epoch']!r}, {data[position]!r})"
     return None
+
+
+def data_state(saved, old_world, batch_size):
+    """An iterator's state (DATA_STATE_KEYS) from a rank<r>.json's data state: as it is, or, from
+    a checkpoint saved before positions were counted in images, its batch count times the old
+    global batch (old_world x batch_size; the run's batch_size cannot change on resume). Such a
+    run continues at the same place in its epoch, in the current order of the epoch's images."""
+    if set(saved) == OLD_DATA_STATE_KEYS:
+        return {"epoch": saved["epoch"], "image_in_epoch": saved["batch_in_epoch"] * old_world * batch_size,
+                "seed": saved["seed"]}
+    return dict(saved)
 
 
 def check_rank_states(checkpoint, paths):
     """UsageError naming the first rank<r>.json of `paths` that does not read as JSON or does not
-    hold {"sampler": {"bit_generator": ...}, "data": {"epoch", "batch_in_epoch", "seed"}}."""
+    hold {"sampler": {"bit_generator": ...}, "data": {"epoch", "image_in_epoch", "seed"}} (or the
+    older data state counted in batches)."""
     for path in paths:
         try:
             with open(path) as handle:

@@ -24,7 +24,7 @@ from .layout import (COMPLETE_FILE, PARTIAL_SUFFIX, STATE_FILE, aux_path, bank_s
                      checkpoint_path, complete_path, is_complete, list_checkpoints, model_prefix, optimizer_path,
                      params_path, rank_state_path, read_rank_state, read_state, state_path, symbol_path,
                      verify_files)
-from .legacy import loader_reason
+from .legacy import data_state, loader_reason
 
 
 def _updater(module):
@@ -205,7 +205,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
         """This rank's files, written; {file name: checksum entry} of each."""
         shard, aux, own_state = bank_shard_files(partial, rank), aux_path(partial, rank), rank_state_path(partial, rank)
         write_shard(module.partial_fc.bank, shard)
-        mx.nd.save(aux, module.backbone.get_params()[1])
+        mx.nd.save(aux, module.get_params()[1])
         sums = {**_shard_checksums(shard), **_read_back(aux)}
         sums[os.path.basename(own_state)] = checksums.write_json(
             own_state, {"sampler": module.partial_fc.sampler.state_dict(), "data": data_iter.state_dict()})
@@ -251,8 +251,9 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
 
     Same world size: everything continues exactly (bank shard, sampler RNG, data position,
     each rank's own BatchNorm statistics), bit for bit.
-    Different world size: the bank is re-split from all old shards and the data position
-    is carried over approximately (the same epoch, the same fraction of it).
+    Different world size: the bank is re-split from all old shards, and the data continues at
+    the same image of the same epoch (the global batches are the epoch's images in order,
+    whatever the world size: data/iterators.py).
     """
     from .. import dist
     state = compatible_state(checkpoint, num_classes, embedding_size)
@@ -260,17 +261,13 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     _, arg_params, aux_params = mx.model.load_checkpoint(model_prefix(checkpoint), step)
     if old_world == dist.size():          # this rank's own statistics, not the ranks' average
         aux_params = load_ndarrays(aux_path(checkpoint, rank), "BatchNorm statistics")
-    module.backbone.set_params(arg_params, aux_params, allow_missing=False)
+    module.set_params(arg_params, aux_params)
     load_optimizer_states(module, optimizer_path(checkpoint))
     module.set_num_update(step)
     if old_world == dist.size():
         restore_shard(module.partial_fc.bank, bank_shard_files(checkpoint, rank))
-        rank_state = read_rank_state(checkpoint, rank)
-        module.partial_fc.sampler.load_state_dict(rank_state["sampler"])
-        data_state = rank_state["data"]
+        module.partial_fc.sampler.load_state_dict(read_rank_state(checkpoint, rank)["sampler"])
     else:
         restore_resharded(module.partial_fc.bank, [bank_shard_files(checkpoint, r) for r in range(old_world)])
-        data_state = dict(read_rank_state(checkpoint, 0)["data"])
-        data_state["batch_in_epoch"] = data_state["batch_in_epoch"] * old_world // dist.size()
-    data_iter.load_state_dict(data_state)
+    data_iter.load_state_dict(data_state(read_rank_state(checkpoint, 0)["data"], old_world, data_iter.batch_size))
     return step

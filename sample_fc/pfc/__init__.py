@@ -11,4 +11,6 @@ tools/ or bench/ (a shard on disk is checkpoint/bank_shard.py's).
                          read as float32 and written back: the one module that knows the formats
     rounding.py, momentum_codec.py, _half_rows.c    float16 stochastic rounding, 8-bit momentum
     sampling_regime.py   q*K/B: how often a center is drawn per visit of its class; the safe ratio
+    global_tail.py       tail_bn=global: the backbone's last layers (its BatchNorms over samples only)
+                         run on the gathered global batch beside the head, on every worker
 """

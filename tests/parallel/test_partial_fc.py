@@ -41,6 +41,27 @@ def test_two_workers_equal_one_worker_with_double_batch(horovod_job, single_proc
     ref.assert_close(two["bank_weight"], bank_w, RTOL)
 
 
+def test_global_tail_makes_two_workers_equal_one_worker(horovod_job, single_process, tmp_path):
+    """Test that with BatchNorms over samples in the backbone's last layers, tail_bn=global
+    (global_tail.py) trains 2 workers x 4 as 1 worker x 8 (losses, weights, BatchNorm statistics,
+    bank), while per-worker statistics (tail_bn=worker) do not: the split is what differs."""
+    runs = {}
+    for mode in ("global", "worker"):
+        options = dict(global_batch=8, classes=11, steps=3, ratio=1.0, tail_bn=mode)
+        runs[mode, 2] = _two_workers(horovod_job, tmp_path / f"two_{mode}", **options)
+        single_process("partial_fc_steps.py", *_args(tmp_path / f"one_{mode}", **options))
+        runs[mode, 1] = case.load_run(tmp_path / f"one_{mode}", 1)
+    keys = ("fc_embed_weight", "hidden_bn_gamma", "fc_out_weight", "embeddings_beta", "hidden_bn_moving_mean", "hidden_bn_moving_var",
+            "embeddings_moving_var", "bank_weight", "bank_momentum")
+    one, two = runs["global", 1], runs["global", 2]
+    ref.assert_close(two["losses"], one["losses"], RTOL)
+    for key in keys:
+        ref.assert_close(two[key], one[key], RTOL, err_msg=key)
+    ref.assert_close(runs["worker", 1]["losses"], one["losses"], RTOL)   # one worker: the same network
+    assert not np.allclose(runs["worker", 2]["losses"][1:], one["losses"][1:], rtol=1e-3)
+    assert not np.allclose(runs["worker", 2]["hidden_bn_moving_var"], one["hidden_bn_moving_var"], rtol=1e-3)
+
+
 def test_two_workers_sampled_softmax_matches_numpy(horovod_job, tmp_path):
     """Test that at ratio 0.1 on 2 workers the loss is the softmax over exactly the union of
     both ranks' sampled centers, rows never sampled are bit-identical afterwards, and each rank

@@ -33,6 +33,9 @@ parser.add_argument("--nan-in", default="data", choices=("data", "gradient"),
 parser.add_argument("--max-nonfinite", type=int, default=5)
 parser.add_argument("--sample-correction", action="store_true", help="the sampled-softmax logit correction")
 parser.add_argument("--sample-wd-correction", action="store_true", help="the bank's weight-decay correction")
+parser.add_argument("--tail-bn", default="none", choices=("none", "worker", "global"),
+                    help="none: the linear backbone; worker/global: FC -> BatchNorm -> FC -> BatchNorm, the "
+                         "BatchNorms over each rank's batch or (global_tail.py) over the global batch")
 args = parser.parse_args()
 
 dist.init()
@@ -46,6 +49,22 @@ labels = spec.integers(0, args.classes, size=(args.steps, args.global_batch))
 
 embeddings = mx.sym.FullyConnected(mx.sym.Flatten(mx.sym.var("data")), num_hidden=args.embedding,
                                    name="fc_embed")
+init_params = {"fc_embed_weight": mx.nd.array(init_weight), "fc_embed_bias": mx.nd.zeros(args.embedding)}
+init_aux, tail = {}, None
+if args.tail_bn != "none":             # two layers, each followed by a BatchNorm over samples only
+    hidden = mx.sym.BatchNorm(embeddings, name="hidden_bn", eps=1e-5, momentum=0.9)
+    embeddings = mx.sym.BatchNorm(mx.sym.FullyConnected(hidden, num_hidden=args.embedding, name="fc_out"),
+                                  name="embeddings", fix_gamma=True, eps=1e-5, momentum=0.9)
+    init_params.update({"fc_out_weight": mx.nd.array(spec.standard_normal((args.embedding, args.embedding)) * 0.4),
+                        "fc_out_bias": mx.nd.zeros(args.embedding)})
+    for name in ("hidden_bn", "embeddings"):
+        init_params.update({f"{name}_gamma": mx.nd.ones(args.embedding), f"{name}_beta": mx.nd.zeros(args.embedding)})
+        init_aux.update({f"{name}_moving_mean": mx.nd.zeros(args.embedding),
+                         f"{name}_moving_var": mx.nd.ones(args.embedding)})
+    if args.tail_bn == "global":
+        from sample_fc.pfc.global_tail import GlobalTail, split_tail
+        embeddings, tail_symbol, cut_shape = split_tail(embeddings, (b,) + data_shape)
+        tail = GlobalTail(tail_symbol, cut_shape, args.global_batch, mx.cpu())
 schedule = WarmupMultiStepSchedule(args.lr, warmup_steps=0, steps=[2], factor=0.5)
 backbone_opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=args.lr, momentum=0.9, wd=5e-4,
                                                      rescale_grad=1.0, lr_scheduler=schedule))
@@ -57,9 +76,8 @@ bank, sampler = partial_fc.bank, partial_fc.sampler
 contexts = [mx.cpu(i) for i in range(args.contexts)]
 module = SampleDistributeModule(embeddings, partial_fc, backbone_opt, context=contexts, batch_size=b,
                                 data_shape=data_shape, allgather=args.allgather,
-                                max_nonfinite_steps=args.max_nonfinite)
-module.init_params(arg_params={"fc_embed_weight": mx.nd.array(init_weight),
-                               "fc_embed_bias": mx.nd.zeros(args.embedding)}, aux_params={})
+                                max_nonfinite_steps=args.max_nonfinite, tail=tail)
+module.init_params(arg_params=init_params, aux_params=init_aux)
 module.broadcast_parameters()
 
 
