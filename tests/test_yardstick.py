@@ -195,8 +195,36 @@ def _scoring(out):
              weight=backbone[1].weight.detach().numpy(), bias=backbone[1].bias.detach().numpy())
 
 
+def _sharded_rank(rank, world, store, out, margins):
+    """One of `world` Gloo processes: ShardedPartialFC's loss and gradients on its rows and classes."""
+    import torch
+    from torch import distributed
+    from sample_fc.bench.yardstick import CombinedMargin
+    from sample_fc.bench.yardstick.ddp import ShardedPartialFC
+    distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    arrays = np.load(out / "losses.npz")
+    embeddings, labels = torch.tensor(arrays["embeddings"]), torch.tensor(arrays["labels"])
+    rows = len(labels) // world
+    head = ShardedPartialFC(CombinedMargin(64.0, *margins), 16, 10)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor(arrays["cosface/centers"])[head.class_start:head.class_start + head.num_local])
+    local = embeddings[rank * rows:(rank + 1) * rows].clone().requires_grad_(True)
+    loss = head(local, labels[rank * rows:(rank + 1) * rows])
+    loss.backward()
+    np.savez(out / f"sharded_{margins[2]}_{rank}.npz", loss=loss.item(), embeddings_grad=local.grad.numpy(),
+             centers_grad=head.weight.grad.numpy(), class_start=head.class_start)
+    distributed.destroy_process_group()
+
+
+def _sharded(out):
+    import torch.multiprocessing
+    for margins in ((1.0, 0.0, 0.25), (1.0, 0.5, 0.0)):
+        torch.multiprocessing.spawn(_sharded_rank, nprocs=2, join=True,
+                                    args=(2, str(out / f"store{margins[2]}"), out, margins))
+
+
 def compute(out):
-    for part in (_losses, _sampling, _one_sgd_step, _networks, _data, _staged_and_scheduled, _scoring):
+    for part in (_losses, _sampling, _one_sgd_step, _networks, _data, _staged_and_scheduled, _scoring, _sharded):
         part(out)
 
 
@@ -242,6 +270,32 @@ def test_partial_fc_at_rate_one_is_numpy_cross_entropy_of_margined_cosines(compu
     norms = np.linalg.norm(centers, axis=1, keepdims=True)
     d_centers = (d_w - w * (d_w * w).sum(axis=1, keepdims=True)) / norms
     np.testing.assert_allclose(arrays[f"{name}/center_grad"], d_centers, rtol=1e-3, atol=1e-4 * np.abs(d_centers).max())
+
+
+@pytest.mark.parametrize("name,m2,m3", [("cosface", 0.0, 0.25), ("arcface", 0.5, 0.0)])
+def test_ddp_head_on_two_processes_is_the_one_process_loss(computed, name, m2, m3):
+    """Test that the DDP yardstick's PartialFC_V2 on 2 Gloo processes (5 classes each, 4 rows
+    each) gives the one-process NumPy loss on every rank, each rank the centers' gradient of its
+    classes, and each rank 2x the gradient of its rows (AllGather's backward undoes DDP's
+    average over the 2)."""
+    arrays = np.load(computed / "losses.npz")
+    embeddings, labels, centers = arrays["embeddings"], arrays["labels"], arrays["cosface/centers"]
+    want, p, e, w = numpy_margin_loss(embeddings, centers, labels, 64.0, m2, m3)
+    ranks = [np.load(computed / f"sharded_{m3}_{rank}.npz") for rank in range(2)]
+    assert [int(r["class_start"]) for r in ranks] == [0, 5]
+    for rank in ranks:
+        np.testing.assert_allclose(rank["loss"], want, rtol=1e-5)
+    d_cosine = p.copy()
+    d_cosine[np.arange(len(labels)), labels] -= 1
+    d_cosine *= 64.0 / len(labels)
+    d_w_hat, d_e_hat = d_cosine.T @ e, d_cosine @ w
+    norms_w = np.linalg.norm(centers, axis=1, keepdims=True)
+    norms_e = np.linalg.norm(embeddings, axis=1, keepdims=True)
+    d_centers = (d_w_hat - w * (d_w_hat * w).sum(1, keepdims=True)) / norms_w
+    d_embeddings = (d_e_hat - e * (d_e_hat * e).sum(1, keepdims=True)) / norms_e
+    np.testing.assert_allclose(np.concatenate([r["centers_grad"] for r in ranks]), d_centers, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate([r["embeddings_grad"] for r in ranks]), 2 * d_embeddings,
+                               rtol=1e-4, atol=1e-6)
 
 
 def test_sampling_keeps_every_positive_and_int_of_rate_times_classes(computed):

@@ -73,6 +73,10 @@ def parse_args(argv):
     parser.add_argument("--eval-every", type=positive_int, default=None, metavar="N",
                         help="verify both sides every N steps (a multiple of the recipe's frequent) and at the "
                         "end, and report each side's training time to the yardstick's final accuracy")
+    parser.add_argument("--torch-np", type=positive_int, default=1, metavar="N",
+                        help="yardstick: N processes as train_v2.py runs them on N GPUs (DDP, each its B/N images "
+                        "and its own BatchNorm statistics, PartialFC_V2's centers split by class; images in memory, "
+                        "sample rate 1; default 1: one process with the whole batch)")
     parser.add_argument("--torch-clip", type=float, default=5.0,
                         help="yardstick: backbone gradient-norm clip (0 = none; default 5 as arcface_torch)")
     args = parser.parse_args(argv)
@@ -278,7 +282,12 @@ def main(argv=None):
         refusal = yardstick_refusal(cfg)
         if refusal:
             sys.exit(f"compare: {refusal}")
-        layouts["yardstick"] = (f"1 process x {args.torch_threads} torch threads; {yardstick_data_layout(args.torch_data)}"
+        if args.torch_np > 1 and (args.eval_every or args.torch_data != "memory"):
+            sys.exit("compare: --torch-np N trains the yardstick from images in memory and verifies at the end only "
+                     "(--torch-data memory, no --eval-every)")
+        processes = (f"{args.torch_np} DDP processes x {max(1, args.torch_threads // args.torch_np)}"
+                     if args.torch_np > 1 else f"1 process x {args.torch_threads}")
+        layouts["yardstick"] = (f"{processes} torch threads; {yardstick_data_layout(args.torch_data)}"
                                 + malloc_note())
     trainings = [(seed, run) for seed in (args.seeds or [cfg.seed]) for run in range(1, args.runs + 1)]
     base_overrides = list(args.overrides)

@@ -144,6 +144,8 @@ def run_torch(args, cfg):
     numbers = recipe_numbers(cfg, args.np)
     recipe = yardstick_recipe(cfg, args.np, numbers["sample_ratio"])
     rec = cfg.rec if os.path.isabs(cfg.rec) else os.path.join(ROOT, cfg.rec)
+    if getattr(args, "torch_np", 1) > 1:
+        return run_torch_ddp(args, cfg, recipe, numbers["lrs"], rec)
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(recipe.seed)
     backbone = build_network(recipe.network, recipe.image_size, recipe.embedding_size)
@@ -179,3 +181,22 @@ def run_torch(args, cfg):
     accuracy = curve[-1][2] if curve else score(embed_pairs(backbone, images), issame).accuracy
     print(f"  yardstick {target} accuracy {accuracy:.4f}, {speed or 0:.1f} samples/s", flush=True)
     return losses, {target: accuracy}, speed, curve
+
+
+def run_torch_ddp(args, cfg, recipe, lrs, rec):
+    """The yardstick as args.torch_np DDP processes (yardstick/ddp.py); returns what run_torch does
+    (no speed: the processes' start-up is in their time)."""
+    from .yardstick.ddp import run_ddp
+    target = cfg.val_targets[0]
+    threads = max(1, args.torch_threads // args.torch_np)
+    print(f"yardstick: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch} as "
+          f"{args.torch_np} DDP processes x {recipe.global_batch // args.torch_np} images x {threads} torch threads, "
+          f"lr {recipe.lr:g}, wd {recipe.weight_decay:g} on every parameter, margins {recipe.margins} s {recipe.scale:g}",
+          flush=True)
+    result = run_ddp(recipe, lrs, os.path.dirname(rec), args.torch_np, threads,
+                     os.path.join(os.path.dirname(rec), target + ".bin"))
+    every_step = result["losses"]
+    ends = sorted(set(range(cfg.frequent, recipe.steps + 1, cfg.frequent)) | {recipe.steps})
+    losses = [(end, sum(every_step[start:end]) / (end - start)) for start, end in zip([0] + ends, ends)]
+    print(f"  yardstick {target} accuracy {result['accuracy']:.4f} (rank 0's BatchNorm statistics)", flush=True)
+    return losses, {target: result["accuracy"]}, None, []

@@ -26,6 +26,7 @@ autocast (CUDA only) and its logging and verification callbacks.
     data      the .rec read and decoded as their dataset.py does; the in-memory image set
     upstream  their own modules loaded from a directory and made to run on CPU
     faithful  the forward and one-step checks and the alternating timing
+    ddp       the step as N processes (DDP, PartialFC_V2 split by class): bench.compare --torch-np N
 """
 from .data import MemoryFaces, RecFaces, rec_loader
 from .networks import IResNet, MobileFaceNet, build_network, final_side, parameter_count
