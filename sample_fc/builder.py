@@ -92,9 +92,8 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     training_symbol = symbols.with_frozen_batchnorm(symbol) if cfg.bn_frozen else symbol
     tail = None
     if cfg.tail_bn == "global":     # the last BatchNorms over the global batch (pfc/global_tail.py)
-        training_symbol, tail_symbol, cut_shape = split_tail(training_symbol, data_shape)
-        tail = GlobalTail(tail_symbol, cut_shape, cfg.batch_size * world, ctx,
-                          "float16" if cfg.fp16 else "float32")
+        training_symbol, tail_symbol, cut_shape, cut_dtype = split_tail(training_symbol, data_shape)
+        tail = GlobalTail(tail_symbol, cut_shape, cfg.batch_size * world, ctx, cut_dtype)
     # the same math, faster
     training_symbol = fused_ops.fuse(training_symbol, data_shape) if ctx.device_type == "cpu" else training_symbol
     module = SampleDistributeModule(training_symbol, partial_fc, backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
@@ -222,6 +221,8 @@ def open_run(cfg, models_root, request, rank, world, local_rank, logger, local_s
     warn = logger.warning if rank == 0 else (lambda message: None)
     ctx, bank_ctx = resolve_contexts(cfg, local_rank, warn)
     symbol = build_symbol(cfg)
+    if cfg.tail_bn == "global":      # the network can be split there (UsageError before anything is written)
+        split_tail(symbol, (cfg.batch_size, 3, cfg.image_size, cfg.image_size))
     targets = load_targets(cfg, logger)
     plan, _ = memory_plan.check_memory(cfg, world, symbol, ctx, bank_ctx, local_size, target_bytes(targets),
                                        lambda device_id: mx.context.gpu_memory_info(device_id)[0])

@@ -16,6 +16,7 @@ it does the body's. The saved symbol and parameters are the whole backbone's, as
 import json
 
 import mxnet as mx
+import numpy as np
 
 from ..errors import UsageError
 
@@ -28,9 +29,9 @@ def _is_per_sample(shape):
 
 
 def split_tail(symbol, data_shape):
-    """(body, tail, cut_shape) of a backbone `symbol` (input `data` of `data_shape`, batch
-    first): the body's output is the input of the first BatchNorm over samples only, of
-    per-sample shape cut_shape; the tail takes it as `tail_data`, flattened to (B, C), and
+    """(body, tail, cut_shape, cut_dtype) of a backbone `symbol` (input `data` of `data_shape`,
+    batch first, float32): the body's output is the input of the first BatchNorm over samples
+    only, of per-sample shape cut_shape and type cut_dtype (float16 in a float16 backbone); the tail takes it as `tail_data`, flattened to (B, C), and
     ends in the backbone's output. UsageError when the network has no such BatchNorm, or its
     last layers read an earlier activation, or drop out at random (each rank would draw its
     own mask)."""
@@ -63,9 +64,11 @@ def split_tail(symbol, data_shape):
                              f"last layers, which every worker runs; set dropout=0 or tail_bn=worker")
         kept.add(index)
         stack.extend(source for source, _, _ in node["inputs"])
-    cut_shape = tuple(shape_of[nodes[cut]["name"] + "_output"][1:])
-    body = internals[nodes[cut]["name"] + "_output"]
-    return body, _tail_symbol(graph, kept, cut, cut_shape), cut_shape
+    cut_name = nodes[cut]["name"] + "_output"
+    _, types, _ = internals.infer_type(data="float32")
+    cut_dtype = dict(zip(internals.list_outputs(), types))[cut_name]
+    cut_shape = tuple(shape_of[cut_name][1:])
+    return internals[cut_name], _tail_symbol(graph, kept, cut, cut_shape), cut_shape, np.dtype(cut_dtype).name
 
 
 def _tail_symbol(graph, kept, cut, cut_shape):

@@ -63,7 +63,7 @@ if args.tail_bn != "none":             # two layers, each followed by a BatchNor
                          f"{name}_moving_var": mx.nd.ones(args.embedding)})
     if args.tail_bn == "global":
         from sample_fc.pfc.global_tail import GlobalTail, split_tail
-        embeddings, tail_symbol, cut_shape = split_tail(embeddings, (b,) + data_shape)
+        embeddings, tail_symbol, cut_shape, _ = split_tail(embeddings, (b,) + data_shape)
         tail = GlobalTail(tail_symbol, cut_shape, args.global_batch, mx.cpu())
 schedule = WarmupMultiStepSchedule(args.lr, warmup_steps=0, steps=[2], factor=0.5)
 backbone_opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=args.lr, momentum=0.9, wd=5e-4,
