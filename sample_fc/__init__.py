@@ -13,10 +13,15 @@ errors.py, options.py, ranks.py, optimizers.py, initializers.py, fused_ops.py, v
 launch.py (`python -m sample_fc.launch`).
 
 Public names are re-exported lazily (PEP 562), so `import sample_fc.config` or the
-command-line tools do not pay for importing mxnet/horovod until they need them, and
-importing the package has no side effects.
+command-line tools do not pay for importing mxnet/horovod until they need them. Importing the
+package has one side effect: unless the environment sets MXNET_SUBGRAPH_VERBOSE, it is set to 0,
+so that MXNet does not print "Subgraph backend MKLDNN is activated." on every graph it binds
+(each worker, each verification, each tool); the package imports before MXNet in every entry.
 """
 import importlib
+import os
+
+os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
 _EXPORTS = {
     "class_center_sample": "pfc.sampler",
