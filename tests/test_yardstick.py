@@ -397,3 +397,14 @@ def test_embed_pairs_normalises_as_training_and_sums_the_mirror(computed):
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
     compute(Path(sys.argv[1]))
+
+
+def test_without_torch_the_yardstick_says_so_in_one_line():
+    """Test that `python -m sample_fc.bench.yardstick --help` where torch cannot be imported ends
+    with one line naming PyTorch and how to install it, no traceback, a non-zero exit."""
+    run_it = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['yardstick', '--help']; "
+              "runpy.run_module('sample_fc.bench.yardstick', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", run_it], capture_output=True, text=True, timeout=120, cwd=str(REPO))
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "PyTorch is not installed" in lines[0] and "scripts/test.sh" in lines[0], lines

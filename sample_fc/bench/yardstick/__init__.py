@@ -28,6 +28,12 @@ autocast (CUDA only) and its logging and verification callbacks.
     faithful  the forward and one-step checks and the alternating timing
     ddp       the step as N processes (DDP, PartialFC_V2 split by class): bench.compare --torch-np N
 """
+try:
+    import torch  # noqa: F401  (every module here needs it)
+except ImportError:
+    raise SystemExit("sample_fc.bench.yardstick: error: PyTorch is not installed; run `scripts/test.sh -k yardstick` "
+                     "once (it installs torch, CPU build, from requirements-test.txt)") from None
+
 from .data import MemoryFaces, RecFaces, rec_loader
 from .networks import IResNet, MobileFaceNet, build_network, final_side, parameter_count
 from .training import CombinedMargin, PartialFC, Trainer, make_optimizer, sample_centers, scheduled_lr
