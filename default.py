@@ -28,7 +28,7 @@ from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, ap
 from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               BANK_DTYPES, BANK_MOMENTA, LR_SCHEDULES, MOMENTUM_FORMS, TAIL_BNS)
+                               BANK_DTYPES, BANK_MOMENTA, EMBEDDING_SCALES, LR_SCHEDULES, MOMENTUM_FORMS, TAIL_BNS)
 
 
 def _target_name(name):
@@ -61,6 +61,7 @@ def _declare_keys():
     keys.embedding_size = Int(512, lo=1, hi=65536)                      # embedding dimension D produced by the backbone
     keys.dropout = Real(0.0, lo=0, hi=1, hi_open=True)                  # dropout before the embedding layer (0 = off)
     keys.fp16 = Flag(False)                                             # mixed precision for the backbone (GPU only)
+    keys.embedding_scale = Choice('fixed', EMBEDDING_SCALES)            # the embedding BatchNorm's scale gamma: fixed at 1 (insightface's IResNets, this package's networks) | learned (arcface_torch's MobileFaceNet: its features BatchNorm1d)
     keys.bn_frozen = Flag(False)                                        # True: every BatchNorm normalises with its moving statistics in training too and keeps them (fine-tuning a trained backbone); a step then does not depend on how the global batch is split over workers
     keys.tail_bn = Choice('worker', TAIL_BNS)                           # BatchNorms over samples only (mbf: the GDC's and the embedding's; IResNets: the embedding's): global = over the global batch (the layers from the first of them run on the gathered batch on every worker: an exact synchronised BatchNorm, no extra collective; sample_fc/pfc/global_tail.py) | worker = over each worker's batch (arcface_torch's DDP)
     keys.backbone_init = Choice('arcface_torch', BACKBONE_INITS)        # arcface_torch: as its networks start (mbf: conv/FC weights normal, std sqrt(2/fan_out); r*: convs normal(0, 0.1)) | pytorch: U(+-1/sqrt(fan_in)), PyTorch's default | xavier: MXNet Xavier magnitude 2 (sample_fc/initializers.py)
@@ -96,6 +97,7 @@ def _declare_keys():
     keys.momentum = Real(0.9, lo=0, hi=1, hi_open=True)                 # SGD momentum, backbone and memory bank alike
     keys.momentum_form = Choice('pytorch', MOMENTUM_FORMS)              # SGD momentum form, backbone and bank: pytorch: momentum of gradients, lr applied per step (no overshoot at lr drops) | mxnet: of lr-scaled steps
     keys.wd = Real(5e-4, lo=0, hi=1)                                    # weight decay, backbone and memory bank alike (not on biases and BN betas)
+    keys.decay_all = Flag(False)                                        # True: weight decay on every backbone parameter, biases and BN betas too (arcface_torch's SGD over model.parameters()); False: weights, BN gammas and PReLU slopes only (MXNet's rule)
     keys.clip_grad_norm = Real(5.0, lo=0, hi=1e12)                      # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
     keys.lr_schedule = Choice('step', LR_SCHEDULES)                     # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
     keys.warmup_steps = Int(0, lo=0, hi=2 ** 40)                        # linear lr warm-up from 0 over this many steps (0 = none)

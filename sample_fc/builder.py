@@ -70,8 +70,9 @@ def build_iterator(cfg, rank, world):
 
 
 def build_symbol(cfg):
-    return symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size,
-                              "float16" if cfg.fp16 else "float32", cfg.dropout)
+    symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size,
+                                "float16" if cfg.fp16 else "float32", cfg.dropout)
+    return symbols.with_learned_embedding_scale(symbol) if cfg.embedding_scale == "learned" else symbol
 
 
 def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
@@ -85,7 +86,8 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
     backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(
         learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
-        multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form)
+        multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form,
+        decay_all=cfg.decay_all)
     partial_fc = PartialFC.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx,
                                     PartialFCOptions.from_config(cfg), schedule)
     data_shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)

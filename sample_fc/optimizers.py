@@ -121,7 +121,7 @@ class BackboneOptimizer(mx.optimizer.Optimizer):
     min(1, clip_grad_norm / global L2 norm), as torch.nn.utils.clip_grad_norm_ does.
     """
 
-    def __init__(self, optimizer, clip_grad_norm=0.0, momentum_form="mxnet"):
+    def __init__(self, optimizer, clip_grad_norm=0.0, momentum_form="mxnet", decay_all=False):
         # no super().__init__: every Optimizer attribute is the wrapped one's
         if not clip_grad_norm >= 0:
             raise ValueError(f"clip_grad_norm must be >= 0 (0 = off), got {clip_grad_norm!r}")
@@ -129,7 +129,7 @@ class BackboneOptimizer(mx.optimizer.Optimizer):
         self._optimizer = optimizer
         if getattr(optimizer, "aggregate_num", 0) > 0 and "MXNET_OPTIMIZER_AGGREGATION_SIZE" not in os.environ:
             optimizer.aggregate_num = MULTI_TENSOR_UPDATE
-        self.clip_grad_norm, self.momentum_form = clip_grad_norm, momentum_form
+        self.clip_grad_norm, self.momentum_form, self.decay_all = clip_grad_norm, momentum_form, decay_all
         self.base_rescale_grad = optimizer.rescale_grad
         self.momentum_scale = 1.0       # applied to each state before this step's update ("pytorch")
 
@@ -140,9 +140,10 @@ class BackboneOptimizer(mx.optimizer.Optimizer):
 
     def set_param_names(self, idx2name):
         """Give the wrapped optimizer the parameter names, so wd_mult/lr_mult defaults
-        (no weight decay on biases and BN betas) apply as for a Module-created one."""
+        (no weight decay on biases and BN betas) apply as for a Module-created one; with
+        decay_all every parameter decays (arcface_torch's SGD over model.parameters())."""
         self._optimizer.idx2name = dict(idx2name)
-        self._optimizer.set_wd_mult({})
+        self._optimizer.set_wd_mult(dict.fromkeys(idx2name.values(), 1.0) if self.decay_all else {})
         self._optimizer.set_lr_mult({})
 
     def set_num_update(self, num_update):

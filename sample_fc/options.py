@@ -14,6 +14,7 @@ BACKBONE_INITS = ("arcface_torch", "pytorch", "xavier")    # initializers.backbo
 MOMENTUM_FORMS = ("pytorch", "mxnet")       # optimizers: what SGD momentum accumulates
 BANK_DTYPES = ("float32", "float16")        # memory_bank: how class centers and momentum are stored
 BANK_MOMENTA = ("same", "int8", "none")     # memory_bank: the centers' momentum as the weights, 8-bit, or none
+EMBEDDING_SCALES = ("fixed", "learned")     # symbols.with_learned_embedding_scale: the embedding BatchNorm's gamma
 TAIL_BNS = ("worker", "global")             # global_tail: the BatchNorms over samples only on each worker's batch or the global one
 
 

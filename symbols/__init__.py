@@ -9,13 +9,13 @@ paper's network itself (sample_fc's 'mbf' before; the demo trains it). The symbo
 take raw RGB pixels 0..255, as the data iterators deliver them, and normalise them in the
 graph to (x - 127.5) / 128.
 """
-from .common import with_frozen_batchnorm
+from .common import with_frozen_batchnorm, with_learned_embedding_scale
 from .iresnet import UNITS as _IRESNET_UNITS, get_iresnet
 from .mobilefacenet import CONFIGS as _MOBILEFACENET_CONFIGS, get_mobilefacenet
 
 NETWORKS = tuple(_IRESNET_UNITS) + tuple(_MOBILEFACENET_CONFIGS)
 
-__all__ = ['NETWORKS', 'get_symbol', 'with_frozen_batchnorm']
+__all__ = ['NETWORKS', 'get_symbol', 'with_frozen_batchnorm', 'with_learned_embedding_scale']
 
 
 def get_symbol(name, embedding_size=512, image_size=112, dtype='float32', dropout=0.0):

@@ -52,6 +52,18 @@ def with_frozen_batchnorm(symbol):
     return mx.sym.load_json(json.dumps(graph))
 
 
+def with_learned_embedding_scale(symbol):
+    """`symbol` with its embedding BatchNorm (`embeddings`) learning its scale gamma, as
+    arcface_torch's MobileFaceNet's `features` BatchNorm1d does (its IResNets freeze it at 1,
+    as this package's networks do). Saved models keep the flag: tools read it from the graph."""
+    graph = json.loads(symbol.tojson())
+    found = [node for node in graph['nodes'] if node['op'] == 'BatchNorm' and node['name'] == 'embeddings']
+    if not found:
+        raise ValueError('the network has no BatchNorm named embeddings')
+    found[0].setdefault('attrs', {})['fix_gamma'] = 'False'
+    return mx.sym.load_json(json.dumps(graph))
+
+
 def prelu(data, name, channels):
     """Channel-wise PReLU, relu(x) + slope * min(x, 0), slopes starting at 0.25.
 

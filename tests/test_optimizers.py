@@ -252,6 +252,18 @@ def test_set_param_names_gives_no_weight_decay_to_biases_and_betas():
     np.testing.assert_array_equal(after["bn_beta"], 2.0)
 
 
+def test_decay_all_decays_biases_and_betas_too():
+    """Test that with decay_all a zero-gradient update decays every parameter by lr*wd, biases
+    and BatchNorm betas included (arcface_torch's SGD over every parameter)."""
+    names = {0: "fc_weight", 1: "fc_bias", 2: "bn_gamma", 3: "bn_beta"}
+    opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.0, wd=0.1), decay_all=True)
+    opt.set_param_names(names)
+    for index, name in names.items():
+        weight = mx.nd.full((2, 3), 2.0)
+        opt.update(index, weight, mx.nd.zeros((2, 3)), opt.create_state(index, weight))
+        np.testing.assert_allclose(weight.asnumpy(), 2.0 * (1 - 0.5 * 0.1), rtol=1e-6, err_msg=name)
+
+
 def test_set_num_update_continues_the_schedule_from_that_update():
     """Test that set_num_update(k) makes the next update use lr(k + 1), even after the counts had
     gone past k, and matches an SGD that starts at begin_num_update=k (a resumed run)."""

@@ -373,10 +373,10 @@ def test_dropout_in_graph():
 
 
 def test_public_names():
-    """Test that the package exports get_symbol, with_frozen_batchnorm and NETWORKS as a tuple."""
+    """Test that the package exports get_symbol, the two graph transforms and NETWORKS as a tuple."""
     assert symbols.NETWORKS == ('r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large',
                                 'mbf_small')
-    assert set(symbols.__all__) == {'NETWORKS', 'get_symbol', 'with_frozen_batchnorm'}
+    assert set(symbols.__all__) == {'NETWORKS', 'get_symbol', 'with_frozen_batchnorm', 'with_learned_embedding_scale'}
 
 
 def test_frozen_batchnorm_trains_with_the_moving_statistics_and_keeps_them():
@@ -429,3 +429,26 @@ def test_prelu_matches_numpy_formula():
     gamma = mx.nd.zeros((3, 1, 1, 1))
     init(mx.init.InitDesc('act_gamma', attrs=sym.attr_dict()['act_gamma']), gamma)
     np.testing.assert_array_equal(gamma.asnumpy(), 0.25)
+
+
+def test_learned_embedding_scale_multiplies_the_embeddings_by_gamma():
+    """Test that with_learned_embedding_scale's embeddings are gamma times the fixed-scale ones
+    (inference, beta 0), and the plain network ignores gamma, as MXNet's fix_gamma does."""
+    plain = symbols.get_symbol('mbf_small', 8, 32)
+    learned = symbols.with_learned_embedding_scale(plain)
+    rng = np.random.default_rng(0)
+    data = mx.nd.array(rng.uniform(0, 255, (2, 3, 32, 32)))
+    outputs = {}
+    for name, symbol in (('plain', plain), ('learned', learned)):
+        module = mx.mod.Module(symbol, data_names=('data',), label_names=None)
+        module.bind([('data', data.shape)], for_training=False)
+        mx.random.seed(3)
+        module.init_params(mx.init.Xavier())
+        arg_params, aux_params = module.get_params()
+        arg_params['embeddings_gamma'] = mx.nd.array(np.linspace(0.5, 2.0, 8))
+        module.set_params(arg_params, aux_params)
+        module.forward(mx.io.DataBatch([data]), is_train=False)
+        outputs[name] = module.get_outputs()[0].asnumpy()
+    beta = 0.0   # Xavier leaves betas at 0
+    np.testing.assert_allclose(outputs['learned'] - beta, (outputs['plain'] - beta) * np.linspace(0.5, 2.0, 8),
+                               rtol=1e-4, atol=1e-5)
