@@ -75,7 +75,7 @@ def head_forward_backward(embeddings, weights, target, margin, total_rows,
 class Head:
     """The head of one rank: steps 4-8 and 10 of a step (docs/DESIGN.md) on its MemoryBank.
     Both kernels implement this contract: DeviceHead (below, MXNet operators on the bank's
-    context) and HostHead (host_head.py, NumPy BLAS on a float32 CPU bank), pinned to the same
+    context) and HostHead (host_head.py, NumPy BLAS on a bank in host memory, float32 or float16), pinned to the same
     NumPy reference by tests/test_host_head.py and tests/test_module.py.
 
     forward_backward(embeddings, sample, total_rows, margin) -> (loss, grad_embeddings)

@@ -24,7 +24,6 @@ import sys
 from ..errors import USAGE_EXIT, UsageError
 from . import cli
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def make_parser():
@@ -80,7 +79,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     def work():
-        sys.path.insert(0, ROOT)
         import default
         import symbols
         from ..run import memory_plan

@@ -8,11 +8,9 @@ import datetime
 import html
 import json
 import os
-import sys
 
 from ..errors import UsageError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:.5em 0 1.5em}"
          "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;font-size:90%}"
          "th{background:#f4f4f4} figure{display:inline-block;margin:0 1em 1em 0} figcaption{font-size:90%}"
@@ -23,16 +21,13 @@ def preset_config(config):
     """The config of the run's presets (default.config_for_run of its dataset, and of its network
     and loss where they are not the dataset's own: a loss named on the command line brings its
     published margins), or None when the repository's default.py cannot give it."""
-    sys.path.insert(0, ROOT)
     try:
-        import default
+        import default          # installed beside the package (setup.py py_modules)
         dataset = default.config_for_run(config.get("dataset"))
         chosen = {k: config.get(k) for k in ("network", "loss") if config.get(k) != dataset.get(k)}
         return default.config_for_run(config.get("dataset"), chosen.get("network"), chosen.get("loss"))
     except (ImportError, UsageError):
         return None
-    finally:
-        sys.path.remove(ROOT)
 
 
 def config_changes(config):
