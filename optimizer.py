@@ -4,6 +4,7 @@
 - BackboneOptimizer: wraps any mx.optimizer.Optimizer; sums gradients over the ranks.
 - MemoryBankSGDOptimizer: SGD with momentum on the sampled rows of the class-center bank.
 """
-from sample_fc.optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
+from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer
 
 __all__ = ["BackboneOptimizer", "MemoryBankSGDOptimizer", "WarmupMultiStepSchedule"]

@@ -37,7 +37,7 @@ _EXPORTS = {
     "FaceRecordIter": "data",
     "SyntheticIter": "data",
     "BackboneOptimizer": "optimizers",
-    "MemoryBankSGDOptimizer": "optimizers",
+    "MemoryBankSGDOptimizer": "pfc.bank_optimizer",
     "WarmupMultiStepSchedule": "optimizers",
 }
 

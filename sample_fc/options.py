@@ -18,6 +18,12 @@ EMBEDDING_SCALES = ("fixed", "learned")     # symbols.with_learned_embedding_sca
 TAIL_BNS = ("worker", "global")             # global_tail: the BatchNorms over samples only on each worker's batch or the global one
 
 
+def check_momentum_form(momentum_form):
+    """ValueError unless momentum_form is one of MOMENTUM_FORMS (both optimizers take one)."""
+    if momentum_form not in MOMENTUM_FORMS:
+        raise ValueError(f"momentum_form must be one of {MOMENTUM_FORMS}, got {momentum_form!r}")
+
+
 def is_probability(value):
     """A real number (not a bool) in [0, 1]: the aug_* config keys, Augmentation's fields."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value <= 1

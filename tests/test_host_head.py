@@ -14,7 +14,7 @@ from sample_fc.pfc.memory_bank import MemoryBank, host_view
 from sample_fc.pfc.sampler import Sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sample_fc.optimizers import MemoryBankSGDOptimizer  # noqa: E402
+from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer  # noqa: E402
 
 MARGINS = (1.0, 0.5, 0.0, 16.0)
 

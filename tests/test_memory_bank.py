@@ -12,7 +12,7 @@ from sample_fc.pfc.head import DeviceHead
 from sample_fc.pfc.host_head import HostHead
 from sample_fc.pfc.margin import CombinedMargin
 from sample_fc.pfc.memory_bank import MemoryBank, fill_initial_centers
-from sample_fc.optimizers import MemoryBankSGDOptimizer
+from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer
 from sample_fc.pfc.sampler import Sample
 
 

@@ -18,7 +18,7 @@ from sample_fc.errors import UsageError
 from sample_fc.pfc.host_head import HostHead
 from sample_fc.pfc.margin import CombinedMargin
 from sample_fc.pfc.memory_bank import MemoryBank, host_view
-from sample_fc.optimizers import MemoryBankSGDOptimizer
+from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer
 from sample_fc.pfc.partial_fc import PartialFC
 from sample_fc.pfc.rounding import noise, rounding_key
 from sample_fc.pfc.sampler import Sample

@@ -5,7 +5,8 @@ import pytest
 
 import reference as ref
 from sample_fc import dist
-from sample_fc.optimizers import BackboneOptimizer, MemoryBankSGDOptimizer, WarmupMultiStepSchedule
+from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
+from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer
 
 
 @pytest.fixture(scope="module", autouse=True)

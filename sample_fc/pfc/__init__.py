@@ -3,6 +3,7 @@ an exact softmax across workers. It imports nothing of run/, models/, checkpoint
 tools/ or bench/ (a shard on disk is checkpoint/bank_shard.py's).
 
     partial_fc.py        PartialFC (bank + sampler + head + the bank's optimizer), PartialFCOptions
+    bank_optimizer.py    MemoryBankSGDOptimizer: SGD-momentum on the sampled rows (both kernels apply it)
     sampler.py           which centers a step scores: the batch's positives plus random negatives
     margin.py, softmax.py    the combined margin and the distributed softmax, as pure functions
     head.py, host_head.py    the head step: MXNet ops (device) or NumPy BLAS (host); one protocol

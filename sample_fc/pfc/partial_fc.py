@@ -21,7 +21,7 @@ from .head import DeviceHead, no_stage
 from .host_head import HostHead, default_threads
 from .margin import CombinedMargin, MarginWarmup
 from .memory_bank import MAX_BLOCK_ELEMENTS, MemoryBank
-from ..optimizers import MemoryBankSGDOptimizer
+from .bank_optimizer import MemoryBankSGDOptimizer
 from ..errors import UsageError
 from ..options import HEAD_KERNELS
 from .sampler import ClassCenterSampler, SampleRatioWarmup, most_rows_scored
