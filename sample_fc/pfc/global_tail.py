@@ -97,29 +97,14 @@ class GlobalTail:
     are the same on every rank."""
 
     def __init__(self, tail_symbol, cut_shape, global_batch, ctx, dtype="float32"):
-        columns = 1
-        for side in cut_shape:
-            columns *= side
+        columns = int(np.prod(cut_shape))
         self.module = mx.mod.Module(tail_symbol, data_names=(TAIL_INPUT,), label_names=None, context=ctx)
         self.module.bind(data_shapes=[mx.io.DataDesc(TAIL_INPUT, (global_batch, columns), dtype=dtype)],
                          for_training=True, inputs_need_grad=True)
         self.ctx, self.columns = ctx, columns
-
-    @property
-    def param_names(self):
-        return self.module._exec_group.param_names
-
-    @property
-    def param_arrays(self):
-        return self.module._exec_group.param_arrays
-
-    @property
-    def grad_arrays(self):
-        return self.module._exec_group.grad_arrays
-
-    @property
-    def aux_arrays(self):
-        return self.module._exec_group.aux_arrays
+        group = self.module._exec_group          # bound once: the same arrays every step
+        self.param_names, self.param_arrays = group.param_names, group.param_arrays
+        self.grad_arrays, self.aux_arrays = group.grad_arrays, group.aux_arrays
 
     def get_params(self):
         """(arg_params, aux_params) as the tail holds them now (its forward moves the BatchNorm
