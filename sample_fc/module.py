@@ -87,6 +87,7 @@ class SampleDistributeModule:
         self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
                                       context=self.contexts)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
+        self._parts = [self.backbone] + ([tail.module] if tail else [])   # the backbone's bound modules
         self._stage_hook, self._requests = no_stage, StepRequests
         partial_fc.connect(self.stage)
         self._labels = None                 # this rank's integer labels of the current batch
@@ -107,8 +108,7 @@ class SampleDistributeModule:
         """Initialise the backbone (default: initializers "pytorch"), then call
         broadcast_parameters so all ranks agree."""
         initializer = initializer or backbone_initializer("pytorch")
-        parts = [self.backbone] + ([self.tail.module] if self.tail else [])
-        for part in parts:       # with a tail, arg_params hold both parts' (builder.initial_params)
+        for part in self._parts:  # with a tail, arg_params hold both parts' (builder.initial_params)
             part.init_params(initializer=initializer, arg_params=arg_params, aux_params=aux_params,
                              allow_missing=False, allow_extra=self.tail is not None)
         param_names = self.backbone._exec_group.param_names
@@ -143,7 +143,7 @@ class SampleDistributeModule:
 
     def set_params(self, arg_params, aux_params):
         """Set the whole backbone's parameters (every one must be given)."""
-        for part in [self.backbone] + ([self.tail.module] if self.tail else []):
+        for part in self._parts:
             part.set_params(arg_params, aux_params, allow_missing=False, allow_extra=self.tail is not None)
 
     def set_num_update(self, num_update):
@@ -218,7 +218,7 @@ class SampleDistributeModule:
         flags say so and the summed gradients' norm is finite (a NaN/Inf in any rank's backbone
         gradients is one in the sum; float32 overflow of the sum counts too). `agreed` then holds
         each request's max over the ranks, so every rank acts on them after the same step."""
-        grad_arrays = self.backbone._exec_group.grad_arrays + (self.tail.grad_arrays if self.tail else [])
+        grad_arrays = [grads for part in self._parts for grads in part._exec_group.grad_arrays]
         self.last_grad_norm = self.backbone_optimizer.sum_gradients(grad_arrays, self.num_update + 1)
         flags = self._flags.asnumpy()
         self.agreed = StepRequests(*flags[1:].tolist())
@@ -245,7 +245,7 @@ class SampleDistributeModule:
         rank (BatchNorm statistics included); after max_nonfinite_steps such steps in a
         row NonFiniteError is raised.
         """
-        aux_arrays = self.backbone._exec_group.aux_arrays + (self.tail.aux_arrays if self.tail else [])
+        aux_arrays = [aux for part in self._parts for aux in part._exec_group.aux_arrays]
         aux_before = [[a.copy() for a in per_context] for per_context in aux_arrays]
         with self.stage("forward"):
             self.forward_backbone(data_batch)

@@ -40,28 +40,32 @@ def batch_norm(data, name, fix_gamma=False):
                             eps=BN_EPS, momentum=BN_MOMENTUM)
 
 
+def _with_batchnorm_attr(symbol, attr, value, name=None):
+    """`symbol` with attribute `attr` set to `value` on its BatchNorms (only the one called
+    `name` when given; ValueError when there is none). The parameters are the same."""
+    graph = json.loads(symbol.tojson())
+    chosen = [node for node in graph['nodes']
+              if node['op'] == 'BatchNorm' and (name is None or node['name'] == name)]
+    if not chosen:
+        raise ValueError('the network has no BatchNorm%s' % ('' if name is None else ' named ' + name))
+    for node in chosen:
+        node.setdefault('attrs', {})[attr] = value
+    return mx.sym.load_json(json.dumps(graph))
+
+
 def with_frozen_batchnorm(symbol):
     """`symbol` with every BatchNorm normalising by its moving statistics in training too, and
     keeping them (use_global_stats): the per-sample affine map a trained network applies at
     inference, so a training step no longer depends on which images share a batch (fine-tuning,
-    and the world-size oracle: tests/parallel/test_world_size.py). The parameters are the same."""
-    graph = json.loads(symbol.tojson())
-    for node in graph['nodes']:
-        if node['op'] == 'BatchNorm':
-            node.setdefault('attrs', {})['use_global_stats'] = 'True'
-    return mx.sym.load_json(json.dumps(graph))
+    and the world-size oracle: tests/parallel/test_world_size.py)."""
+    return _with_batchnorm_attr(symbol, 'use_global_stats', 'True')
 
 
 def with_learned_embedding_scale(symbol):
     """`symbol` with its embedding BatchNorm (`embeddings`) learning its scale gamma, as
     arcface_torch's MobileFaceNet's `features` BatchNorm1d does (its IResNets freeze it at 1,
     as this package's networks do). Saved models keep the flag: tools read it from the graph."""
-    graph = json.loads(symbol.tojson())
-    found = [node for node in graph['nodes'] if node['op'] == 'BatchNorm' and node['name'] == 'embeddings']
-    if not found:
-        raise ValueError('the network has no BatchNorm named embeddings')
-    found[0].setdefault('attrs', {})['fix_gamma'] = 'False'
-    return mx.sym.load_json(json.dumps(graph))
+    return _with_batchnorm_attr(symbol, 'fix_gamma', 'False', name='embeddings')
 
 
 def prelu(data, name, channels):

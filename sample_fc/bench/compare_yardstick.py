@@ -144,7 +144,7 @@ def run_torch(args, cfg):
     numbers = recipe_numbers(cfg, args.np)
     recipe = yardstick_recipe(cfg, args.np, numbers["sample_ratio"])
     rec = cfg.rec if os.path.isabs(cfg.rec) else os.path.join(ROOT, cfg.rec)
-    if getattr(args, "torch_np", 1) > 1:
+    if args.torch_np > 1:
         return run_torch_ddp(args, cfg, recipe, numbers["lrs"], rec)
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(recipe.seed)

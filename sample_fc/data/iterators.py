@@ -94,11 +94,6 @@ class _EpochIter(mx.io.DataIter):
         lo = start + self.rank * self.batch_size
         return lo, lo + self.batch_size
 
-    @property
-    def batch_in_epoch(self):
-        """Global batches already yielded this epoch (of this world size, from the epoch's start)."""
-        return self.image_in_epoch // self.global_batch
-
     def reset(self):
         """Move to the next epoch (a new shuffle and new mirrors)."""
         self._start_epoch(self.epoch + 1, 0)
