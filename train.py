@@ -10,10 +10,8 @@ data, a checkpoint or the models root ends the job with one line and exit code 2
 anything is written to the models root; any other failure keeps its traceback (exit 1).
 """
 import argparse
-import dataclasses
 import json
 import os
-import socket
 import sys
 import time
 
@@ -37,7 +35,6 @@ from sample_fc.module import NonFiniteError
 from sample_fc.ranks import launcher_rank
 from sample_fc.run.run_events import RunEvents, end_at_once
 from sample_fc.run.run_request import RunRequest, RunStatus
-from sample_fc.pfc.sampling_regime import regime
 from sample_fc.run.stop import StopSignals
 from sample_fc.run.watchdog import StepWatchdog
 
@@ -226,24 +223,15 @@ def take_root(models_root, start_over, token):
     return lock, moved
 
 
-def start_run(cfg, models_root, run, run_id, world, logger, status):
+def start_run(run, status):
     """Rank 0, the root taken: its log, config.json, the status (running) and, for a restart
     supervisor, where the run lives (RunStatus.start). From here a failure is recorded in the status."""
-    builder.log_to_file(logger, os.path.join(models_root, "train.log"))
-    save_config(dict(cfg, run_id=run_id), os.path.join(models_root, "config.json"))
-    status.start(models_root, run_id, step=run.resumed_at or 0, checkpoint=run.resume_from,
-                 checkpoint_step=run.resumed_at, world_size=world, pid=os.getpid())
-    logger.info("world size %d; run %s in %s; config:\n%s", world, run_id, models_root, format_config(cfg))
-
-
-def run_facts(world, request, run, plan, sampling, cost):
-    """What the report shows of this job (events.jsonl's start event): world size, machine,
-    attempt, where it resumed from, the memory plan, the sampling regime, the backbone's cost."""
-    return {"world_size": world, "host": socket.gethostname(), "cores": os.cpu_count(), "attempt": request.attempt,
-            "resumed_from": run.resume_from and os.path.basename(run.resume_from),
-            "memory_plan": dict(dataclasses.asdict(plan), summary=plan.summary()),
-            "sampling": dict(dataclasses.asdict(sampling), line=sampling.line(), warning=sampling.warning()),
-            "backbone": {"params": int(cost.params), "multiply_adds": int(cost.multiply_adds)}}
+    builder.log_to_file(run.logger, os.path.join(run.models_root, "train.log"))
+    save_config(dict(run.cfg, run_id=run.run_id), os.path.join(run.models_root, "config.json"))
+    status.start(run.models_root, run.run_id, step=run.resumed_at or 0, checkpoint=run.resume_from,
+                 checkpoint_step=run.resumed_at, world_size=run.world, pid=os.getpid())
+    run.logger.info("world size %d; run %s in %s; config:\n%s", run.world, run.run_id, run.models_root,
+                    format_config(run.cfg))
 
 
 def train(cfg, request, status, stop_signals=None):
@@ -257,40 +245,29 @@ def train(cfg, request, status, stop_signals=None):
     auto = builder.resolve_auto(cfg, world)          # sample_ratio=auto: the same number on every rank
     models_root = request.models_root_for(cfg)
     # every rank checks the models root, config, data and checkpoint before anything is written
-    run = on_every_rank(lambda: builder.open_run(cfg, models_root, request, rank, world, dist.local_rank(), logger,
-                                                 dist.local_size()), "setup.problems")
+    run = on_every_rank(lambda: builder.open_run(cfg, models_root, request, dist.world(), logger), "setup.problems")
     lock, moved = on_every_rank(lambda: take_root(models_root, request.start_over, request.lock_token)
                                 if rank == 0 else (None, None), "setup.root")      # rank 0 owns the root from here
-    run_id = dist.allgather_object(run.run_id, "setup.run_id")[0]
+    run = run.agreed(dist.allgather_object(run.run_id, "setup.run_id")[0])
 
     os.makedirs(models_root, exist_ok=True)
     if rank == 0:
         last_checkpoint_s = (run_root.read_status(models_root) or {}).get("checkpoint_seconds")
-        start_run(cfg, models_root, run, run_id, world, logger, status)
+        start_run(run, status)
         if moved:
             logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
-        logger.info("memory plan: %s", run.plan.summary())
-        cost = backbone_cost(run.symbol, cfg.image_size)
-        logger.info("backbone %s at %d px: %.2fM parameters, %.3f G multiply-adds per image",
-                    cfg.network, cfg.image_size, cost.params / 1e6, cost.multiply_adds / 1e9)
-        if auto:
-            logger.info(auto)
-        sampling = regime(cfg.sample_ratio, cfg.num_classes, world, cfg.batch_size, cfg.embedding_size,
-                          cost.multiply_adds)
-        logger.info(sampling.line())
-        if sampling.warning():
-            logger.warning(sampling.warning())
+        run.log_opening(auto)
     module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, run.pretrained)
     if run.resume_from:
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,
                                              cfg.embedding_size)
         logger.info("resumed from %s at step %d", run.resume_from, step)
     watchdog = StepWatchdog(cfg.step_timeout_s, rank, on_timeout=lambda line: fail(line, FAILURE_EXIT, status=status)).start()
-    events = RunEvents(cfg, run, module, rank, world, logger, watchdog, run_id, status, stop_signals)
+    events = RunEvents(run, module, watchdog, status, stop_signals)
     module.connect(stage_hook=watchdog.stage, requests=events.requests)
     if rank == 0:
         events.announce_checkpoints(run.plan.checkpoint, last_checkpoint_s)
-        events.event("start", run.resumed_at or 0, **run_facts(world, request, run, run.plan, sampling, cost))
+        events.event("start", run.resumed_at or 0, **run.facts(request.attempt))
     module.fit(run.train_iter, cfg.max_update, events.callbacks)
     stop_signal = int(module.agreed.stop)                # every rank's, agreed in the last step
     if stop_signal:

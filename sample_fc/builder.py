@@ -6,11 +6,11 @@ nothing here reads default.py or the command line.
 import logging
 import os
 import sys
-from types import SimpleNamespace
 
 import mxnet as mx
 
 import symbols
+from symbols.cost import backbone_cost
 
 from . import checkpoint, fused_ops
 from .run import memory_plan, resume, run_root
@@ -20,13 +20,14 @@ from .data.bin_format import load_bin
 from .config import scaled_lr
 from .data.recordio import read_property
 from .errors import UsageError
+from .run.run_record import RunRecord
 from .run.gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
 from .pfc.global_tail import GlobalTail, split_tail
 from .initializers import backbone_initializer, initial_params
 from .module import SampleDistributeModule
 from .optimizers import BackboneOptimizer, make_schedule
 from .pfc.partial_fc import PartialFC, PartialFCOptions
-from .pfc.sampling_regime import safe_ratio
+from .pfc.sampling_regime import regime, safe_ratio
 from .models.saved_model import load_pretrained
 
 
@@ -202,16 +203,15 @@ def check_world(cfg, world):
                          f"workers (-np) or a dataset with more classes")
 
 
-def open_run(cfg, models_root, request, rank, world, local_rank, logger, local_size=1):
+def open_run(cfg, models_root, request, world, logger):
     """Everything of a run that can be checked before anything is written (no collectives,
-    no writes): UsageError naming the problem. `request` is the job's run_request.RunRequest.
-    The models root must not be in use by another job (rank 0 checks its lock), and a fresh
-    start must not overwrite a run's checkpoints unless --start-over; a resume takes only
-    checkpoints of the continued run (request.continued_run; None: any); the run's memory plan
-    must fit this node (memory_plan.check_memory, before anything is allocated). Returns a namespace of
-    models_root, resume_from (a checkpoint or None) and resumed_at (its step), run_id
-    (request.run_id), pretrained ((arg, aux) params or None), train_iter,
-    symbol, targets, ctx, bank_ctx."""
+    no writes): UsageError naming the problem. `request` is the job's run_request.RunRequest,
+    `world` a dist.World (rank, size, local rank and size). The models root must not be in use by
+    another job (rank 0 checks its lock), and a fresh start must not overwrite a run's checkpoints
+    unless --start-over; a resume takes only checkpoints of the continued run
+    (request.continued_run; None: any); the run's memory plan must fit this node
+    (memory_plan.check_memory, before anything is allocated). Returns this rank's RunRecord."""
+    rank = world.rank
     resume_path, pretrained = request.resume, request.pretrained
     if os.path.exists(models_root) and not os.path.isdir(models_root):
         raise UsageError(f"--models-root {models_root} is a file, not a directory")
@@ -219,27 +219,27 @@ def open_run(cfg, models_root, request, rank, world, local_rank, logger, local_s
         run_root.check_not_in_use(models_root, request.lock_token)
     if not resume_path and not request.start_over:
         run_root.check_fresh_start(models_root)
-    check_world(cfg, world)
+    check_world(cfg, world.size)
     warn = logger.warning if rank == 0 else (lambda message: None)
-    ctx, bank_ctx = resolve_contexts(cfg, local_rank, warn)
+    ctx, bank_ctx = resolve_contexts(cfg, world.local_rank, warn)
     symbol = build_symbol(cfg)
     if cfg.tail_bn == "global":      # the network can be split there (UsageError before anything is written)
         split_tail(symbol, (cfg.batch_size, 3, cfg.image_size, cfg.image_size))
     targets = load_targets(cfg, logger)
-    plan, _ = memory_plan.check_memory(cfg, world, symbol, ctx, bank_ctx, local_size, target_bytes(targets),
-                                       lambda device_id: mx.context.gpu_memory_info(device_id)[0])
+    plan, _ = memory_plan.check_memory(cfg, world.size, symbol, ctx, bank_ctx, world.local_size,
+                                       target_bytes(targets), lambda device_id: mx.context.gpu_memory_info(device_id)[0])
     resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn,
                                        request.continued_run) if resume_path else (None, {})
-    run_id = request.run_id(state)
-    resumed_at = state.get("step")
     checkpoint.check_space(models_root, plan.checkpoint)
     if pretrained and resume_path:
         raise UsageError("--pretrained starts a new run from trained weights; --resume continues "
                          "one: give one of them")
     say = logger.info if rank == 0 else (lambda message: None)
     weights = load_pretrained(pretrained, symbol, cfg.image_size, cfg.network, say) if pretrained else None
-    return SimpleNamespace(models_root=models_root, resume_from=resume_from, resumed_at=resumed_at, run_id=run_id,
-                           pretrained=weights,
-                           symbol=symbol, plan=plan,
-                           train_iter=build_iterator(cfg, rank, world), ctx=ctx, bank_ctx=bank_ctx,
-                           targets=targets)
+    cost = backbone_cost(symbol, cfg.image_size)
+    sampling = regime(cfg.sample_ratio, cfg.num_classes, world.size, cfg.batch_size, cfg.embedding_size,
+                      cost.multiply_adds)
+    return RunRecord(cfg=cfg, rank=rank, world=world.size, logger=logger, models_root=models_root,
+                     run_id=request.run_id(state), resume_from=resume_from, resumed_at=state.get("step"),
+                     pretrained=weights, symbol=symbol, cost=cost, plan=plan, sampling=sampling,
+                     train_iter=build_iterator(cfg, rank, world.size), ctx=ctx, bank_ctx=bank_ctx, targets=targets)

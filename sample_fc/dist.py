@@ -8,6 +8,7 @@ until Horovod's stall check or the job's timeout ends the run.
 import contextlib
 import os
 import sys
+from dataclasses import dataclass
 
 # Pillow's JPEG decoder must be loaded before horovod.mxnet: Horovod loads its library
 # with RTLD_GLOBAL, and the libjpeg symbols of libmxnet.so it drags in would otherwise
@@ -116,6 +117,19 @@ def local_rank():
 
 def local_size():
     return hvd.local_size()
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job: its rank, the workers, its rank and their count on its node."""
+    rank: int
+    size: int
+    local_rank: int = 0
+    local_size: int = 1
+
+
+def world():
+    return World(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
 
 
 def allgather(array, name, strategy="native"):

@@ -21,7 +21,6 @@ a variable with its own init attribute (the PReLU slopes, 0.25) keeps it.
 import mxnet as mx
 
 import symbols
-from symbols import iresnet
 from .options import BACKBONE_INITS
 
 IRESNET_CONV_STD = 0.1      # arcface_torch iresnet.py: nn.init.normal_(conv.weight, 0, 0.1)
@@ -69,9 +68,8 @@ def backbone_initializer(kind, network=None):
     if kind == "pytorch":
         return FanInUniform()
     if kind == "arcface_torch":
-        if network not in symbols.NETWORKS:
-            raise ValueError(f"network must be one of {symbols.NETWORKS}, got {network!r}")
-        return ConvNormalFcUniform(IRESNET_CONV_STD) if network in iresnet.UNITS else FanOutNormal()
+        torch_init = symbols.network(network).torch_init      # UnknownNetwork for any other name
+        return ConvNormalFcUniform(IRESNET_CONV_STD) if torch_init == "conv_normal_fc_uniform" else FanOutNormal()
     if kind == "xavier":
         return mx.init.Xavier(magnitude=2.0)
     raise ValueError(f"backbone_init must be one of {BACKBONE_INITS}, got {kind!r}")

@@ -9,13 +9,24 @@ paper's network itself (sample_fc's 'mbf' before; the demo trains it). The symbo
 take raw RGB pixels 0..255, as the data iterators deliver them, and normalise them in the
 graph to (x - 127.5) / 128.
 """
+from . import iresnet, mobilefacenet
 from .common import with_frozen_batchnorm, with_learned_embedding_scale
-from .iresnet import UNITS as _IRESNET_UNITS, get_iresnet
-from .mobilefacenet import CONFIGS as _MOBILEFACENET_CONFIGS, get_mobilefacenet
+from .network import Network, UnknownNetwork
 
-NETWORKS = tuple(_IRESNET_UNITS) + tuple(_MOBILEFACENET_CONFIGS)
+FAMILIES = (iresnet, mobilefacenet)      # a new family of networks: its file in symbols/, named here
+_NETWORKS = {name: net for family in FAMILIES for name, net in family.NETWORKS.items()}
+NETWORKS = tuple(_NETWORKS)
 
-__all__ = ['NETWORKS', 'get_symbol', 'with_frozen_batchnorm', 'with_learned_embedding_scale']
+__all__ = ['FAMILIES', 'NETWORKS', 'Network', 'UnknownNetwork', 'get_symbol', 'network', 'with_frozen_batchnorm',
+           'with_learned_embedding_scale']
+
+
+def network(name):
+    """The Network descriptor of `name`; UnknownNetwork (a ValueError naming the choices) for
+    any other name."""
+    if name not in _NETWORKS:
+        raise UnknownNetwork('unknown network %r; valid choices: %s' % (name, ', '.join(NETWORKS)))
+    return _NETWORKS[name]
 
 
 def get_symbol(name, embedding_size=512, image_size=112, dtype='float32', dropout=0.0):
@@ -30,9 +41,4 @@ def get_symbol(name, embedding_size=512, image_size=112, dtype='float32', dropou
     dropout:        drop probability in [0, 1) just before the embedding layer.
     Raises ValueError naming the bad value and the valid choices.
     """
-    if name in _MOBILEFACENET_CONFIGS:
-        blocks, scale = _MOBILEFACENET_CONFIGS[name]
-        return get_mobilefacenet(embedding_size, image_size, dtype, dropout, blocks, scale)
-    if name in _IRESNET_UNITS:
-        return get_iresnet(name, embedding_size, image_size, dtype, dropout)
-    raise ValueError('unknown network %r; valid choices: %s' % (name, ', '.join(NETWORKS)))
+    return network(name).symbol(embedding_size, image_size, dtype, dropout)

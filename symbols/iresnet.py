@@ -16,6 +16,7 @@ import mxnet as mx
 
 from .common import (batch_norm, check_args, conv, conv_bn, embedding_head, input_data,
                      prelu)
+from .network import Network
 
 STAGE_CHANNELS = (64, 128, 256, 512)
 STEM_CHANNELS = 64
@@ -68,3 +69,27 @@ def get_iresnet(name, embedding_size=512, image_size=112, dtype='float32', dropo
     # head: BN over the final (image_size/16)^2 x 512 map, then the embedding layer
     body = batch_norm(body, 'features_bn')
     return embedding_head(body, int(embedding_size), dtype, float(dropout), fc_bias=True)
+
+
+# each IBasicBlock layer of ours and its arcface_torch module (the same name), with its kind
+IBASIC_BLOCK = (('bn1', 'bn'), ('conv1', 'conv'), ('bn2', 'bn'), ('prelu', 'prelu'), ('conv2', 'conv'), ('bn3', 'bn'))
+
+
+def arcface_torch_layers(name):
+    """[(our layer, its module in arcface_torch's iresnet, kind)]: stem_{conv,bn,prelu} <- conv1,
+    bn1, prelu; stageS_unitU_<layer> <- layerS.(U-1).<layer>, the first unit's shortcut_{conv,bn}
+    <- .downsample.{0,1}; features_bn <- bn2; embedding_fc <- fc; embeddings <- features."""
+    found = [('stem_conv', 'conv1', 'conv'), ('stem_bn', 'bn1', 'bn'), ('stem_prelu', 'prelu', 'prelu')]
+    for stage, count in enumerate(UNITS[name], start=1):
+        for unit in range(1, count + 1):
+            ours, theirs = 'stage%d_unit%d' % (stage, unit), 'layer%d.%d' % (stage, unit - 1)
+            found += [('%s_%s' % (ours, layer), '%s.%s' % (theirs, layer), kind) for layer, kind in IBASIC_BLOCK]
+            if unit == 1:       # stride 2: the conv1x1 -> BN shortcut
+                found += [(ours + '_shortcut_conv', theirs + '.downsample.0', 'conv'),
+                          (ours + '_shortcut_bn', theirs + '.downsample.1', 'bn')]
+    return found + [('features_bn', 'bn2', 'bn'), ('embedding_fc', 'fc', 'fc'), ('embeddings', 'features', 'bn')]
+
+
+NETWORKS = {name: Network(name, 'iresnet', units, get_iresnet, arcface_torch_layers,
+                          torch_init='conv_normal_fc_uniform', onednn_extra=0.50)
+            for name, units in UNITS.items()}

@@ -30,6 +30,7 @@ saved under that name resumes as 'mbf_small' (sample_fc.run.resume).
 import mxnet as mx
 
 from .common import _is_int, check_args, conv_bn, embedding_head, input_data
+from .network import Network
 
 STEM_CHANNELS = 64       # times scale
 STEM_GROUPS = 64         # groups of the stem's second conv when blocks[0] == 1; not scaled
@@ -110,3 +111,48 @@ def get_mobilefacenet(embedding_size=512, image_size=112, dtype='float32', dropo
     body = conv_bn(body, 'gdc', SEP_CHANNELS, kernel=side, num_group=SEP_CHANNELS, pad=0,
                    act=False)
     return embedding_head(body, int(embedding_size), dtype, float(dropout), fc_bias=False)
+
+
+def _conv_bn_layers(ours, theirs, act=True):
+    found = [(ours + '_conv', theirs + '.layers.0', 'conv'), (ours + '_bn', theirs + '.layers.1', 'bn')]
+    return found + ([(ours + '_prelu', theirs + '.layers.2', 'prelu')] if act else [])
+
+
+def _inverted_residual_layers(ours, theirs):
+    return (_conv_bn_layers(ours + '_expand', theirs + '.layers.0') + _conv_bn_layers(ours + '_dw', theirs + '.layers.1')
+            + _conv_bn_layers(ours + '_project', theirs + '.layers.2', act=False))
+
+
+def arcface_torch_layers(name):
+    """[(our layer, its module in arcface_torch's mobilefacenet, kind)]: a conv_bn X_{conv,bn,prelu}
+    <- the ConvBlock/LinearBlock Y.layers.{0,1,2}: stem <- layers.0; stem_dw <- layers.1 (or
+    stem_unitK <- layers.1.layers.(K-1)); stageS_down <- layers.(2S), stageS_unitK <-
+    layers.(2S+1).layers.(K-1), each an inverted residual _expand, _dw, _project <- .layers.{0,1,2};
+    conv_sep <- conv_sep; gdc <- features.layers.0; embedding_fc <- features.layers.2; embeddings
+    <- features.layers.3."""
+    blocks = CONFIGS[name][0]
+    found = _conv_bn_layers('stem', 'layers.0')
+    if blocks[0] == 1:
+        found += _conv_bn_layers('stem_dw', 'layers.1')
+    for unit in range(blocks[0] if blocks[0] != 1 else 0):
+        found += _inverted_residual_layers('stem_unit%d' % (unit + 1), 'layers.1.layers.%d' % unit)
+    for stage in range(1, 4):
+        found += _inverted_residual_layers('stage%d_down' % stage, 'layers.%d' % (2 * stage))
+        for unit in range(blocks[stage]):
+            found += _inverted_residual_layers('stage%d_unit%d' % (stage, unit + 1),
+                                               'layers.%d.layers.%d' % (2 * stage + 1, unit))
+    return found + _conv_bn_layers('conv_sep', 'conv_sep') + _conv_bn_layers('gdc', 'features.layers.0', act=False) + \
+        [('embedding_fc', 'features.layers.2', 'fc_no_bias'), ('embeddings', 'features.layers.3', 'bn')]
+
+
+def _build(name, embedding_size, image_size, dtype, dropout):
+    blocks, scale = CONFIGS[name]
+    return get_mobilefacenet(embedding_size, image_size, dtype, dropout, blocks, scale)
+
+
+# oneDNN's measured memory share above MXNet's plan, per network (run/backbone_memory.py)
+_ONEDNN_EXTRA = {'mbf_small': 0.80, 'mbf': 0.70, 'mbf_large': 0.80}
+
+NETWORKS = {name: Network(name, 'mobilefacenet', config, _build, arcface_torch_layers,
+                          torch_init='fan_out_normal', onednn_extra=_ONEDNN_EXTRA[name])
+            for name, config in CONFIGS.items()}

@@ -55,6 +55,8 @@ def test_preset_names_are_exposed():
     assert default.DATASETS == ('demo', 'custom', 'webface', 'emore', 'glint360k',
                                 'synthetic_1m', 'synthetic_10m')
     assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small'}
+    import symbols
+    assert default.NETWORKS == symbols.NETWORKS     # a preset for every network, a network for every preset
     assert default.LOSSES == ('arcface', 'cosface')
 
 

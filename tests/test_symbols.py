@@ -8,6 +8,8 @@ import pytest
 import symbols
 from symbols import NETWORKS, get_symbol
 from symbols.mobilefacenet import get_mobilefacenet
+from sample_fc import initializers
+from sample_fc.models import torch_backbone
 
 
 def count_params(sym, image_size):
@@ -373,10 +375,37 @@ def test_dropout_in_graph():
 
 
 def test_public_names():
-    """Test that the package exports get_symbol, the two graph transforms and NETWORKS as a tuple."""
+    """Test that the package exports get_symbol, the descriptors (network, Network, FAMILIES), the
+    two graph transforms and NETWORKS as a tuple."""
     assert symbols.NETWORKS == ('r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large',
                                 'mbf_small')
-    assert set(symbols.__all__) == {'NETWORKS', 'get_symbol', 'with_frozen_batchnorm', 'with_learned_embedding_scale'}
+    assert set(symbols.__all__) == {'FAMILIES', 'NETWORKS', 'Network', 'UnknownNetwork', 'get_symbol', 'network',
+                                    'with_frozen_batchnorm', 'with_learned_embedding_scale'}
+
+
+@pytest.mark.parametrize('name', ['r50', 'mbf'])
+def test_descriptor_is_the_network(name):
+    """Test that a network's descriptor builds the symbol get_symbol builds, names its own
+    family's layers (every layer it maps to arcface_torch is a layer of the symbol) and says
+    arcface_torch's initialisation of that family (IResNets: normal convs; MobileFaceNets: fan-out)."""
+    net = symbols.network(name)
+    built, reference = net.symbol(128, 32), get_symbol(name, 128, 32)
+    assert built.list_arguments() == reference.list_arguments()
+    assert built.infer_shape(data=(1, 3, 32, 32)) == reference.infer_shape(data=(1, 3, 32, 32))
+    arguments = set(reference.list_arguments())
+    mapped = {ours for ours, _, _ in net.arcface_torch_layers()}
+    assert mapped and all(any(arg.startswith(layer + '_') for arg in arguments) for layer in mapped)
+    assert net.torch_init == ('conv_normal_fc_uniform' if name.startswith('r') else 'fan_out_normal')
+
+
+@pytest.mark.parametrize('call', [lambda: get_symbol('vit_t'), lambda: symbols.network('mbf_tiny'),
+                                  lambda: initializers.backbone_initializer('arcface_torch', 'r51'),
+                                  lambda: torch_backbone.layers('r51')])
+def test_unknown_network_is_one_error_everywhere(call):
+    """Test that a name no family holds is UnknownNetwork (naming the choices) wherever the
+    toolkit asks about a network: never a silent MobileFaceNet."""
+    with pytest.raises(symbols.UnknownNetwork, match='valid choices: r18, .*mbf_small'):
+        call()
 
 
 def test_frozen_batchnorm_trains_with_the_moving_statistics_and_keeps_them():

@@ -8,10 +8,10 @@ The networks are sample_fc's layer for layer (MobileFaceNet and IResNet: symbols
 """
 import torch
 from torch import nn
-import torch.nn.functional as F
 
 from symbols.common import BN_EPS, BN_MOMENTUM, DOWNSAMPLE, PRELU_INIT
-from symbols import iresnet, mobilefacenet
+import symbols
+from symbols import iresnet
 from symbols.mobilefacenet import SEP_CHANNELS, STAGES, STEM_BLOCK_WIDTH, STEM_CHANNELS, STEM_GROUPS
 
 
@@ -125,12 +125,13 @@ class IResNet(nn.Module):
 
 def network(name, embedding_size, image_size):
     """The PyTorch network of sample_fc's backbone `name` (symbols.NETWORKS)."""
-    if name in mobilefacenet.CONFIGS:
-        blocks, scale = mobilefacenet.CONFIGS[name]
+    net = symbols.network(name)
+    if net.family == "mobilefacenet":
+        blocks, scale = net.shape
         return MobileFaceNet(embedding_size, image_size, blocks, scale)
-    if name in iresnet.UNITS:
-        return IResNet(embedding_size, image_size, iresnet.UNITS[name])
-    raise ValueError(f"no PyTorch reference for network {name!r}")
+    if net.family == "iresnet":
+        return IResNet(embedding_size, image_size, net.shape)
+    raise ValueError(f"no PyTorch reference for the {net.family} network {name!r}")
 
 
 def margin_logits(cosine, labels, s, m1, m2, m3):

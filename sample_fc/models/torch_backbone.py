@@ -3,16 +3,8 @@ as sample_fc's networks: which of our parameters each tensor is, which network a
 and its weights as our symbol's (arg, aux) params computing arcface_torch's embeddings.
 
 symbols/iresnet.py and symbols/mobilefacenet.py are arcface_torch's iresnet and MobileFaceNet
-layer for layer. `layers(network)` names each of our layers' arcface_torch module:
-    iresnet  stem_{conv,bn,prelu} <- conv1, bn1, prelu; stageS_unitU_{bn1,conv1,bn2,prelu,conv2,bn3}
-             <- layerS.(U-1).<same>, its _shortcut_{conv,bn} <- layerS.(U-1).downsample.{0,1};
-             features_bn <- bn2; embedding_fc <- fc; embeddings <- features
-    mbf      a conv_bn X_{conv,bn,prelu} <- the ConvBlock/LinearBlock Y.layers.{0,1,2}: stem <-
-             layers.0; stem_dw <- layers.1 (or stem_unitK <- layers.1.layers.(K-1)); stageS_down
-             <- layers.(2S), stageS_unitK <- layers.(2S+1).layers.(K-1), each an inverted
-             residual _expand, _dw, _project <- .layers.{0,1,2}; conv_sep <- conv_sep; gdc <-
-             features.layers.0; embedding_fc <- features.layers.2; embeddings <- features.layers.3
-and PARAMS each parameter: conv/FC weight, bias <- weight, bias; BatchNorm gamma, beta,
+layer for layer; each network's descriptor (symbols.network(name).arcface_torch_layers(), written
+in its family file) names each of our layers' arcface_torch module, and PARAMS each parameter: conv/FC weight, bias <- weight, bias; BatchNorm gamma, beta,
 moving_mean, moving_var (aux) <- weight, bias, running_mean, running_var (num_batches_tracked
 is dropped); a PReLU slope (C, 1, 1, 1) <- weight (C,). A DataParallel "module." prefix is
 ignored.
@@ -30,7 +22,7 @@ import mxnet as mx
 import numpy as np
 
 import symbols
-from symbols import common, iresnet, mobilefacenet
+from symbols import common, iresnet
 from ..errors import UsageError
 from .torch_weights import read_state_dict
 
@@ -40,50 +32,12 @@ PARAMS = {"conv": (("weight", "weight"),),
           "fc_no_bias": (("weight", "weight"),),
           "bn": (("gamma", "weight"), ("beta", "bias"), ("moving_mean", "running_mean"), ("moving_var", "running_var")),
           "prelu": (("gamma", "weight"),)}
-IBASIC_BLOCK = (("bn1", "bn"), ("conv1", "conv"), ("bn2", "bn"), ("prelu", "prelu"), ("conv2", "conv"), ("bn3", "bn"))
-
-
-def _iresnet_layers(units):
-    found = [("stem_conv", "conv1", "conv"), ("stem_bn", "bn1", "bn"), ("stem_prelu", "prelu", "prelu")]
-    for stage, count in enumerate(units, start=1):
-        for unit in range(1, count + 1):
-            ours, theirs = f"stage{stage}_unit{unit}", f"layer{stage}.{unit - 1}"
-            found += [(f"{ours}_{name}", f"{theirs}.{name}", kind) for name, kind in IBASIC_BLOCK]
-            if unit == 1:       # stride 2: the conv1x1 -> BN shortcut
-                found += [(f"{ours}_shortcut_conv", f"{theirs}.downsample.0", "conv"),
-                          (f"{ours}_shortcut_bn", f"{theirs}.downsample.1", "bn")]
-    return found + [("features_bn", "bn2", "bn"), ("embedding_fc", "fc", "fc"), ("embeddings", "features", "bn")]
-
-
-def _conv_bn(ours, theirs, act=True):
-    found = [(ours + "_conv", theirs + ".layers.0", "conv"), (ours + "_bn", theirs + ".layers.1", "bn")]
-    return found + ([(ours + "_prelu", theirs + ".layers.2", "prelu")] if act else [])
-
-
-def _inverted_residual(ours, theirs):
-    return (_conv_bn(ours + "_expand", theirs + ".layers.0") + _conv_bn(ours + "_dw", theirs + ".layers.1") +
-            _conv_bn(ours + "_project", theirs + ".layers.2", act=False))
-
-
-def _mobilefacenet_layers(blocks):
-    found = _conv_bn("stem", "layers.0")
-    if blocks[0] == 1:
-        found += _conv_bn("stem_dw", "layers.1")
-    for unit in range(blocks[0] if blocks[0] != 1 else 0):
-        found += _inverted_residual(f"stem_unit{unit + 1}", f"layers.1.layers.{unit}")
-    for stage in range(1, 4):
-        found += _inverted_residual(f"stage{stage}_down", f"layers.{2 * stage}")
-        for unit in range(blocks[stage]):
-            found += _inverted_residual(f"stage{stage}_unit{unit + 1}", f"layers.{2 * stage + 1}.layers.{unit}")
-    return found + _conv_bn("conv_sep", "conv_sep") + _conv_bn("gdc", "features.layers.0", act=False) + \
-        [("embedding_fc", "features.layers.2", "fc_no_bias"), ("embeddings", "features.layers.3", "bn")]
 
 
 def layers(network):
-    """[(our layer, its arcface_torch module, kind of PARAMS)] of `network`, in order."""
-    if network in iresnet.UNITS:
-        return _iresnet_layers(iresnet.UNITS[network])
-    return _mobilefacenet_layers(mobilefacenet.CONFIGS[network][0])
+    """[(our layer, its arcface_torch module, kind of PARAMS)] of `network`, in order (the
+    network's descriptor: symbols/<family>.py arcface_torch_layers)."""
+    return symbols.network(network).arcface_torch_layers()
 
 
 def parameter_names(network):

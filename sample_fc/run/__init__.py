@@ -3,6 +3,7 @@ restarts, resume, its layout on a CPU node, and what it will need (memory, GPUs)
 
     run_request.py   the command line and the restart supervisor's environment, read once
     run_root.py      the models root: its lock, the run id, the run's checkpoints
+    run_record.py    the record of an opened run (builder.open_run), taken whole
     run_events.py    per-step events: progress lines, verification, checkpoints, stop requests
     callbacks.py     the progress line, verification and the not-learning watch
     stop.py          stop signals: every rank ends the same step, checkpoints, exits

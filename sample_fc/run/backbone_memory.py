@@ -13,7 +13,7 @@ writes little of them, so few pages become resident (mbf at 112 px, batch 64: a 
 Without oneDNN the plan plus the parameters' copies is what a CPU worker's backbone takes
 (tests/test_backbone_memory.py: 0.97 of the measured growth). oneDNN's kernels keep arrays
 outside it (their own layouts of the layers' outputs and of the weights), by factors measured per
-network (ONEDNN_EXTRA, ONEDNN_WEIGHT_COPIES; bench/memory.py). On a GPU the plan is read from the
+network (its descriptor's onednn_extra, ONEDNN_WEIGHT_COPIES; bench/memory.py). On a GPU the plan is read from the
 same graph bound on the CPU; cuDNN's workspace and the CUDA context are not in it, and no GPU
 was there to measure them (docs/scale-and-memory.md).
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import mxnet as mx
 
 from symbols.cost import parameter_counts
-from symbols.iresnet import UNITS as IRESNET_UNITS
+import symbols
 
 _TOTAL = re.compile(r"Total (\d+) MB allocated")
 
@@ -56,7 +56,7 @@ def _planned_bytes(symbol_json, image_size, batch_size, training):
 # past ONEDNN_KNEE bytes (mbf at 112 px: 0.50 of the plan at batch 16, 0.33 at 64, 0.20 at 128; a run's
 # peak moves by ~3% between runs and steps: the shares hold that above), and copies of the weights in
 # their layouts.
-ONEDNN_EXTRA = {"mbf_small": 0.80, "mbf": 0.70, "mbf_large": 0.80, "iresnet": 0.50}
+# The shares measured, per network, are its descriptor's onednn_extra (symbols/<family>.py)
 ONEDNN_KNEE = 2e9
 ONEDNN_WEIGHT_COPIES = 4.0
 ONEDNN_INFERENCE_EXTRA = 4.0   # a verification's fused inference graph: oneDNN's arrays, x its plan
@@ -65,9 +65,10 @@ VERIFY_PARAMETER_COPIES = 3  # a verification's: the exported weights, its modul
 
 
 def onednn_extra(network):
-    """oneDNN's share above MXNet's plan for `network` (ONEDNN_EXTRA; IResNets as 'iresnet')."""
-    family = "iresnet" if network in IRESNET_UNITS else network
-    return ONEDNN_EXTRA.get(family, max(ONEDNN_EXTRA.values()))
+    """oneDNN's share above MXNet's plan for `network`: its descriptor's measured one, or the
+    largest measured where none was."""
+    measured = [net.onednn_extra for net in map(symbols.network, symbols.NETWORKS) if net.onednn_extra]
+    return symbols.network(network).onednn_extra or max(measured)
 
 
 def onednn_graph_bytes(graph, network):

@@ -45,16 +45,17 @@ class RunEvents:
     module.fit); `stop(step, number)` after a stop the ranks agreed on, and `end_of_run(step)`.
     Checkpoints and verification are collectives: every rank runs them. `stop_signals`: this
     rank's StopSignals (or None); its abort becomes `abort` (rank 0 records a stop cut short).
+    `run`: the opened run's RunRecord (config, rank, world, logger, paths, symbol, plan, data);
     `status`: the job's RunStatus."""
 
-    def __init__(self, cfg, run, module, rank, world, logger, watchdog, run_id, status, stop_signals=None,
-                 clock=time.monotonic):
+    def __init__(self, run, module, watchdog, status, stop_signals=None, clock=time.monotonic):
+        cfg, rank, logger = run.cfg, run.rank, run.logger
         self.cfg, self.run, self.module, self.rank, self.logger = cfg, run, module, rank, logger
-        self.world, self.watchdog, self.status_record, self.clock = world, watchdog, status, clock
+        self.world, self.watchdog, self.status_record, self.clock = run.world, watchdog, status, clock
         self.stop_signals, self.stopping_at, self.stop_done = stop_signals, None, False
         self.saved_steps, self.last_save, self.timed_a_checkpoint = set(), clock(), False
         self.paused_s = 0.0               # seconds in checkpoints and verification (not training speed)
-        self.train_state = {"world_size": world, "num_classes": cfg.num_classes, "run_id": run_id,
+        self.train_state = {"world_size": run.world, "num_classes": cfg.num_classes, "run_id": run.run_id,
                             "embedding_size": cfg.embedding_size, "config": cfg,
                             "partial_fc": dataclasses.asdict(module.partial_fc.options)}
         self.writer = writer = tensorboard_writer(cfg, rank, run.models_root, logger)
