@@ -4,6 +4,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from sample_fc.pfc.row_storage import Storage
 from sample_fc.pfc import memory_bank
 from sample_fc.checkpoint.bank_shard import read_shard, restore_resharded, restore_shard, write_shard
 from sample_fc.checkpoint import bank_shard_files
@@ -83,7 +84,7 @@ def test_a_head_step_on_several_blocks_equals_one_block(small_blocks, kernel, dt
     results = []
     for limit in (7 * 8 + 3, 2 ** 31 - 1):
         memory_bank.MAX_BLOCK_ELEMENTS = limit
-        bank = MemoryBank(40, 8, mx.cpu(), seed=2, dtype=dtype)
+        bank = MemoryBank(40, 8, mx.cpu(), seed=2, storage=Storage(dtype))
         optimizer = MemoryBankSGDOptimizer(lambda step: 0.5, momentum=0.9, wd=0.01, momentum_form="pytorch")
         head = (HostHead if kernel == "host" else DeviceHead)(bank, optimizer, allreduce_max=_identity,
                                                               allreduce_sum=_identity)
@@ -145,12 +146,12 @@ def test_blocks_save_restore_and_resplit_bit_equal(small_blocks, tmp_path, monke
 def test_a_float16_shard_keeps_its_dtype(tmp_path):
     """Test that a float16 bank's shard is written and restored as float16 (bit for bit), and
     that restoring it into a float32 bank is refused naming the dtype."""
-    bank = MemoryBank.for_rank(40, 0, 1, 6, mx.cpu(), seed=2, dtype="float16")
+    bank = MemoryBank.for_rank(40, 0, 1, 6, mx.cpu(), seed=2, storage=Storage("float16"))
     assert bank.weight.dtype == np.float16
     files = bank_shard_files(str(tmp_path), 0)
     write_shard(bank, files)
     assert read_shard(files)[0]["dtype"] == "float16"
-    other = MemoryBank.for_rank(40, 0, 1, 6, mx.cpu(), seed=5, dtype="float16")
+    other = MemoryBank.for_rank(40, 0, 1, 6, mx.cpu(), seed=5, storage=Storage("float16"))
     restore_shard(other, files)
     np.testing.assert_array_equal(other.weight.asnumpy(), bank.weight.asnumpy())
     np.testing.assert_array_equal(bank.weight.asnumpy(),
@@ -201,3 +202,19 @@ def test_unreadable_file_is_a_clear_error(tmp_path):
     open(files["momentum"], "wb").write(data[:-16])                     # a truncated copy
     with pytest.raises(UsageError, match=r"bank-rank0.json.*shorter than its \(20, 4\) rows"):
         read_shard(files)
+
+
+@pytest.mark.parametrize("weights, momentum", [("float32", "same"), ("float16", "int8"), ("float32", "none")])
+def test_storage_is_one_value_read_back_from_what_a_shard_and_a_config_say(weights, momentum):
+    """Test that a bank's Storage is what its shard's meta reads back as (and a saved config's
+    bank_dtype / bank_momentum), that a meta saved before the momentum had a format reads as
+    momentum stored as the weights, and that an unknown word is a ValueError naming it."""
+    storage = Storage(weights, momentum)
+    bank = MemoryBank(3, 4, mx.cpu(), storage=storage)
+    assert Storage.from_meta(bank.metadata()) == storage
+    assert Storage.from_meta({"bank_dtype": weights, "bank_momentum": momentum}) == storage
+    assert Storage.from_meta({"dtype": weights}) == Storage(weights, "same")
+    assert storage.device_readable == (momentum == "same")
+    for bad in ({"weights": "int4"}, {"momentum": "int4"}):
+        with pytest.raises(ValueError, match="int4"):
+            Storage(**bad)

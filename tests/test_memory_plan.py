@@ -2,6 +2,7 @@
 refusal line and its ways out."""
 import pytest
 
+from sample_fc.pfc.row_storage import Storage
 from sample_fc.run import memory_plan
 from sample_fc.errors import UsageError
 
@@ -9,7 +10,7 @@ from sample_fc.errors import UsageError
 def test_plan_of_20m_classes_on_two_workers_by_hand():
     """Test the plan of 20,000,000 classes x 512 on 2 workers of batch 128 at ratio 0.1, host
     kernel, one thread: every term written out by hand (the backbone's and the data's given)."""
-    p = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=4, backbone_bytes=123_456_789,
+    p = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, backbone_bytes=123_456_789,
                          backbone_params=1_000_000, data_bytes=7_000_000, host_kernel=True, threads=1)
     assert (p.num_local, p.sampled, p.global_batch) == (10_000_000, 1_000_000, 256)
     assert p.bank == 2 * 10_000_000 * 512 * 4 == 40_960_000_000
@@ -29,7 +30,7 @@ def test_the_sample_grows_to_the_batch_and_stops_at_the_shard():
     assert memory_plan.plan(100, 1, 8, 256, 0.1).sampled == 100           # at most the shard
     whole = memory_plan.plan(100, 1, 8, 256, 1.0)        # every row of a float32 shard: the bank itself
     assert whole.head == 4 * (2 * 256 * 100 + 3 * 256 * 8 + 3 * 512 * 8)
-    half = memory_plan.plan(100, 1, 8, 256, 1.0, bank_itemsize=2)   # float16: its rows are gathered
+    half = memory_plan.plan(100, 1, 8, 256, 1.0, storage=Storage("float16"))   # float16: its rows are gathered
     assert half.head == whole.head + 4 * 100 * 8
     device = memory_plan.plan(1000, 1, 8, 4, 0.5, host_kernel=False)
     assert device.head == 4 * (6 * 500 * 8 + 8 * 4 * 500)
@@ -39,7 +40,7 @@ def test_the_sample_grows_to_the_batch_and_stops_at_the_shard():
 
 def replan_20m(world=2, batch_size=128, bank_dtype="float32", bank_on_gpu=False):
     """The (host plan, no GPU plan) of 20,000,000 classes x 512 at ratio 0.1, as builder's replan."""
-    return memory_plan.plan(20_000_000, world, 512, batch_size, 0.1, 2 if bank_dtype == "float16" else 4), None
+    return memory_plan.plan(20_000_000, world, 512, batch_size, 0.1, Storage(bank_dtype)), None
 
 
 def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
@@ -50,7 +51,7 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
     memory_plan.check_fits(p, 2 * p.total, local_workers=2)
 
     def ways(share):
-        return memory_plan.ways_out(replan_20m, 0, share, 2, 128, 20_000_000, "float32", False)
+        return memory_plan.ways_out(replan_20m, 0, share, 2, 128, 20_000_000, Storage(), False)
     with pytest.raises(UsageError) as error:
         memory_plan.check_fits(p, 24e9, local_workers=2, ways=ways)
     message = str(error.value)
@@ -59,13 +60,13 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
     sixteen = memory_plan.plan(20_000_000, 16, 512, 128, 0.1)       # -np 8: a 10.2 GB bank + 2.6 GB step
     assert memory_plan.plan(20_000_000, 8, 512, 128, 0.1).total > 12e9 >= sixteen.total
     assert f"ways out: more workers: -np 16 ({sixteen.total / 1e9:.1f} GB per worker)" in message
-    half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=2)
+    half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, storage=Storage("float16"))
     assert f"bank_dtype=float16, half the bank ({half.total / 1e9:.1f} GB per worker, still over)" in message
     tiny = memory_plan.plan(20_000_000, 2, 512, 1, 0.1)              # the bank does not shrink with the batch
     assert f"a smaller batch: batch_size=1 ({tiny.total / 1e9:.1f} GB per worker, still over)" in message
     assert "\n" not in message
     memory_plan.check_fits(p, None, local_workers=2)                      # unknown: no check
-    half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, bank_itemsize=2)
+    half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, storage=Storage("float16"))
     assert half.bank == p.bank // 2 and half.checkpoint == 2 * 2 * 20_000_000 * 512 + 2 ** 20
     assert half.head == p.head             # float16 rows become float32 rows in one pass (no staging)
 
@@ -75,7 +76,7 @@ def test_ways_out_put_the_batch_first_when_the_backbone_dominates_and_offer_the_
     backbone's GB, halved until it fits; and that a GPU bank is offered on the host with the GPU
     and host GB it gives."""
     def replan(world=8, batch_size=128, bank_dtype="float32", bank_on_gpu=True):
-        whole = memory_plan.plan(400_000, world, 512, batch_size, 0.1, 2 if bank_dtype == "float16" else 4,
+        whole = memory_plan.plan(400_000, world, 512, batch_size, 0.1, Storage(bank_dtype),
                                  backbone_bytes=4 * (3 * 65_000_000 + 2 * batch_size * 48_000_000),
                                  backbone_params=65_000_000, host_kernel=False)
         on_gpu = dict(bank=whole.bank, sampler=whole.sampler, head=whole.head) if bank_on_gpu else dict(bank=0, sampler=0, head=0)
@@ -85,7 +86,7 @@ def test_ways_out_put_the_batch_first_when_the_backbone_dominates_and_offer_the_
         return host, device
     current = replan()[1]
     assert current.backbone > max(current.bank, current.head)
-    ways = memory_plan.ways_out(replan, 1, 16e9, 8, 128, 400_000, "float32", True)
+    ways = memory_plan.ways_out(replan, 1, 16e9, 8, 128, 400_000, Storage(), True)
     forty = replan(batch_size=32)[1]
     assert replan(batch_size=64)[1].total > 16e9 >= forty.total
     assert ways[0] == (f"a smaller batch: batch_size=32 ({forty.total / 1e9:.1f} GB per worker) — the backbone, "
@@ -101,10 +102,10 @@ def test_the_bank_counts_its_momentum_as_stored_and_int8_is_a_way_out_for_float1
     that a float16 host bank over its share is offered bank_momentum=int8 with the GB it gives
     (not a bank on the GPU or run by the device kernel, which int8 momentum cannot have)."""
     rows, classes = 10_000_000, 20_000_000
-    for itemsize in (4, 2):
-        same = memory_plan.plan(classes, 2, 512, 128, 0.1, itemsize)
-        int8 = memory_plan.plan(classes, 2, 512, 128, 0.1, itemsize, bank_momentum="int8")
-        none = memory_plan.plan(classes, 2, 512, 128, 0.1, itemsize, bank_momentum="none")
+    for dtype, itemsize in (("float32", 4), ("float16", 2)):
+        same = memory_plan.plan(classes, 2, 512, 128, 0.1, Storage(dtype))
+        int8 = memory_plan.plan(classes, 2, 512, 128, 0.1, Storage(dtype, "int8"))
+        none = memory_plan.plan(classes, 2, 512, 128, 0.1, Storage(dtype, "none"))
         assert same.bank == rows * 2 * 512 * itemsize
         assert int8.bank == rows * (512 * itemsize + 512 + 4 * 8)
         assert none.bank == rows * 512 * itemsize
@@ -114,15 +115,14 @@ def test_the_bank_counts_its_momentum_as_stored_and_int8_is_a_way_out_for_float1
         assert int8.total == same.total - rows * (512 * itemsize - 544)
 
     def replan(world=2, batch_size=128, bank_dtype="float16", bank_on_gpu=False, bank_momentum="same"):
-        return memory_plan.plan(classes, world, 512, batch_size, 0.1, 2 if bank_dtype == "float16" else 4,
-                                bank_momentum=bank_momentum), None
-    ways = memory_plan.ways_out(replan, 0, 12e9, 2, 128, classes, "float16", False)
+        return memory_plan.plan(classes, world, 512, batch_size, 0.1, Storage(bank_dtype, bank_momentum)), None
+    ways = memory_plan.ways_out(replan, 0, 12e9, 2, 128, classes, Storage("float16"), False)
     int8 = replan(bank_momentum="int8")[0]
     assert f"bank_momentum=int8, 8-bit momentum ({int8.total / 1e9:.1f} GB per worker, still over)" in ways
     assert not any("bank_dtype=float16" in way for way in ways)
     for stored, on_gpu, host_kernel in (("int8", False, True), ("same", True, True), ("same", False, False)):
         assert not any("bank_momentum" in way for way in memory_plan.ways_out(
-            replan, 0, 12e9, 2, 128, classes, "float16", on_gpu, stored, host_kernel))
+            replan, 0, 12e9, 2, 128, classes, Storage("float16", stored), on_gpu, host_kernel))
 
 
 def test_the_fields_mbf_at_112_px_is_not_refused_on_a_24_gb_machine(monkeypatch):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import reference as ref
+from sample_fc.pfc.row_storage import Storage
 from sample_fc.pfc import host_head, memory_bank, momentum_codec, row_storage
 from sample_fc.checkpoint.bank_shard import read_shard_arrays, restore_resharded, restore_shard, write_shard
 from sample_fc.checkpoint import bank_shard_files
@@ -210,7 +211,7 @@ def test_an_int8_bank_holds_codes_and_scales_in_row_blocks(small_blocks):
     ceil(D / 64)) in the weights' row blocks, every block within MAX_BLOCK_ELEMENTS; starts at
     momentum 0; says its storage; decodes its momentum in to_numpy; and leaves the device path
     and the one-array accessor to banks whose momentum is stored as the weights."""
-    bank = MemoryBank.for_rank(101, 1, 2, 8, mx.cpu(), seed=5, momentum_storage="int8")
+    bank = MemoryBank.for_rank(101, 1, 2, 8, mx.cpu(), seed=5, storage=Storage(momentum="int8"))
     assert [len(w) for w in bank.weights] == [len(c) for c in bank.momenta] == [len(s) for s in bank.momentum_scales]
     assert all(c.dtype == np.int8 and c.shape[1] == 8 for c in bank.momenta)
     assert all(s.dtype == np.float32 and s.shape[1] == 1 for s in bank.momentum_scales)
@@ -234,13 +235,13 @@ def test_an_int8_bank_holds_codes_and_scales_in_row_blocks(small_blocks):
 def test_a_bank_without_momentum_has_no_momentum_arrays():
     """Test that a bank with momentum_storage none allocates no momentum, gives zeros of the
     weights' shape (float32) as its momentum, and that an unknown storage is refused."""
-    bank = MemoryBank(30, 6, mx.cpu(), seed=1, dtype="float16", momentum_storage="none")
+    bank = MemoryBank(30, 6, mx.cpu(), seed=1, storage=Storage("float16", "none"))
     assert bank.momenta == [] and bank.momentum_scales == [] and list(bank.row_arrays()) == ["weight"]
     weight, momentum = bank.to_numpy()
     assert weight.dtype == np.float16 and momentum.dtype == np.float32 and momentum.shape == (30, 6)
     assert not momentum.any()
     with pytest.raises(ValueError, match="momentum storage must be one of"):
-        MemoryBank(3, 2, mx.cpu(), momentum_storage="int4")
+        MemoryBank(3, 2, mx.cpu(), storage=Storage(momentum="int4"))
 
 
 @pytest.mark.parametrize("dtype, storage, per_class", [
@@ -253,13 +254,13 @@ def test_bytes_per_identity_at_d_512(dtype, storage, per_class):
     itemsize = np.dtype(dtype).itemsize
     momentum = {"same": 512 * itemsize, "int8": 512 + 4 * 8, "none": 0}[storage]
     assert per_class == 512 * itemsize + momentum
-    assert row_storage.row_bytes(512, dtype, storage) == per_class
-    assert MemoryBank.bytes_needed(1000, 512, itemsize, storage) == 1000 * per_class
-    layer = PartialFC.memory_bytes(1000, 64, 512, 0.1, itemsize, host_kernel=True, threads=1, bank_momentum=storage)
+    stored = Storage(dtype, storage)
+    assert stored.row_bytes(512) == per_class
+    assert MemoryBank.bytes_needed(1000, 512, stored) == 1000 * per_class
+    layer = PartialFC.memory_bytes(1000, 64, 512, 0.1, stored, host_kernel=True, threads=1)
     assert layer["bank"] == 1000 * per_class
-    assert checkpoint_bytes(10, 3000, 512, itemsize, storage) == 80 + 3000 * per_class + 2 ** 20
-    assert row_storage.row_bytes(100, dtype, storage) == 100 * itemsize + {"same": 100 * itemsize,
-                                                                           "int8": 100 + 8, "none": 0}[storage]
+    assert checkpoint_bytes(10, 3000, 512, stored) == 80 + 3000 * per_class + 2 ** 20
+    assert stored.row_bytes(100) == 100 * itemsize + {"same": 100 * itemsize, "int8": 100 + 8, "none": 0}[storage]
 
 
 # ---- the host kernel -----------------------------------------------------------------------
@@ -280,7 +281,7 @@ def test_a_host_step_with_int8_momentum_matches_float32_momentum_within_a_scale(
     monkeypatch.setattr(host_head, "BLOCK_ROWS", 3)
     rng = np.random.default_rng(4)
     num_local, width = 20, 70
-    quantised = MemoryBank(num_local, width, mx.cpu(), seed=3, momentum_storage="int8")
+    quantised = MemoryBank(num_local, width, mx.cpu(), seed=3, storage=Storage(momentum="int8"))
     start = (rng.standard_normal((num_local, width)) * 0.01).astype(np.float32)
     codes, scales = host_view(quantised.momenta[0]), host_view(quantised.momentum_scales[0])
     momentum_codec.put_rows(codes, scales, np.arange(num_local), start, np.arange(num_local), 1)
@@ -319,7 +320,7 @@ def test_int8_momentum_rounds_the_same_whatever_the_threads_blocks_or_kernel(sma
                                    (2, 7 * 8 + 3, None)):
         monkeypatch.setattr(memory_bank, "MAX_BLOCK_ELEMENTS", limit)
         monkeypatch.setattr(momentum_codec, "_kernel", kernel)
-        bank = MemoryBank(40, 8, mx.cpu(), seed=2, dtype=dtype, momentum_storage="int8")
+        bank = MemoryBank(40, 8, mx.cpu(), seed=2, storage=Storage(dtype, "int8"))
         optimizer = MemoryBankSGDOptimizer(lambda step: 0.5, momentum=0.9, wd=0.01, momentum_form="pytorch")
         for step in (1, 2):
             _step(bank, index, target, embeddings, optimizer, threads=threads, num_update=step)
@@ -337,7 +338,7 @@ def test_a_host_step_without_momentum_is_plain_sgd(monkeypatch, form):
     without momentum at momentum SGD's built-up step (w - lr / (1 - momentum) (g + wd w), lr in
     either form), and leaves the other rows bit-identical."""
     monkeypatch.setattr(host_head, "BLOCK_ROWS", 3)
-    bank = MemoryBank(20, 5, mx.cpu(), seed=3, momentum_storage="none")
+    bank = MemoryBank(20, 5, mx.cpu(), seed=3, storage=Storage(momentum="none"))
     weight0 = bank.to_numpy()[0]
     index, target = np.array([1, 2, 6, 7, 9, 13, 14, 19]), np.array([0, 7, 3, -1, 3, 5])
     embeddings = np.random.default_rng(11).standard_normal((6, 5)).astype(np.float32)
@@ -355,7 +356,7 @@ def test_a_host_step_without_momentum_is_plain_sgd(monkeypatch, form):
 # ---- shards on disk ------------------------------------------------------------------------
 def _int8_shard(rank, world, seed=4, dtype="float32"):
     """The int8-momentum bank of `rank` of `world` (100 classes x 70), every third row's momentum set."""
-    bank = MemoryBank.for_rank(100, rank, world, 70, mx.cpu(), seed=seed, dtype=dtype, momentum_storage="int8")
+    bank = MemoryBank.for_rank(100, rank, world, 70, mx.cpu(), seed=seed, storage=Storage(dtype, "int8"))
     rng = np.random.default_rng(rank)
     rows = np.arange(0, bank.num_local, 3)
     values = rng.standard_normal((len(rows), 70)).astype(np.float32) * 0.01
@@ -388,12 +389,12 @@ def test_int8_shards_restore_bit_for_bit_into_any_split(small_blocks, tmp_path, 
         assert meta["momentum_storage"] == "int8" and set(arrays) == {"weight", "momentum", "momentum_scale"}
         assert arrays["momentum"].dtype == np.int8 and arrays["momentum_scale"].shape == (50, 2)
     want = _stored(saved)
-    same = MemoryBank.for_rank(100, 1, 2, 70, mx.cpu(), seed=0, dtype=dtype, momentum_storage="int8")
+    same = MemoryBank.for_rank(100, 1, 2, 70, mx.cpu(), seed=0, storage=Storage(dtype, "int8"))
     restore_shard(same, all_files[1])
     for name, values in _stored([same]).items():
         np.testing.assert_array_equal(values, _stored([saved[1]])[name], err_msg=name)
     for world in (1, 3):
-        banks = [MemoryBank.for_rank(100, r, world, 70, mx.cpu(), seed=0, dtype=dtype, momentum_storage="int8")
+        banks = [MemoryBank.for_rank(100, r, world, 70, mx.cpu(), seed=0, storage=Storage(dtype, "int8"))
                  for r in range(world)]
         for bank in banks:
             restore_resharded(bank, all_files)
@@ -413,14 +414,14 @@ def test_a_shard_refuses_another_momentum_storage_and_old_shards_read_as_same(tm
             restore(MemoryBank.for_rank(100, 0, 1, 70, mx.cpu()))
     none_files = bank_shard_files(str(tmp_path / "none"), 0)
     (tmp_path / "none").mkdir()
-    plain = MemoryBank.for_rank(100, 0, 1, 70, mx.cpu(), seed=3, momentum_storage="none")
+    plain = MemoryBank.for_rank(100, 0, 1, 70, mx.cpu(), seed=3, storage=Storage(momentum="none"))
     write_shard(plain, none_files)
     assert sorted(p.name for p in (tmp_path / "none").iterdir()) == ["bank-rank0.json", "bank-rank0.weight.npy"]
-    other = MemoryBank.for_rank(100, 0, 1, 70, mx.cpu(), seed=9, momentum_storage="none")
+    other = MemoryBank.for_rank(100, 0, 1, 70, mx.cpu(), seed=9, storage=Storage(momentum="none"))
     restore_shard(other, none_files)
     np.testing.assert_array_equal(other.to_numpy()[0], plain.to_numpy()[0])
     with pytest.raises(UsageError, match="has momentum_storage=none, this bank expects momentum_storage=int8"):
-        restore_shard(MemoryBank.for_rank(100, 0, 1, 70, mx.cpu(), momentum_storage="int8"), none_files)
+        restore_shard(MemoryBank.for_rank(100, 0, 1, 70, mx.cpu(), storage=Storage(momentum="int8")), none_files)
     old_files = bank_shard_files(str(tmp_path / "old"), 0)
     (tmp_path / "old").mkdir()
     old = MemoryBank.for_rank(100, 0, 1, 70, mx.cpu(), seed=2)

@@ -8,6 +8,7 @@ import pytest
 
 import default
 import reference as ref
+from sample_fc.pfc.row_storage import Storage
 from sample_fc.pfc.head import DeviceHead
 from sample_fc.pfc.host_head import HostHead
 from sample_fc.errors import UsageError
@@ -115,12 +116,12 @@ def test_a_discarded_step_changes_no_row():
 def test_memory_bytes_by_hand():
     """Test the layer's bytes on a hand-computed case: 1,000 classes per rank at ratio 0.1 (K = 100
     > B = 64), D 8, float16 bank; the host kernel with 2 threads and the device kernel."""
-    host = PartialFC.memory_bytes(1000, 64, 8, 0.1, itemsize=2, host_kernel=True, threads=2)
+    host = PartialFC.memory_bytes(1000, 64, 8, 0.1, storage=Storage("float16"), host_kernel=True, threads=2)
     assert host == {"bank": 2 * 1000 * 8 * 2, "sampler": 9 * 1000 + 8 * 100, "sampled": 100,
                     "head": 4 * (100 * 8 + 2 * 64 * 100 + 3 * 64 * 8 + 3 * 2 * 512 * 8)}
-    device = PartialFC.memory_bytes(1000, 64, 8, 0.1, itemsize=2, host_kernel=False)
+    device = PartialFC.memory_bytes(1000, 64, 8, 0.1, storage=Storage("float16"), host_kernel=False)
     assert device["head"] == 4 * (6 * 100 * 8 + 8 * 64 * 100)
-    whole = PartialFC.memory_bytes(1000, 64, 8, 1.0, itemsize=4, host_kernel=True, threads=1)
+    whole = PartialFC.memory_bytes(1000, 64, 8, 1.0, host_kernel=True, threads=1)
     assert whole["sampled"] == 1000 and whole["head"] == 4 * (2 * 64 * 1000 + 3 * 64 * 8 + 3 * 512 * 8)
     positives = PartialFC.memory_bytes(1000, 256, 8, 0.1)          # the sample grows to every positive
     assert positives["sampled"] == 256
@@ -128,11 +129,11 @@ def test_memory_bytes_by_hand():
 
 def test_kernel_choice():
     """Test that auto runs a CPU bank of float32 or float16 on the host and a GPU bank on the device."""
-    assert uses_host_kernel("auto", "cpu", "float16") and uses_host_kernel("auto", "cpu", "float32")
-    assert not uses_host_kernel("auto", "gpu", "float32")
+    assert uses_host_kernel("auto", "cpu", Storage("float16")) and uses_host_kernel("auto", "cpu", Storage("float32"))
+    assert not uses_host_kernel("auto", "gpu", Storage("float32"))
     with pytest.raises(UsageError, match="head_kernel=host .* bank is on the GPU: set bank_context=cpu"):
-        uses_host_kernel("host", "gpu", "float32")
-    assert not uses_host_kernel("device", "cpu", "float32")
+        uses_host_kernel("host", "gpu", Storage("float32"))
+    assert not uses_host_kernel("device", "cpu", Storage("float32"))
     for kernel, head in (("auto", HostHead), ("device", DeviceHead)):
         layer = PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(head_kernel=kernel), lambda step: 0.1,
                                    collectives=_OneProcess, threads=1)
@@ -147,17 +148,17 @@ def test_int8_and_no_momentum_banks_need_the_host_kernel():
     host kernel (auto or host), and that a bank on a GPU or head_kernel=device is refused in one
     line naming the setting and the fix, before anything is allocated."""
     for storage in ("int8", "none"):
-        assert uses_host_kernel("auto", "cpu", "float16", storage)
-        assert uses_host_kernel("host", "cpu", "float32", storage)
+        assert uses_host_kernel("auto", "cpu", Storage("float16", storage))
+        assert uses_host_kernel("host", "cpu", Storage("float32", storage))
         with pytest.raises(UsageError, match=f"bank_momentum={storage} needs the bank in host memory .* bank is on "
                                              f"the GPU: set bank_context=cpu, or bank_momentum=same"):
-            uses_host_kernel("auto", "gpu", "float16", storage)
+            uses_host_kernel("auto", "gpu", Storage("float16", storage))
         with pytest.raises(UsageError, match=f"bank_momentum={storage} runs on the host kernel only, and this run "
                                              f"has head_kernel=device: set head_kernel=auto, or bank_momentum=same"):
-            uses_host_kernel("device", "cpu", "float32", storage)
+            uses_host_kernel("device", "cpu", Storage("float32", storage))
         layer = PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(bank_momentum=storage), lambda step: 0.1,
                                    collectives=_OneProcess, threads=1)
-        assert type(layer.head) is HostHead and layer.bank.momentum_storage == storage
+        assert type(layer.head) is HostHead and layer.bank.storage.momentum == storage
         with pytest.raises(UsageError, match="runs on the host kernel only"):
             PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(bank_momentum=storage, head_kernel="device"),
                                lambda step: 0.1, collectives=_OneProcess, threads=1)
@@ -167,9 +168,9 @@ def test_memory_bytes_count_the_momentum_as_stored():
     """Test the layer's bank bytes with int8 momentum (D + 4 ceil(D / 64) bytes a row) and none
     (0), and that at ratio 1.0 only a float32 bank with its momentum stored as the weights is
     read in place (no K x D rows in the head)."""
-    same = PartialFC.memory_bytes(1000, 64, 100, 1.0, itemsize=4, host_kernel=True, threads=1)
-    int8 = PartialFC.memory_bytes(1000, 64, 100, 1.0, itemsize=4, host_kernel=True, threads=1, bank_momentum="int8")
-    none = PartialFC.memory_bytes(1000, 64, 100, 1.0, itemsize=2, host_kernel=True, threads=1, bank_momentum="none")
+    same = PartialFC.memory_bytes(1000, 64, 100, 1.0, host_kernel=True, threads=1)
+    int8 = PartialFC.memory_bytes(1000, 64, 100, 1.0, storage=Storage(momentum="int8"), host_kernel=True, threads=1)
+    none = PartialFC.memory_bytes(1000, 64, 100, 1.0, storage=Storage("float16", "none"), host_kernel=True, threads=1)
     assert same["bank"] == 1000 * 2 * 4 * 100 and int8["bank"] == 1000 * (4 * 100 + 100 + 4 * 2)
     assert none["bank"] == 1000 * 2 * 100
     assert int8["head"] == same["head"] + 4 * 1000 * 100 == none["head"]

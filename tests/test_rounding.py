@@ -5,6 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from sample_fc.pfc.row_storage import Storage
 from sample_fc.pfc import rounding
 from sample_fc.pfc.head import DeviceHead
 from sample_fc.pfc.host_head import HostHead
@@ -107,7 +108,7 @@ def test_a_float16_bank_moves_as_the_float32_bank_under_tiny_updates(kernel):
     the regression slope of its movement on the float32 bank's is 1 within 5%."""
     moved, steps = {}, {}
     for dtype in ("float32", "float16"):
-        bank = MemoryBank(256, 16, mx.cpu(), seed=3, dtype=dtype)
+        bank = MemoryBank(256, 16, mx.cpu(), seed=3, storage=Storage(dtype))
         start = bank.to_numpy()[0].astype(np.float64)
         optimizer = MemoryBankSGDOptimizer(lambda step: 2e-8, momentum=0.0, wd=0.0, momentum_form="mxnet")
         head = (HostHead if kernel == "host" else DeviceHead)(bank, optimizer, allreduce_max=_identity,

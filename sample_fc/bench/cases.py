@@ -20,6 +20,7 @@ from ..pfc.memory_bank import host_view
 from ..module import SampleDistributeModule
 from ..optimizers import BackboneOptimizer, WarmupMultiStepSchedule
 from ..pfc.partial_fc import PartialFC, PartialFCOptions
+from ..pfc.row_storage import Storage
 from ..pfc.sampler import class_center_sample, num_sample_for, shard_range
 from ..run.memory_plan import peak_rss_bytes
 
@@ -43,10 +44,10 @@ def median_ms(seconds):
 
 # ---- the head step -------------------------------------------------------------------------
 def bank_storage(label):
-    """(bank_dtype, bank_momentum) of a case's storage label: "float32", "float16", or a dtype
-    with its momentum's storage, "float16+int8"."""
+    """The row_storage.Storage of a case's storage label: "float32", "float16", or a dtype with
+    its momentum's storage, "float16+int8" (ValueError for other words)."""
     dtype, _, momentum = label.partition("+")
-    return dtype, momentum or "same"
+    return Storage(dtype, momentum or "same")
 
 
 def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, seed=0, lr=0.1, dtype="float32",
@@ -55,10 +56,10 @@ def build_head_module(classes, ratio, batch_size, embedding_size, rank, world, s
     bank_storage) with an identity backbone (no parameters); its sample ratio warms up from 1.0
     over `warmup_steps` updates."""
     schedule = WarmupMultiStepSchedule(lr)
-    bank_dtype, bank_momentum = bank_storage(dtype)
+    storage = bank_storage(dtype)
     options = PartialFCOptions(sample_ratio=ratio, sample_ratio_warmup_steps=warmup_steps,
-                               sample_correction=sample_correction, bank_dtype=bank_dtype,
-                               bank_momentum=bank_momentum, seed=seed)
+                               sample_correction=sample_correction, bank_dtype=storage.weights,
+                               bank_momentum=storage.momentum, seed=seed)
     partial_fc = PartialFC.for_rank(classes, rank, world, embedding_size, mx.cpu(), options, schedule)
     backbone = mx.sym.identity(mx.sym.Variable("data"), name="embeddings")
     backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(learning_rate=lr, lr_scheduler=schedule))

@@ -77,10 +77,11 @@ HEADLINE_DATA_SIZE = 112       # the size of real training data (and of the full
 def _storage(label):
     from ..options import BANK_DTYPES, BANK_MOMENTA
     from .cases import bank_storage
-    dtype, momentum = bank_storage(label)
-    if dtype not in BANK_DTYPES or momentum not in BANK_MOMENTA:
+    try:
+        bank_storage(label)
+    except ValueError:
         raise ValueError(f"{label!r} is not a bank storage: a dtype ({', '.join(BANK_DTYPES)}), optionally "
-                         f"+ a momentum storage ({', '.join(BANK_MOMENTA)}), e.g. float16+int8")
+                         f"+ a momentum storage ({', '.join(BANK_MOMENTA)}), e.g. float16+int8") from None
     return label
 
 
@@ -145,10 +146,8 @@ def head_memory_mb(plan, classes, ratio, world, dtype):
     from ..pfc.host_head import default_threads
     from ..run.memory_plan import plan as memory_plan
     from .cases import bank_storage
-    bank_dtype, bank_momentum = bank_storage(dtype)
-    need = memory_plan(classes, world, plan.embedding_size, plan.batch_per_rank, ratio,
-                       bank_itemsize=np.dtype(bank_dtype).itemsize, threads=default_threads(world),
-                       bank_momentum=bank_momentum)
+    need = memory_plan(classes, world, plan.embedding_size, plan.batch_per_rank, ratio, bank_storage(dtype),
+                       threads=default_threads(world))
     bank, buffers = need.bank / 1e6, (need.sampler + need.head) / 1e6
     return bank, buffers, bench_report.SLACK * (bench_report.BASELINE_MB + bank + buffers)
 

@@ -9,7 +9,7 @@ Format 2 (written), these files (their names are checkpoint.layout's bank_shard_
     momentum        the same for the momentum (momentum_storage same), or its int8 codes (int8);
                     no file when the bank has no momentum (none)
     momentum_scale  the int8 codes' float32 scales, (num_local, ceil(D / 64)) (int8 only)
-(the row files of a shard: row_storage.shard_arrays). Codes and scales are saved as stored, so
+(the row files of a shard: row_storage.Storage.arrays). Codes and scales are saved as stored, so
 a restore, into the same split or any other, is bit for bit.
 Written block by block from the bank (a device block is copied to the host first); read
 CHUNK_ROWS rows at a time with plain reads (SavedRows: neither loaded whole nor mapped, so
@@ -28,7 +28,7 @@ from ..config import write_json
 from ..errors import MissingFileError, UsageError, mxnet_reason
 from .checksums import SummedFile
 from ..pfc.memory_bank import host_view
-from ..pfc.row_storage import shard_arrays
+from ..pfc.row_storage import Storage
 
 FORMAT_VERSION = 2
 CHUNK_ROWS = 65536          # rows copied per step of a restore
@@ -91,7 +91,7 @@ def write_shard(bank, files):
 
 def read_shard_arrays(files):
     """(meta, {name: rows}) of a saved shard, one entry per row array it stores
-    (row_storage.shard_arrays: weight, momentum, momentum_scale): format 2 as SavedRows (read
+    (row_storage.Storage.arrays: weight, momentum, momentum_scale): format 2 as SavedRows (read
     only what is sliced and asked for), format 1 loaded. meta["momentum_storage"] is "same" for
     shards saved before it existed; meta leaves out the files' checksums. UsageError naming the
     file when it is missing or not a bank shard."""
@@ -101,7 +101,7 @@ def read_shard_arrays(files):
                 meta = json.load(handle)
             meta.setdefault("momentum_storage", "same")
             meta.pop("checksums", None)        # of the files, not the shard: the checkpoint checks them
-            expected = shard_arrays(meta.get("embedding_size"), meta.get("dtype"), meta["momentum_storage"])
+            expected = Storage.from_meta(meta).arrays(meta.get("embedding_size"))
             arrays = {name: SavedRows(files[name]) for name in expected}
         except (OSError, ValueError, TypeError) as err:
             raise UsageError(f"cannot read bank shard {files['meta']}: {err}") from None

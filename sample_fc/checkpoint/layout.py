@@ -35,7 +35,7 @@ import mxnet as mx
 
 from .bank_shard import SavedRows
 from ..errors import MissingFileError, UsageError
-from ..pfc.row_storage import row_bytes, shard_arrays
+from ..pfc.row_storage import Storage
 from ..pfc.sampler import shard_range
 from .checksums import first_difference
 from .legacy import check_ndarray_files, check_rank_states, check_symbol_file, loader_reason
@@ -99,12 +99,11 @@ def aux_path(checkpoint, rank):
     return os.path.join(checkpoint, f"aux-rank{rank}.params")
 
 
-def checkpoint_bytes(backbone_values, num_classes, embedding_size, itemsize=4, bank_momentum="same"):
+def checkpoint_bytes(backbone_values, num_classes, embedding_size, storage=Storage()):
     """Estimated size of one checkpoint: the backbone's parameters and their momentum (float32),
-    and every class center with its momentum as stored (all ranks' shards: row_storage.row_bytes),
+    and every class center with its momentum as stored (all ranks' shards: Storage.row_bytes),
     plus 1 MB of small files."""
-    bank_dtype = "float16" if itemsize == 2 else "float32"
-    return 8 * backbone_values + num_classes * row_bytes(embedding_size, bank_dtype, bank_momentum) + 2 ** 20
+    return 8 * backbone_values + num_classes * storage.row_bytes(embedding_size) + 2 ** 20
 
 
 # ---- finding -------------------------------------------------------------------------------
@@ -284,8 +283,7 @@ def check_sound(checkpoint, symbol, image_size, network):
     ranks = [rank_state_path(checkpoint, r) for r in range(world)]
     shards = [bank_shard_files(checkpoint, r) for r in range(world)]
     # the row files of the run's bank (runs saved before bank_momentum stored it as the weights)
-    arrays = shard_arrays(saved["embedding_size"], saved.get("bank_dtype", "float32"),
-                          saved.get("bank_momentum", "same"))
+    arrays = Storage.from_meta(saved).arrays(saved["embedding_size"])
     shard_files = [path for files in shards for path in
                    ([files["legacy"]] if os.path.isfile(files["legacy"])
                     else [files["meta"]] + [files[name] for name in arrays])]

@@ -14,7 +14,6 @@ import os
 import shutil
 
 import mxnet as mx
-import numpy as np
 
 from ..config import write_json
 from ..errors import UsageError, mxnet_reason
@@ -187,8 +186,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
                 shutil.rmtree(partial, ignore_errors=True)
             values = sum(v.size for v in list(arg_params.values()) + list(aux_params.values()))
             bank = module.partial_fc.bank
-            needed = checkpoint_bytes(values, bank.num_classes, bank.embedding_size, np.dtype(bank.dtype).itemsize,
-                                      bank.momentum_storage)
+            needed = checkpoint_bytes(values, bank.num_classes, bank.embedding_size, bank.storage)
             previous = list_checkpoints(models_root)
             raise CheckpointError(f"cannot write checkpoint {final} ({problems[0]}); "
                                   f"{_space_note(models_root, needed)}; the partial checkpoint was "

@@ -65,15 +65,15 @@ class Workspace:
 
 
 class HostHead(Head):
-    """The Head of one rank whose MemoryBank is a CPU bank of float32 or float16 (its rows are
-    read into float32 and written back with stochastic rounding), its momentum stored in any
-    of the bank's ways (momentum_storage); `threads` share the update."""
+    """The Head of one rank whose MemoryBank is a CPU bank of any storage (row_storage: its rows
+    are read into float32 and written back as stored, rounding stochastically); `threads` share
+    the update."""
 
     def __init__(self, bank, optimizer, *, allreduce_max, allreduce_sum, stage=no_stage, threads=1):
         if not (isinstance(threads, int) and threads >= 1):
             raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-        if bank.ctx.device_type != "cpu" or np.dtype(bank.dtype) not in (np.float32, np.float16):
-            raise ValueError(f"HostHead needs a float32 or float16 bank on the CPU, got {bank.dtype} on {bank.ctx}")
+        if bank.ctx.device_type != "cpu":
+            raise ValueError(f"HostHead needs a bank in host memory, got one on {bank.ctx}")
         super().__init__(bank, optimizer, allreduce_max=allreduce_max, allreduce_sum=allreduce_sum, stage=stage)
         self.rows = bank.host_rows()
         self.workspace = Workspace()

@@ -6,16 +6,17 @@ each at most MAX_BLOCK_ELEMENTS numbers (the PyPI MXNet build holds fewer than 2
 in one NDArray), so a shard of any size works; a shard that fits one block is one NDArray
 of weights and one of momentum, as it always was. Saving and loading: bank_shard.py.
 
-How rows are stored (float32 or float16 weights; momentum as the weights, int8 or none) is
-row_storage.py's: the bank holds the arrays it names (shard_arrays) and hands the heads its
-rows through row_storage (host_rows for the host kernel, device_rows for the device one).
+How rows are stored is the bank's `storage` (row_storage.Storage: float32 or float16 weights;
+momentum as the weights, int8 or none): the bank holds the arrays it names (Storage.arrays) and
+hands the heads its rows through row_storage (host_rows for the host kernel, device_rows for the
+device one).
 """
 import ctypes
 
 import mxnet as mx
 import numpy as np
 
-from .row_storage import DeviceRows, HostRows, decoded, row_bytes, shard_arrays
+from .row_storage import DeviceRows, HostRows, Storage, decoded
 from .sampler import shard_range
 
 MAX_BLOCK_ELEMENTS = 2 ** 31 - 1   # MXNet's tensor limit without USE_INT64_TENSOR_SIZE (tests lower it)
@@ -72,16 +73,15 @@ def fill_initial_centers(dest, class_start, seed):
 class MemoryBank:
     """Class centers [class_start, class_start + num_local) and their momentum on `ctx`, in
     row blocks: block b holds local rows [starts[b], starts[b] + len(weights[b])) of `weights`,
-    `momenta` (empty with momentum_storage "none"; int8 codes with "int8") and
-    `momentum_scales` (the int8 codes' float32 scales, else empty)."""
+    `momenta` (empty with momentum "none"; int8 codes with "int8") and `momentum_scales` (the
+    int8 codes' float32 scales, else empty), as `storage` (row_storage.Storage) says."""
 
     def __init__(self, num_local, embedding_size, ctx, *, class_start=0, num_classes=None, rank=0,
-                 world_size=1, seed=0, dtype="float32", momentum_storage="same"):
+                 world_size=1, seed=0, storage=Storage()):
         if num_local < 1:
             raise ValueError(f"num_local must be >= 1, got {num_local}")
         self.num_local, self.embedding_size = num_local, embedding_size
-        self.class_start, self.ctx, self.dtype = class_start, ctx, dtype
-        self.momentum_storage = momentum_storage
+        self.class_start, self.ctx, self.storage = class_start, ctx, storage
         self.num_classes = num_classes if num_classes is not None else num_local
         self.rank, self.world_size, self.seed = rank, world_size, seed
         step = rows_per_block(embedding_size)
@@ -90,34 +90,33 @@ class MemoryBank:
         blocks = self._blocks_by_name()
         for start in self.starts:
             rows = min(step, num_local - start)
-            weight = mx.nd.empty((rows, embedding_size), ctx=ctx, dtype=dtype)
+            weight = mx.nd.empty((rows, embedding_size), ctx=ctx, dtype=storage.weights)
             fill_initial_centers(host_view(weight) if ctx.device_type == "cpu" else weight,
                                  class_start + start, seed)
             self.weights.append(weight)
-            for name, (kind, columns) in shard_arrays(embedding_size, dtype, momentum_storage).items():
+            for name, (kind, columns) in storage.arrays(embedding_size).items():
                 if name != "weight":      # momentum 0: zeros, as codes 0 of scale 0 too
                     blocks[name].append(mx.nd.zeros((rows, columns), ctx=ctx, dtype=kind))
 
     @staticmethod
-    def bytes_needed(num_local, embedding_size, itemsize=4, momentum_storage="same"):
-        """Bytes of a shard: weights (of `itemsize` bytes) and momentum (row_bytes) of `num_local` rows."""
-        return num_local * row_bytes(embedding_size, "float16" if itemsize == 2 else "float32", momentum_storage)
+    def bytes_needed(num_local, embedding_size, storage=Storage()):
+        """Bytes of a shard of `num_local` rows stored as `storage` (Storage.row_bytes)."""
+        return num_local * storage.row_bytes(embedding_size)
 
     @classmethod
-    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0, dtype="float32",
-                 momentum_storage="same"):
+    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0, storage=Storage()):
         """The bank of `rank` in a balanced split of `num_classes` over `world_size` ranks."""
         class_start, num_local = shard_range(num_classes, rank, world_size)
         return cls(num_local, embedding_size, ctx, class_start=class_start, num_classes=num_classes,
-                   rank=rank, world_size=world_size, seed=seed, dtype=dtype, momentum_storage=momentum_storage)
+                   rank=rank, world_size=world_size, seed=seed, storage=storage)
 
     def _blocks_by_name(self):
         return {"weight": self.weights, "momentum": self.momenta, "momentum_scale": self.momentum_scales}
 
     def row_arrays(self):
-        """{name: row blocks} of every array this shard stores (shard_arrays' names)."""
+        """{name: row blocks} of every array this shard stores (Storage.arrays' names)."""
         blocks = self._blocks_by_name()
-        return {name: blocks[name] for name in shard_arrays(self.embedding_size, self.dtype, self.momentum_storage)}
+        return {name: blocks[name] for name in self.storage.arrays(self.embedding_size)}
 
     # ---- the whole shard (one block), and copies of any shard -----------------------------
     @property
@@ -128,13 +127,13 @@ class MemoryBank:
     @property
     def momentum(self):
         """The shard's momentum as one NDArray (a shard of one block, momentum stored as the weights)."""
-        self._check_same_momentum()
+        self._check_device_readable()
         return self._only(self.momenta)
 
-    def _check_same_momentum(self):
-        if self.momentum_storage != "same":
-            raise ValueError(f"this shard's momentum is stored as bank_momentum={self.momentum_storage}: "
-                             f"only the host kernel reads it (to_numpy() gives it decoded)")
+    def _check_device_readable(self):
+        if not self.storage.device_readable:
+            raise ValueError(f"this shard is stored as {self.storage.describe()}: only the host kernel reads "
+                             f"it (to_numpy() gives it decoded)")
 
     def _only(self, blocks):
         if len(blocks) != 1:
@@ -146,7 +145,7 @@ class MemoryBank:
         is the one the optimizer sees (row_storage.decoded: float32 zeros without momentum)."""
         arrays = {name: np.concatenate([block.asnumpy() for block in blocks])
                   for name, blocks in self.row_arrays().items()}
-        return decoded(arrays, self.momentum_storage, arrays["weight"].shape)
+        return decoded(arrays, self.storage, arrays["weight"].shape)
 
     def host_rows(self):
         """The shard's rows for the host kernel (a CPU bank): row_storage.HostRows."""
@@ -174,7 +173,7 @@ class MemoryBank:
     def get(self, index):
         """(weight rows, momentum rows) for a sorted int64 index (NumPy), as copies (momentum
         stored as the weights only: the device kernel's path)."""
-        self._check_same_momentum()
+        self._check_device_readable()
         index = np.asarray(index)
         if len(self.weights) == 1:
             where = self.index_array(index)
@@ -186,7 +185,7 @@ class MemoryBank:
     def set(self, index, weight, momentum):
         """Write rows `index` (sorted, NumPy) of weight and momentum; other rows are untouched
         (momentum stored as the weights only)."""
-        self._check_same_momentum()
+        self._check_device_readable()
         for b, positions, rows in self.block_slices(np.asarray(index)):
             where = self.index_array(rows)
             self.weights[b][where] = weight[positions.start:positions.stop]
@@ -195,5 +194,4 @@ class MemoryBank:
     def metadata(self):
         return {"num_classes": self.num_classes, "world_size": self.world_size, "rank": self.rank,
                 "class_start": self.class_start, "num_local": self.num_local,
-                "embedding_size": self.embedding_size, "dtype": np.dtype(self.dtype).name,
-                "momentum_storage": self.momentum_storage}
+                "embedding_size": self.embedding_size, **self.storage.meta()}

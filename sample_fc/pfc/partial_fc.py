@@ -14,13 +14,13 @@ sampler.Sample; a new sampling option is a field of Sample and its use in the ke
 import dataclasses
 from dataclasses import dataclass
 
-import numpy as np
 
 from .. import dist
 from .head import DeviceHead, no_stage
 from .host_head import HostHead, default_threads
 from .margin import CombinedMargin, MarginWarmup
 from .memory_bank import MAX_BLOCK_ELEMENTS, MemoryBank
+from .row_storage import Storage
 from .bank_optimizer import MemoryBankSGDOptimizer
 from ..errors import UsageError
 from ..options import HEAD_KERNELS
@@ -62,24 +62,23 @@ class PartialFCOptions:
                                  self.sample_ratio_warmup_start).peak()
 
 
-def uses_host_kernel(kernel, bank_device_type, bank_dtype, bank_momentum="same"):
+def uses_host_kernel(kernel, bank_device_type, storage=Storage()):
     """Whether head_kernel `kernel` runs the head on the host (NumPy BLAS): `host`, or `auto` for
-    a CPU bank of float32 or float16. Raises UsageError for `host` with a bank on a GPU (the
-    host kernel reads the bank's memory in place), and for bank_momentum int8 or none anywhere
-    but the host kernel (only it reads such a bank), so a run stops at its memory plan, before
+    a CPU bank. Raises UsageError for `host` with a bank on a GPU (the host kernel reads the
+    bank's memory in place), and for a `storage` only the host kernel reads
+    (Storage.device_readable) anywhere but there, so a run stops at its memory plan, before
     anything is allocated."""
     if kernel == "host" and bank_device_type != "cpu":
         raise UsageError(f"head_kernel=host runs the head on the bank's host memory, and this run's bank is "
                          f"on the {bank_device_type.upper()}: set bank_context=cpu, or head_kernel=auto")
-    if bank_momentum != "same" and bank_device_type != "cpu":
-        raise UsageError(f"bank_momentum={bank_momentum} needs the bank in host memory (the host kernel), and "
+    if not storage.device_readable and bank_device_type != "cpu":
+        raise UsageError(f"{storage.describe()} needs the bank in host memory (the host kernel), and "
                          f"this run's bank is on the {bank_device_type.upper()}: set bank_context=cpu, or "
                          f"bank_momentum=same")
-    if bank_momentum != "same" and kernel == "device":
-        raise UsageError(f"bank_momentum={bank_momentum} runs on the host kernel only, and this run has "
+    if not storage.device_readable and kernel == "device":
+        raise UsageError(f"{storage.describe()} runs on the host kernel only, and this run has "
                          f"head_kernel=device: set head_kernel=auto, or bank_momentum=same")
-    on_host = bank_device_type == "cpu" and np.dtype(bank_dtype) in (np.float32, np.float16)
-    return kernel == "host" or (kernel == "auto" and on_host)
+    return kernel == "host" or (kernel == "auto" and bank_device_type == "cpu")
 
 
 def make_head(kernel, bank, bank_optimizer, collectives=dist, stage=no_stage, threads=None):
@@ -90,7 +89,7 @@ def make_head(kernel, bank, bank_optimizer, collectives=dist, stage=no_stage, th
     if kernel not in HEAD_KERNELS:
         raise ValueError(f"head_kernel must be one of {HEAD_KERNELS}, got {kernel!r}")
     reduce = {"allreduce_max": collectives.allreduce_max, "allreduce_sum": collectives.allreduce_sum}
-    if uses_host_kernel(kernel, bank.ctx.device_type, bank.dtype, bank.momentum_storage):
+    if uses_host_kernel(kernel, bank.ctx.device_type, bank.storage):
         return HostHead(bank, bank_optimizer, stage=stage, threads=threads or default_threads(dist.local_size()),
                         **reduce)
     return DeviceHead(bank, bank_optimizer, stage=stage, **reduce)
@@ -119,7 +118,7 @@ class PartialFC:
                  threads=None):
         """The layer of `rank` of `world`: its balanced shard of `num_classes` centers on `ctx`."""
         bank = MemoryBank.for_rank(num_classes, rank, world, embedding_size, ctx, seed=options.seed,
-                                   dtype=options.bank_dtype, momentum_storage=options.bank_momentum)
+                                   storage=Storage.of(options))
         return cls(bank, options, lr_schedule, collectives, threads)
 
     @property
@@ -153,19 +152,19 @@ class PartialFC:
         self.head.discard()
 
     @staticmethod
-    def memory_bytes(num_local, global_batch, embedding_size, sample_ratio, itemsize=4, host_kernel=True,
-                     threads=1, bank_momentum="same"):
-        """{bank, sampler, head, sampled}: bytes of one rank's layer with `num_local` classes of
-        `itemsize`-byte numbers and their momentum stored as `bank_momentum` at `sample_ratio`
+    def memory_bytes(num_local, global_batch, embedding_size, sample_ratio, storage=Storage(), host_kernel=True,
+                     threads=1):
+        """{bank, sampler, head, sampled}: bytes of one rank's layer with `num_local` classes stored
+        as `storage` (row_storage.Storage) at `sample_ratio`
         (the schedule's peak, options.peak_ratio), and the rows scored,
         K = min(C_r, max(ceil(ratio C_r), B)) (the sample grows to every positive). Pure
         arithmetic (memory_plan.plan adds the backbone's)."""
         sampled = most_rows_scored(num_local, sample_ratio, global_batch)
         if host_kernel:
-            rows_are_bank = (sampled == num_local and itemsize == 4 and bank_momentum == "same"
+            rows_are_bank = (sampled == num_local and storage.in_place
                              and num_local * embedding_size <= MAX_BLOCK_ELEMENTS)
             head = HostHead.workspace_bytes(sampled, global_batch, embedding_size, threads, rows_are_bank)
         else:
             head = DeviceHead.workspace_bytes(sampled, global_batch, embedding_size)
-        return {"bank": MemoryBank.bytes_needed(num_local, embedding_size, itemsize, bank_momentum),
+        return {"bank": MemoryBank.bytes_needed(num_local, embedding_size, storage),
                 "sampler": ClassCenterSampler.bytes_needed(num_local, sampled), "head": head, "sampled": sampled}

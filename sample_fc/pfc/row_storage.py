@@ -1,55 +1,105 @@
 """How a bank shard's rows are stored, and read as float32 and written back: the one module that
-knows the storage formats. The heads ask for rows and hand them back; they never branch on one.
+knows the storage formats. A bank's format is one value, `Storage(weights, momentum)`; the heads
+ask for rows and hand them back, and never branch on a format.
 
 Weights are float32, or float16 written with stochastic rounding (rounding.py). The momentum is
-stored as the bank's `momentum_storage` says: `same` as the weights; `int8`, codes of the
-weights' shape plus a float32 scale per 64 columns (momentum_codec.py, stochastic rounding);
-`none`, no momentum (the bank's SGD runs without it). A new format is a new branch here (and its
-word in options.BANK_MOMENTA): shard_arrays, decoded, HostRows and DeviceRows.
+stored as `Storage.momentum` says: `same` as the weights; `int8`, codes of the weights' shape
+plus a float32 scale per 64 columns (momentum_codec.py, stochastic rounding); `none`, no momentum
+(the bank's SGD runs without it). A new format is its word in options (BANK_DTYPES or
+BANK_MOMENTA) and its branches here: Storage.arrays, decoded, HostRows and DeviceRows.
 
 Writes that round draw their noise from rounding_key(seed, num_update, stream): stream 0 the
 weights, stream 1 the momentum, per class, so a run repeats whatever the split of its rows.
 """
+from dataclasses import dataclass
+
 import mxnet as mx
 import numpy as np
 
 from . import momentum_codec
-from ..options import BANK_MOMENTA
+from ..options import BANK_DTYPES, BANK_MOMENTA
 from .rounding import put_rows, round_rows, rounding_key, take_rows
 
 WEIGHT_STREAM, MOMENTUM_STREAM = 0, 1    # rounding noise streams
 
 
-def shard_arrays(embedding_size, dtype, momentum_storage):
-    """{name: (dtype, columns)} of the row arrays a shard of `dtype` weights stores, named as its
-    checkpoint files (checkpoint.layout.bank_shard_files): "weight"; then "momentum" like the
-    weights (same), or "momentum" int8 codes and "momentum_scale" float32 per 64 columns (int8),
-    or no momentum (none)."""
-    if momentum_storage not in BANK_MOMENTA:
-        raise ValueError(f"momentum storage must be one of {BANK_MOMENTA}, got {momentum_storage!r}")
-    arrays = {"weight": (np.dtype(dtype), embedding_size)}
-    if momentum_storage == "same":
-        arrays["momentum"] = (np.dtype(dtype), embedding_size)
-    elif momentum_storage == "int8":
-        arrays["momentum"] = (np.dtype(np.int8), embedding_size)
-        arrays["momentum_scale"] = (np.dtype(np.float32), momentum_codec.scale_columns(embedding_size))
-    return arrays
+@dataclass(frozen=True)
+class Storage:
+    """How a bank stores a class's row: `weights` one of BANK_DTYPES, `momentum` one of
+    BANK_MOMENTA. Its checkpoint words (`meta`) are those a shard's meta file has always held."""
+    weights: str = "float32"
+    momentum: str = "same"
+
+    def __post_init__(self):
+        if self.weights not in BANK_DTYPES:
+            raise ValueError(f"bank weights must be stored as one of {BANK_DTYPES}, got {self.weights!r}")
+        if self.momentum not in BANK_MOMENTA:
+            raise ValueError(f"momentum storage must be one of {BANK_MOMENTA}, got {self.momentum!r}")
+
+    @classmethod
+    def of(cls, settings):
+        """The storage a config or PartialFCOptions names (bank_dtype, bank_momentum)."""
+        return cls(settings.bank_dtype, settings.bank_momentum)
+
+    @classmethod
+    def from_meta(cls, meta):
+        """The storage of a saved shard's meta (or a saved config's keys); shards saved before
+        the momentum had a format stored it as the weights. ValueError for unknown words."""
+        return cls(meta.get("dtype", meta.get("bank_dtype", "float32")),
+                   meta.get("momentum_storage", meta.get("bank_momentum", "same")))
+
+    def meta(self):
+        return {"dtype": self.weights, "momentum_storage": self.momentum}
+
+    def arrays(self, embedding_size):
+        """{name: (dtype, columns)} of the row arrays a shard stores, named as its checkpoint files
+        (checkpoint.layout.bank_shard_files): "weight"; then "momentum" like the weights (same),
+        or "momentum" int8 codes and "momentum_scale" float32 per 64 columns (int8), or no
+        momentum (none)."""
+        arrays = {"weight": (np.dtype(self.weights), embedding_size)}
+        if self.momentum == "same":
+            arrays["momentum"] = (np.dtype(self.weights), embedding_size)
+        elif self.momentum == "int8":
+            arrays["momentum"] = (np.dtype(np.int8), embedding_size)
+            arrays["momentum_scale"] = (np.dtype(np.float32), momentum_codec.scale_columns(embedding_size))
+        return arrays
+
+    def row_bytes(self, embedding_size):
+        """Bytes of one class: its weights and its momentum as stored (at D 512: 4096 for float32
+        + same, 2592 + int8, 2048 + none; float16: 2048, 1568, 1024)."""
+        return sum(kind.itemsize * columns for kind, columns in self.arrays(embedding_size).values())
+
+    @property
+    def device_readable(self):
+        """Whether the device kernel (MXNet operators on the bank's context) reads and writes
+        it: weights as floats, momentum as the weights. Every format is the host kernel's."""
+        return self.momentum == "same"
+
+    @property
+    def rounds(self):
+        """Whether a write rounds (and so draws noise): anything but float32 weights and momentum."""
+        return self.weights != "float32" or self.momentum == "int8"
+
+    @property
+    def in_place(self):
+        """Whether the stored rows are the float32 rows the math uses (no conversion)."""
+        return self.weights == "float32" and self.momentum == "same"
+
+    def describe(self):
+        """The config's words for what makes it the host kernel's alone (bank_momentum=int8), or
+        for all of it (bank_dtype=..., bank_momentum=...) when the device kernel reads it."""
+        if not self.device_readable:
+            return f"bank_momentum={self.momentum}"
+        return f"bank_dtype={self.weights}, bank_momentum={self.momentum}"
 
 
-def row_bytes(embedding_size, dtype, momentum_storage):
-    """Bytes of one class of a shard: its weights and its momentum as stored (at D 512: 4096 for
-    float32 + same, 2592 + int8, 2048 + none; float16: 2048, 1568, 1024)."""
-    arrays = shard_arrays(embedding_size, dtype, momentum_storage).values()
-    return sum(kind.itemsize * columns for kind, columns in arrays)
-
-
-def decoded(arrays, momentum_storage, shape):
+def decoded(arrays, storage, shape):
     """(weight, momentum) as float32 NumPy from a shard's row arrays ({name: NumPy rows}, as
-    shard_arrays names them): the momentum the optimizer sees, zeros of `shape` for none."""
+    storage.arrays names them): the momentum the optimizer sees, zeros of `shape` for none."""
     weight = arrays["weight"]
-    if momentum_storage == "none":
+    if storage.momentum == "none":
         return weight, np.zeros(shape, dtype=np.float32)
-    if momentum_storage == "int8":
+    if storage.momentum == "int8":
         return weight, momentum_codec.decode(arrays["momentum"], arrays["momentum_scale"])
     return weight, arrays["momentum"]
 
@@ -60,20 +110,19 @@ class HostRows:
 
     def __init__(self, bank, views):
         self.bank, self.views = bank, views
-        self.half = np.dtype(bank.dtype) == np.float16
-        self.storage = bank.momentum_storage
-        self.rounded = self.half or self.storage == "int8"    # writes add rounding noise
+        self.half = bank.storage.weights == "float16"
+        self.storage = bank.storage.momentum
 
     def whole(self):
         """(weights, momentum) of the shard in place when they need no conversion (one float32
         block, momentum as the weights): the host kernel's ratio-1 path. Else None."""
-        if len(self.views["weight"]) == 1 and not self.half and self.storage == "same":
+        if len(self.views["weight"]) == 1 and self.bank.storage.in_place:
             return self.views["weight"][0], self.views["momentum"][0]
         return None
 
     def keys(self, num_update):
         """The rounding keys of update `num_update` (weights, momentum); None when nothing rounds."""
-        return [rounding_key(self.bank.seed, num_update, stream) if self.rounded else None
+        return [rounding_key(self.bank.seed, num_update, stream) if self.bank.storage.rounds else None
                 for stream in (WEIGHT_STREAM, MOMENTUM_STREAM)]
 
     def take_weights(self, index, out):
@@ -130,9 +179,8 @@ class DeviceRows:
     must be stored as the weights (int8 and none are the host kernel's)."""
 
     def __init__(self, bank):
-        if bank.momentum_storage != "same":
-            raise ValueError(f"this shard's momentum is stored as bank_momentum={bank.momentum_storage}: "
-                             f"only the host kernel reads it")
+        if not bank.storage.device_readable:
+            raise ValueError(f"this shard is stored as {bank.storage.describe()}: only the host kernel reads it")
         self.bank = bank
 
     def take(self, index):
@@ -142,7 +190,7 @@ class DeviceRows:
     def put(self, index, weight, momentum, num_update):
         """Rows `index` = float32 `weight`, `momentum` (NDArrays); a float16 bank gets them
         stochastically rounded with update `num_update`'s noise."""
-        if np.dtype(self.bank.dtype) == np.float16:
+        if self.bank.storage.weights == "float16":
             classes = np.asarray(index) + self.bank.class_start
             weight, momentum = (
                 mx.nd.array(round_rows(rows.asnumpy(), classes, rounding_key(self.bank.seed, num_update, stream)),

@@ -27,12 +27,12 @@ import dataclasses
 import resource
 from dataclasses import dataclass
 
-import numpy as np
 
 from ..checkpoint.layout import checkpoint_bytes
 from ..errors import UsageError
 from ..pfc.host_head import default_threads
 from ..pfc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
+from ..pfc.row_storage import Storage
 from .backbone_memory import backbone_memory
 
 GB = 1e9
@@ -82,29 +82,28 @@ class Plan:
         return out
 
 
-def plan(num_classes, world, embedding_size, batch_size, sample_ratio, bank_itemsize=4, backbone_bytes=0,
-         backbone_params=0, data_bytes=0, host_kernel=True, threads=1, bank_momentum="same"):
+def plan(num_classes, world, embedding_size, batch_size, sample_ratio, storage=Storage(), backbone_bytes=0,
+         backbone_params=0, data_bytes=0, host_kernel=True, threads=1):
     """The Plan of one worker of a run of `world` workers with `batch_size` images each, its
-    bank's momentum stored as `bank_momentum` (same, int8, none); the backbone's and the data's
+    bank stored as `storage` (row_storage.Storage); the backbone's and the data's
     bytes given (backbone_memory's total), the backbone's parameter count for the checkpoint."""
     if world < 1 or num_classes < world:
         raise ValueError(f"need 1 <= world <= num_classes, got world={world}, num_classes={num_classes}")
     num_local = -(-num_classes // world)
     global_batch = batch_size * world
-    layer = PartialFC.memory_bytes(num_local, global_batch, embedding_size, sample_ratio, bank_itemsize,
-                                   host_kernel, threads, bank_momentum)
+    layer = PartialFC.memory_bytes(num_local, global_batch, embedding_size, sample_ratio, storage,
+                                   host_kernel, threads)
     return Plan(world=world, num_local=num_local, sampled=layer["sampled"], global_batch=global_batch,
                 bank=layer["bank"], sampler=layer["sampler"], head=layer["head"], backbone=backbone_bytes,
                 data=data_bytes, runtime=RUNTIME_BYTES,
-                checkpoint=checkpoint_bytes(backbone_params, num_classes, embedding_size, bank_itemsize,
-                                            bank_momentum),
+                checkpoint=checkpoint_bytes(backbone_params, num_classes, embedding_size, storage),
                 allgather_per_step=global_batch * (4 * embedding_size + 8))
 
 
 def runs_host_kernel(cfg, bank_on_gpu):
     """Whether config `cfg`'s head runs on the host kernel, its bank on a GPU or not
     (partial_fc.uses_host_kernel: UsageError for a bank the chosen kernel cannot run)."""
-    return uses_host_kernel(cfg.head_kernel, "gpu" if bank_on_gpu else "cpu", cfg.bank_dtype, cfg.bank_momentum)
+    return uses_host_kernel(cfg.head_kernel, "gpu" if bank_on_gpu else "cpu", Storage.of(cfg))
 
 
 def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads, target_bytes=0):
@@ -119,8 +118,7 @@ def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads, target_bytes=0):
     loader = BATCHES_IN_FLIGHT * cfg.batch_size * 3 * cfg.image_size ** 2 * 4
     peak_ratio = PartialFCOptions.from_config(cfg).peak_ratio()      # the warm-up's start, if larger
     whole = plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_ratio,
-                 np.dtype(cfg.bank_dtype).itemsize, backbone.total, backbone.values, loader + target_bytes,
-                 host_kernel, threads, cfg.bank_momentum)
+                 Storage.of(cfg), backbone.total, backbone.values, loader + target_bytes, host_kernel, threads)
     if not on_gpu:
         return whole, None
     if bank_on_gpu:
@@ -136,8 +134,8 @@ def plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, part, target
     def replan(world=world, bank_on_gpu=bank_on_gpu, **changes):
         return run_plan(type(cfg)(dict(cfg, **changes)), world, symbol, on_gpu, bank_on_gpu, threads, target_bytes)
     gpu_bank = on_gpu and bank_on_gpu
-    return lambda share: ways_out(replan, part, share, world, cfg.batch_size, cfg.num_classes, cfg.bank_dtype,
-                                  gpu_bank, cfg.bank_momentum, runs_host_kernel(cfg, gpu_bank))
+    return lambda share: ways_out(replan, part, share, world, cfg.batch_size, cfg.num_classes, Storage.of(cfg),
+                                  gpu_bank, runs_host_kernel(cfg, gpu_bank))
 
 
 def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size, target_bytes=0, gpu_free_bytes=None):
@@ -184,8 +182,7 @@ OTHER_WAYS = ("fewer workers per node, a smaller embedding_size or sample_ratio 
               "the plan holds the warm-up's first, largest ratio)")
 
 
-def ways_out(replan, part, share, world, batch_size, num_classes, bank_dtype, bank_on_gpu, bank_momentum="same",
-             host_kernel=True):
+def ways_out(replan, part, share, world, batch_size, num_classes, storage, bank_on_gpu, host_kernel=True):
     """The changes that bring one worker's plan within `share` bytes, each a phrase with the GB
     per worker it gives: more workers (-np doubled until it fits), bank_dtype=float16 (a float32
     bank), bank_momentum=int8 (a float16 bank with its momentum as the weights, run by the host
@@ -210,9 +207,9 @@ def ways_out(replan, part, share, world, batch_size, num_classes, bank_dtype, ba
         fewer, workers = tried[-1] if tried[-1][0].total <= share else min(tried, key=lambda t: (t[0].total, t[1]))
         if fewer.total <= share or fewer.total < 0.9 * current.total:     # a way that fits, or saves a tenth
             ways.append(f"more workers: -np {workers} ({gb(fewer)})")
-    if bank_dtype == "float32":
+    if storage.weights == "float32":
         ways.append(f"bank_dtype=float16, half the bank ({gb(replan(bank_dtype='float16')[part])})")
-    if bank_dtype == "float16" and bank_momentum == "same" and host_kernel and not bank_on_gpu:
+    if storage == Storage("float16", "same") and host_kernel and not bank_on_gpu:
         ways.append(f"bank_momentum=int8, 8-bit momentum ({gb(replan(bank_momentum='int8')[part])})")
     if part == 1 and bank_on_gpu:
         host, device = replan(bank_on_gpu=False)
