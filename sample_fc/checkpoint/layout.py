@@ -35,7 +35,7 @@ import mxnet as mx
 
 from .bank_shard import SavedRows
 from ..errors import MissingFileError, UsageError
-from ..pfc.row_storage import Storage
+from ..pfc.row_storage import ROW_ARRAYS, Storage
 from ..pfc.sampler import shard_range
 from .checksums import first_difference
 from .legacy import check_ndarray_files, check_rank_states, check_symbol_file, loader_reason
@@ -83,12 +83,11 @@ def complete_path(checkpoint):
 
 
 def bank_shard_files(checkpoint, rank):
-    """The files of rank `rank`'s bank shard (bank_shard.py): {"meta", "weight", "momentum",
-    "momentum_scale"} (which row files a shard has: row_storage.shard_arrays), and "legacy",
-    the one file of runs saved before."""
+    """The files of rank `rank`'s bank shard (bank_shard.py): {"meta", "weight", "weight_scale",
+    "momentum", "momentum_scale"} (which row files a shard has: row_storage.Storage.arrays), and
+    "legacy", the one file of runs saved before."""
     base = os.path.join(checkpoint, f"bank-rank{rank}")
-    return {"meta": base + ".json", "weight": base + ".weight.npy", "momentum": base + ".momentum.npy",
-            "momentum_scale": base + ".momentum_scale.npy", "legacy": base + ".params"}
+    return {"meta": base + ".json", **{name: f"{base}.{name}.npy" for name in ROW_ARRAYS}, "legacy": base + ".params"}
 
 
 def rank_state_path(checkpoint, rank):

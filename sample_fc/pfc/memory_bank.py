@@ -16,7 +16,8 @@ import ctypes
 import mxnet as mx
 import numpy as np
 
-from .row_storage import DeviceRows, HostRows, Storage, decoded
+from .row_storage import INITIAL_UPDATE, WEIGHT_STREAM, DeviceRows, HostRows, Storage, decoded
+from .rounding import rounding_key
 from .sampler import shard_range
 
 MAX_BLOCK_ELEMENTS = 2 ** 31 - 1   # MXNet's tensor limit without USE_INT64_TENSOR_SIZE (tests lower it)
@@ -86,17 +87,22 @@ class MemoryBank:
         self.rank, self.world_size, self.seed = rank, world_size, seed
         step = rows_per_block(embedding_size)
         self.starts = list(range(0, num_local, step))
-        self.weights, self.momenta, self.momentum_scales = [], [], []
+        self.weights, self.weight_scales, self.momenta, self.momentum_scales = [], [], [], []
+        if storage.weights == "int8" and ctx.device_type != "cpu":
+            raise ValueError(f"a bank of {storage.describe()} lives in host memory (the host kernel's), not on {ctx}")
         blocks = self._blocks_by_name()
         for start in self.starts:
             rows = min(step, num_local - start)
-            weight = mx.nd.empty((rows, embedding_size), ctx=ctx, dtype=storage.weights)
-            fill_initial_centers(host_view(weight) if ctx.device_type == "cpu" else weight,
-                                 class_start + start, seed)
-            self.weights.append(weight)
             for name, (kind, columns) in storage.arrays(embedding_size).items():
-                if name != "weight":      # momentum 0: zeros, as codes 0 of scale 0 too
-                    blocks[name].append(mx.nd.zeros((rows, columns), ctx=ctx, dtype=kind))
+                # momentum 0: zeros, as codes 0 of scale 0 too; float weights drawn in place below
+                blocks[name].append(mx.nd.zeros((rows, columns), ctx=ctx, dtype=kind) if name != "weight" or
+                                    kind == np.int8 else mx.nd.empty((rows, columns), ctx=ctx, dtype=kind))
+            if storage.weights != "int8":
+                weight = self.weights[-1]
+                fill_initial_centers(host_view(weight) if ctx.device_type == "cpu" else weight,
+                                     class_start + start, seed)
+        if storage.weights == "int8":
+            self._encode_initial_centers()
 
     @staticmethod
     def bytes_needed(num_local, embedding_size, storage=Storage()):
@@ -111,7 +117,18 @@ class MemoryBank:
                    rank=rank, world_size=world_size, seed=seed, storage=storage)
 
     def _blocks_by_name(self):
-        return {"weight": self.weights, "momentum": self.momenta, "momentum_scale": self.momentum_scales}
+        return {"weight": self.weights, "weight_scale": self.weight_scales, "momentum": self.momenta,
+                "momentum_scale": self.momentum_scales}
+
+    def _encode_initial_centers(self):
+        """8-bit weights: the initial centers (fill_initial_centers' float32 values) written as the
+        stored rows are, with update INITIAL_UPDATE's rounding noise, INIT_BLOCK rows at a time."""
+        rows, key = self.host_rows(), rounding_key(self.seed, INITIAL_UPDATE, WEIGHT_STREAM)
+        values = np.empty((min(INIT_BLOCK, self.num_local), self.embedding_size), dtype=np.float32)
+        for lo in range(0, self.num_local, INIT_BLOCK):
+            hi = min(lo + INIT_BLOCK, self.num_local)
+            fill_initial_centers(values[:hi - lo], self.class_start + lo, self.seed)
+            rows.put_weights(np.arange(lo, hi), values[:hi - lo], key)
 
     def row_arrays(self):
         """{name: row blocks} of every array this shard stores (Storage.arrays' names)."""

@@ -1,5 +1,6 @@
-"""8-bit momentum of a class-center bank (bank_momentum=int8): blocks of int8 codes, each with a
-float32 scale, written with stochastic rounding.
+"""8-bit rows of a class-center bank: its momentum (bank_momentum=int8) and its centers
+(bank_dtype=int8) as blocks of int8 codes, each with a float32 scale, written with stochastic
+rounding. Below, "momentum" m stands for either.
 
 A momentum row of width D is cut into blocks of QBLOCK = 64 columns (the last block of a row is
 shorter when D % 64 != 0). Block j of a row stores one float32 scale and an int8 code per column:
@@ -75,11 +76,14 @@ def decode(codes, scales):
     return codes.astype(np.float32) * _per_column(np.asarray(scales, dtype=np.float32), codes.shape[1])
 
 
-def check_finite(values, classes):
+WHAT = {"momentum": "the momentum", "weight": "the center"}    # an array's rows, as an error names them
+
+
+def check_finite(values, classes, what="momentum"):
     """ValueError naming the class of the first row of `values` with a NaN or inf."""
     bad = ~np.isfinite(values).all(axis=1)
     if bad.any():
-        raise ValueError(f"the momentum of class {int(classes[np.argmax(bad)])} is not finite (NaN or inf): "
+        raise ValueError(f"{WHAT[what]} of class {int(classes[np.argmax(bad)])} is not finite (NaN or inf): "
                          f"it cannot be stored as int8")
 
 
@@ -100,10 +104,10 @@ def take_rows(codes, scales, rows, out):
     return out
 
 
-def put_rows(codes, scales, rows, values, classes, key):
-    """Rows `rows` of one row block (`codes`, `scales`) = float32 momentum rows `values`, encoded
-    with the noise of (`key`, `classes`); ValueError naming the class of a non-finite row, with
-    nothing written."""
+def put_rows(codes, scales, rows, values, classes, key, what="momentum"):
+    """Rows `rows` of one row block (`codes`, `scales`) = float32 rows `values` (of `what`, a key
+    of WHAT), encoded with the noise of (`key`, `classes`); ValueError naming the class of a
+    non-finite row, with nothing written."""
     rows, classes = int64_rows(rows), int64_rows(classes)
     values = np.ascontiguousarray(values, dtype=np.float32)
     if _kernel is None:
@@ -111,7 +115,10 @@ def put_rows(codes, scales, rows, values, classes, key):
         if len(rows) and (rows.min() < 0 or rows.max() >= len(codes)):
             bad = rows[(rows < 0) | (rows >= len(codes))][0]
             raise IndexError(f"row {bad} of a block of {len(codes)} rows")
-        check_finite(values, classes)
+        check_finite(values, classes, what)
         codes[rows], scales[rows] = encode(values, noise(key, classes, values.shape[1], NOISE_BITS))
         return
-    _kernel.put_int8(codes, scales, codes.shape[0], codes.shape[1], rows, values, classes, key)
+    try:
+        _kernel.put_int8(codes, scales, codes.shape[0], codes.shape[1], rows, values, classes, key)
+    except ValueError as error:       # the extension's line names the momentum
+        raise ValueError(str(error).replace(WHAT["momentum"], WHAT[what], 1)) from None

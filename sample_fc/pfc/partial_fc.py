@@ -74,10 +74,10 @@ def uses_host_kernel(kernel, bank_device_type, storage=Storage()):
     if not storage.device_readable and bank_device_type != "cpu":
         raise UsageError(f"{storage.describe()} needs the bank in host memory (the host kernel), and "
                          f"this run's bank is on the {bank_device_type.upper()}: set bank_context=cpu, or "
-                         f"bank_momentum=same")
+                         f"{storage.device_readable_instead()}")
     if not storage.device_readable and kernel == "device":
         raise UsageError(f"{storage.describe()} runs on the host kernel only, and this run has "
-                         f"head_kernel=device: set head_kernel=auto, or bank_momentum=same")
+                         f"head_kernel=device: set head_kernel=auto, or {storage.device_readable_instead()}")
     return kernel == "host" or (kernel == "auto" and bank_device_type == "cpu")
 
 

@@ -2,10 +2,10 @@
 knows the storage formats. A bank's format is one value, `Storage(weights, momentum)`; the heads
 ask for rows and hand them back, and never branch on a format.
 
-Weights are float32, or float16 written with stochastic rounding (rounding.py). The momentum is
-stored as `Storage.momentum` says: `same` as the weights; `int8`, codes of the weights' shape
-plus a float32 scale per 64 columns (momentum_codec.py, stochastic rounding); `none`, no momentum
-(the bank's SGD runs without it). A new format is its word in options (BANK_DTYPES or
+Weights are float32; float16 written with stochastic rounding (rounding.py); or int8, codes of
+the row plus a float32 scale per 64 columns written with stochastic rounding (momentum_codec.py's
+8-bit rows, the host kernel's only). The momentum is stored as `Storage.momentum` says: `same` as
+the weights; `int8`, 8-bit rows as above; `none`, no momentum (the bank's SGD runs without it). A new format is its word in options (BANK_DTYPES or
 BANK_MOMENTA) and its branches here: Storage.arrays, decoded, HostRows and DeviceRows.
 
 Writes that round draw their noise from rounding_key(seed, num_update, stream): stream 0 the
@@ -21,6 +21,9 @@ from ..options import BANK_DTYPES, BANK_MOMENTA
 from .rounding import put_rows, round_rows, rounding_key, take_rows
 
 WEIGHT_STREAM, MOMENTUM_STREAM = 0, 1    # rounding noise streams
+INITIAL_UPDATE = 0                       # the update number of the initial centers' rounding noise
+# every row array a shard may hold (checkpoint.layout names a file for each)
+ROW_ARRAYS = ("weight", "weight_scale", "momentum", "momentum_scale")
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class Storage:
             raise ValueError(f"bank weights must be stored as one of {BANK_DTYPES}, got {self.weights!r}")
         if self.momentum not in BANK_MOMENTA:
             raise ValueError(f"momentum storage must be one of {BANK_MOMENTA}, got {self.momentum!r}")
+        if self.weights == "int8" and self.momentum == "same":      # stored as the weights: 8-bit rows
+            object.__setattr__(self, "momentum", "int8")
 
     @classmethod
     def of(cls, settings):
@@ -56,24 +61,27 @@ class Storage:
         (checkpoint.layout.bank_shard_files): "weight"; then "momentum" like the weights (same),
         or "momentum" int8 codes and "momentum_scale" float32 per 64 columns (int8), or no
         momentum (none)."""
+        scales = (np.dtype(np.float32), momentum_codec.scale_columns(embedding_size))
         arrays = {"weight": (np.dtype(self.weights), embedding_size)}
+        if self.weights == "int8":
+            arrays["weight_scale"] = scales
         if self.momentum == "same":
             arrays["momentum"] = (np.dtype(self.weights), embedding_size)
         elif self.momentum == "int8":
             arrays["momentum"] = (np.dtype(np.int8), embedding_size)
-            arrays["momentum_scale"] = (np.dtype(np.float32), momentum_codec.scale_columns(embedding_size))
+            arrays["momentum_scale"] = scales
         return arrays
 
     def row_bytes(self, embedding_size):
         """Bytes of one class: its weights and its momentum as stored (at D 512: 4096 for float32
-        + same, 2592 + int8, 2048 + none; float16: 2048, 1568, 1024)."""
+        + same, 2592 + int8, 2048 + none; float16: 2048, 1568, 1024; int8: 1088, 544 + none)."""
         return sum(kind.itemsize * columns for kind, columns in self.arrays(embedding_size).values())
 
     @property
     def device_readable(self):
         """Whether the device kernel (MXNet operators on the bank's context) reads and writes
         it: weights as floats, momentum as the weights. Every format is the host kernel's."""
-        return self.momentum == "same"
+        return self.weights != "int8" and self.momentum == "same"
 
     @property
     def rounds(self):
@@ -85,9 +93,15 @@ class Storage:
         """Whether the stored rows are the float32 rows the math uses (no conversion)."""
         return self.weights == "float32" and self.momentum == "same"
 
+    def device_readable_instead(self):
+        """The setting that would make it the device kernel's too (for an error's way out)."""
+        return "bank_dtype=float16 (or float32)" if self.weights == "int8" else "bank_momentum=same"
+
     def describe(self):
         """The config's words for what makes it the host kernel's alone (bank_momentum=int8), or
         for all of it (bank_dtype=..., bank_momentum=...) when the device kernel reads it."""
+        if self.weights == "int8":
+            return "bank_dtype=int8"
         if not self.device_readable:
             return f"bank_momentum={self.momentum}"
         return f"bank_dtype={self.weights}, bank_momentum={self.momentum}"
@@ -97,6 +111,8 @@ def decoded(arrays, storage, shape):
     """(weight, momentum) as float32 NumPy from a shard's row arrays ({name: NumPy rows}, as
     storage.arrays names them): the momentum the optimizer sees, zeros of `shape` for none."""
     weight = arrays["weight"]
+    if storage.weights == "int8":
+        weight = momentum_codec.decode(weight, arrays["weight_scale"])
     if storage.momentum == "none":
         return weight, np.zeros(shape, dtype=np.float32)
     if storage.momentum == "int8":
@@ -111,6 +127,7 @@ class HostRows:
     def __init__(self, bank, views):
         self.bank, self.views = bank, views
         self.half = bank.storage.weights == "float16"
+        self.int8 = bank.storage.weights == "int8"
         self.storage = bank.storage.momentum
 
     def whole(self):
@@ -127,11 +144,16 @@ class HostRows:
 
     def take_weights(self, index, out):
         """out (float32) = weight rows `index` (sorted)."""
+        if self.int8:
+            return self._take_int8("weight", index, out)
         return self._take(self.views["weight"], index, out)
 
     def put_weights(self, index, values, key):
-        """Weight rows `index` (sorted) = float32 `values` (a float16 bank: rounded with `key`)."""
-        self._put(self.views["weight"], index, values, key)
+        """Weight rows `index` (sorted) = float32 `values` (float16, int8: rounded with `key`)."""
+        if self.int8:
+            self._put_int8("weight", index, values, key)
+        else:
+            self._put(self.views["weight"], index, values, key)
 
     def take_momentum(self, index, out):
         """The float32 momentum of rows `index` (sorted) in `out`, or None without momentum."""
@@ -139,19 +161,26 @@ class HostRows:
             return None
         if self.storage == "same":
             return self._take(self.views["momentum"], index, out)
-        for block, positions, rows in self.bank.block_slices(index):      # int8 codes and scales
-            momentum_codec.take_rows(self.views["momentum"][block], self.views["momentum_scale"][block], rows,
-                                     out[positions])
-        return out
+        return self._take_int8("momentum", index, out)
 
     def put_momentum(self, index, values, key):
         """Momentum rows `index` (sorted) = float32 `values`, as stored; nothing without momentum."""
         if self.storage == "same":
             self._put(self.views["momentum"], index, values, key)
         elif self.storage == "int8":
-            for block, positions, rows in self.bank.block_slices(index):
-                momentum_codec.put_rows(self.views["momentum"][block], self.views["momentum_scale"][block], rows,
-                                        values[positions], self._classes(block, rows), key)
+            self._put_int8("momentum", index, values, key)
+
+    def _take_int8(self, name, index, out):
+        """out (float32) = the decoded 8-bit rows `index` (sorted) of array `name` and its scales."""
+        for block, positions, rows in self.bank.block_slices(index):
+            momentum_codec.take_rows(self.views[name][block], self.views[name + "_scale"][block], rows,
+                                     out[positions])
+        return out
+
+    def _put_int8(self, name, index, values, key):
+        for block, positions, rows in self.bank.block_slices(index):
+            momentum_codec.put_rows(self.views[name][block], self.views[name + "_scale"][block], rows,
+                                    values[positions], self._classes(block, rows), key, what=name)
 
     def _take(self, blocks, index, out):
         """out (float32) = rows `index` (sorted) of row blocks stored as the weights are."""
