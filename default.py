@@ -28,7 +28,8 @@ from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, ap
 from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               BANK_DTYPES, BANK_MOMENTA, EMBEDDING_SCALES, LR_SCHEDULES, MOMENTUM_FORMS, TAIL_BNS)
+                               BANK_DTYPES, BANK_MOMENTA, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS, MOMENTUM_FORMS,
+                               TAIL_BNS)
 
 
 def _target_name(name):
@@ -68,6 +69,7 @@ def _declare_keys():
 
     # ---- loss: combined margin cos(m1*theta + m2) - m3, times s -------------------
     keys.loss = Choice('arcface', LOSSES)                               # margin preset name, one of LOSSES
+    keys.loss_margin = Choice('combined', MARGINS)                      # combined: the target logit s (cos(m1 theta + m2) - m3), the others s cos | curricularface: the target s cos(theta + m2), each hard negative (cos > cos(theta_y + m2)) s c (t + c), t a running mean of the target cosines (sample_fc/pfc/margin.py)
     keys.loss_s = Real(64.0, lo=0, lo_open=True, hi=1e4)                # scale s applied to the cosine logits (the dataset's: loss presets keep it)
     keys.loss_m1 = Real(1.0, lo=0, lo_open=True, hi=100)                # multiplicative angular margin m1 (SphereFace); 1 = off
     keys.loss_m2 = Real(0.5, lo=0, hi=100)                              # additive angular margin m2 (ArcFace), radians
@@ -288,14 +290,22 @@ _DATASET_PRESETS['synthetic_10m'] = dict(
 # (the demo preset's 32), as the scale a softmax over C classes needs grows with log C.
 _LOSS_PRESETS = {
     'arcface': {
+        'loss_margin': 'combined',       # the target logit's margin only
         'loss_m1': 1.0,                  # ArcFace (Deng et al., CVPR 2019): no multiplicative margin
         'loss_m2': 0.5,                  # additive angular margin 0.5 rad
         'loss_m3': 0.0,                  # no cosine margin
     },
     'cosface': {
+        'loss_margin': 'combined',       # the target logit's margin only
         'loss_m1': 1.0,                  # CosFace (Wang et al., CVPR 2018): no multiplicative margin
         'loss_m2': 0.0,                  # no angular margin
         'loss_m3': 0.4,                  # additive cosine margin 0.4
+    },
+    'curricularface': {
+        'loss_margin': 'curricularface',  # CurricularFace (Huang et al., CVPR 2020): hard negatives weighted
+        'loss_m1': 1.0,                  # by a running mean of the target cosines
+        'loss_m2': 0.5,                  # its angular margin m = 0.5 rad
+        'loss_m3': 0.0,                  # no cosine margin
     },
 }
 
@@ -492,5 +502,8 @@ def check_config(cfg, data=True):
             "--images FOLDER --out DIR/train makes one)" if cfg.dataset == 'custom' else ""))
     if data and cfg.num_classes < 1:
         _fail('num_classes', cfg.num_classes, "an integer >= 1 (train.py reads it from the property file beside rec)")
+    if cfg.loss_margin == 'curricularface' and (cfg.loss_m1 != 1.0 or cfg.loss_m3 != 0.0):
+        _fail('loss_m1' if cfg.loss_m1 != 1.0 else 'loss_m3', cfg.loss_m1 if cfg.loss_m1 != 1.0 else cfg.loss_m3,
+              "1.0 and 0.0 with loss_margin=curricularface (its margin is loss_m2)")
     if cfg.lr_schedule != 'step' and cfg.warmup_steps >= cfg.max_update:
         _fail('warmup_steps', cfg.warmup_steps, f"fewer than max_update={cfg.max_update} for lr_schedule={cfg.lr_schedule}")

@@ -27,3 +27,4 @@ def check_momentum_form(momentum_form):
 def is_probability(value):
     """A real number (not a bool) in [0, 1]: the aug_* config keys, Augmentation's fields."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value <= 1
+MARGINS = ("combined", "curricularface")     # pfc/margin.py: the loss's margin (make_margin)

@@ -124,7 +124,9 @@ def test_recipe_numbers_are_sample_fcs_schedule_and_resolved_ratio():
 @pytest.mark.parametrize("args,line", [
     (["--network", "mbf_small"], "compare: the yardstick has no network 'mbf_small'; arcface_torch's networks it "
                                  "has: mbf, r18, r34, r50, r100, r200 (--network NAME)"),
-    (["--network", "mbf", "--set", "loss_m2=0.3"], "compare: loss cosface: margins m1=1.0, m2=0.3, m3=0.25")])
+    (["--network", "mbf", "--set", "loss_m2=0.3"], "compare: loss cosface: margins m1=1.0, m2=0.3, m3=0.25"),
+    (["--network", "mbf", "--loss", "curricularface"], "compare: loss_margin=curricularface: arcface_torch's "
+                                                       "CombinedMarginLoss has only the combined margin")])
 def test_a_recipe_the_yardstick_cannot_train_is_one_line(args, line):
     """Test that a network arcface_torch does not have, or combined margins its loss does not
     train, end compare with one line naming the choices, before anything trains."""

@@ -39,7 +39,7 @@ def test_every_preset_combination_builds_with_the_base_keys():
     (a float where a number goes, even when the preset wrote an integer)."""
     base = default._base_config()
     combos = list(itertools.product(default.DATASETS, default.NETWORKS, default.LOSSES))
-    assert len(combos) == 7 * 8 * 2
+    assert len(combos) == 7 * 8 * 3
     for dataset, network, loss in combos:
         cfg = default.get_config(dataset=dataset, network=network, loss=loss)
         assert isinstance(cfg, EasyDict)
@@ -57,7 +57,7 @@ def test_preset_names_are_exposed():
     assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small'}
     import symbols
     assert default.NETWORKS == symbols.NETWORKS     # a preset for every network, a network for every preset
-    assert default.LOSSES == ('arcface', 'cosface')
+    assert default.LOSSES == ('arcface', 'cosface', 'curricularface')
 
 
 def test_margins_are_the_published_values_at_the_datasets_scale():

@@ -56,3 +56,43 @@ def test_reference_margin_is_the_combined_margin(outputs, s, m1, m2, m3):
     rows = np.arange(len(labels))
     want[rows, labels] = s * (np.cos(m1 * np.arccos(cosine[rows, labels]) + m2) - m3)
     np.testing.assert_allclose(outputs[f"margin/{s}_{m1}_{m2}_{m3}"], want, rtol=1e-9)
+
+
+def _curricular_on_our_kernels(cosine, labels):
+    """(loss, d loss / d cosine, t after) of both head kernels' softmax with CurricularFace(0.5,
+    s 16) from t 0.3, one process (identity collectives)."""
+    import mxnet as mx
+    from sample_fc.pfc.host_head import HostHead
+    from sample_fc.pfc.margin import CurricularFace, CurricularState
+    from sample_fc.pfc.memory_bank import MemoryBank
+    from sample_fc.pfc.softmax import margin_softmax_backward, margin_softmax_forward
+    rows = len(labels)
+    device = CurricularFace(0.5, 16.0, CurricularState(0.3))
+    loss_rows, cache = margin_softmax_forward(mx.nd.array(cosine), mx.nd.array(labels, dtype="int64"), device)
+    grad = margin_softmax_backward(cache, mx.nd.full((rows,), 1.0 / rows))
+    host = CurricularFace(0.5, 16.0, CurricularState(0.3))
+    head = HostHead(MemoryBank(4, 2, mx.cpu()), None, allreduce_max=lambda a, n: a, allreduce_sum=lambda a, n: a)
+    host_loss, host_grad = head._margin_softmax(cosine.astype(np.float32), labels, rows, host)
+    return ((float(loss_rows.mean().asscalar()), grad.asnumpy(), device.state.t),
+            (host_loss, host_grad.copy(), host.state.t))
+
+
+def test_curricularface_on_both_kernels_is_the_papers_loss(outputs):
+    """Test that CurricularFace on the device and the host kernel gives the PyTorch reference's
+    loss, gradient on every cosine (hard negatives reweighted by t + 2c, the target by
+    cos(theta + m)') and updated t; and that the case has hard negatives and differs from ArcFace's
+    loss, so ignoring them would fail."""
+    cosine, labels = outputs["curricular/cosine"], outputs["margin/labels"]
+    target = cosine[np.arange(len(labels)), labels]
+    shifted = np.cos(np.arccos(np.clip(target, -1, 1)) + 0.5)
+    hard = cosine > shifted[:, None]
+    hard[np.arange(len(labels)), labels] = False
+    assert hard.sum() >= 3
+    for loss, grad, t in _curricular_on_our_kernels(cosine, labels):
+        np.testing.assert_allclose(loss, outputs["curricular/loss"], rtol=1e-5)
+        np.testing.assert_allclose(grad, outputs["curricular/grad"], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(t, outputs["curricular/t"], rtol=1e-6)
+    from sample_fc.pfc.softmax import margin_cross_entropy
+    import mxnet as mx
+    arcface = margin_cross_entropy(mx.nd.array(cosine), mx.nd.array(labels, dtype="int64"), 1.0, 0.5, 0.0, 16.0)
+    assert abs(float(arcface.asscalar()) - float(outputs["curricular/loss"])) > 1e-2

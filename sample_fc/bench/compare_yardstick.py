@@ -65,6 +65,9 @@ def yardstick_refusal(cfg):
     if cfg.momentum != MOMENTUM:
         return (f"momentum={cfg.momentum:g}, but arcface_torch's train_v2.py fixes SGD momentum at {MOMENTUM:g} "
                 f"(--set momentum={MOMENTUM:g})")
+    if cfg.loss_margin != "combined":
+        return (f"loss_margin={cfg.loss_margin}: arcface_torch's CombinedMarginLoss has only the combined margin "
+                f"(--loss arcface or cosface, or --only sample_fc)")
     try:
         CombinedMargin(cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3)
     except ValueError as error:

@@ -4,8 +4,11 @@ bench.step_breakdown now measure against the yardstick (sample_fc/bench/yardstic
 arcface_torch's layouts and step) instead. Not used by training; needs `torch` (CPU build).
 
 The networks are sample_fc's layer for layer (MobileFaceNet and IResNet: symbols/;
-`network(name, ...)` builds one by its name), the margin its CombinedMargin (margin_logits).
+`network(name, ...)` builds one by its name), the margins its CombinedMargin (margin_logits) and
+CurricularFace (curricular_loss, as the paper's published code computes it, with autograd).
 """
+import math
+
 import torch
 from torch import nn
 
@@ -142,3 +145,19 @@ def margin_logits(cosine, labels, s, m1, m2, m3):
     else:
         target_m = target - m3
     return s * cosine.scatter(1, labels[:, None], target_m)
+
+
+def curricular_loss(cosine, labels, s, m, t):
+    """(mean cross-entropy, the updated t) of CurricularFace on `cosine` (N, K) with integer
+    `labels`, its running mean `t` before the step: t is updated from the batch's target cosines
+    first (no gradient), each negative above cos(theta_y + m) becomes c (t + c), the target
+    cos(theta_y + m) (past theta_y = pi - m: c - m sin(pi - m)); autograd gives the gradient."""
+    cos = cosine.clamp(-1.0, 1.0)
+    target = cos.gather(1, labels[:, None])
+    shifted = target * math.cos(m) - torch.sqrt(1.0 - target * target) * math.sin(m)
+    final_target = torch.where(target > math.cos(math.pi - m), shifted, target - math.sin(math.pi - m) * m)
+    with torch.no_grad():
+        t = 0.01 * target.mean() + 0.99 * t
+    hard = cos > shifted.detach()
+    logits = torch.where(hard, cos * (t + cos), cos).scatter(1, labels[:, None], final_target)
+    return torch.nn.functional.cross_entropy(s * logits, labels), float(t)

@@ -206,7 +206,8 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
         mx.nd.save(aux, module.get_params()[1])
         sums = {**_shard_checksums(shard), **_read_back(aux)}
         sums[os.path.basename(own_state)] = checksums.write_json(
-            own_state, {"sampler": module.partial_fc.sampler.state_dict(), "data": data_iter.state_dict()})
+            own_state, {"sampler": module.partial_fc.sampler.state_dict(), "data": data_iter.state_dict(),
+                        "margin": module.partial_fc.margin.target.state_dict()})
         if rank == 0:
             mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
                                      remove_amp_cast=False)
@@ -267,5 +268,7 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
         module.partial_fc.sampler.load_state_dict(read_rank_state(checkpoint, rank)["sampler"])
     else:
         restore_resharded(module.partial_fc.bank, [bank_shard_files(checkpoint, r) for r in range(old_world)])
-    data_iter.load_state_dict(data_state(read_rank_state(checkpoint, 0)["data"], old_world, data_iter.batch_size))
+    first_rank = read_rank_state(checkpoint, 0)        # the margin's state is the same on every rank
+    module.partial_fc.margin.target.load_state_dict(first_rank.get("margin", {}))
+    data_iter.load_state_dict(data_state(first_rank["data"], old_world, data_iter.batch_size))
     return step

@@ -82,7 +82,7 @@ class Head:
         embeddings: (B, D) NDArray, the global batch; sample: this shard's sampler.Sample (the
         sorted rows `index`, each row's position `targets`, and the sampling policy's
         logit_offsets and decay_scales, each None when off); total_rows: B, the rows the loss is
-        averaged over; margin: this step's CombinedMargin (PartialFC decides it).
+        averaged over; margin: this step's margin (pfc/margin.py's interface; PartialFC decides it).
         Returns the global mean loss ((1,) NDArray) and d loss / d embeddings ((B, D) NDArray
         on the embeddings' context, this rank's columns only: to be summed over ranks). What
         the bank update needs is kept until update() or discard().

@@ -124,8 +124,17 @@ class HostHead(Head):
         scale = margin.s
         rows = np.flatnonzero(target >= 0)
         columns = target[rows]
-        psi, slope = margin.psi_and_derivative(cosine[rows, columns])
-        logits = np.multiply(cosine, scale, out=self.workspace.get("grad", cosine.shape))
+        psi, slope = margin.target(cosine[rows, columns])
+        negative_slope = None
+        if margin.touches_negatives:     # every row's target cosine, on every rank
+            cos_target = np.zeros(len(cosine), dtype=np.float32)
+            cos_target[rows] = cosine[rows, columns]
+            cos_target = _to_numpy(self.allreduce_sum(mx.nd.array(cos_target), "softmax.target_cosine"))
+            margin.observe(cos_target)
+            values, negative_slope = margin.negatives(cosine, cos_target)
+            logits = np.multiply(values, scale, out=self.workspace.get("grad", cosine.shape))
+        else:
+            logits = np.multiply(cosine, scale, out=self.workspace.get("grad", cosine.shape))
         target_logit = np.zeros(len(cosine), dtype=np.float32)
         target_logit[rows] = psi * scale
         logits[rows, columns] = target_logit[rows]
@@ -138,8 +147,13 @@ class HostHead(Head):
                                        "softmax.sum_and_target"))
         row_sum, global_target_logit = sums[0], sums[1]
         loss = float(np.sum(row_max + np.log(row_sum) - global_target_logit)) / total_rows
-        # d loss / d cosine = s (softmax - onehot) / N; on a target entry times psi'(c)
+        # d loss / d cosine = s (softmax - onehot) / N, times the margin's slope on the negatives it
+        # touches; on a target entry times psi'(c)
         grad = np.multiply(exp, (scale / (row_sum * total_rows))[:, None], out=exp)
+        if negative_slope is not None:
+            at_target = grad[rows, columns]          # a copy: the target's slope is psi'
+            grad *= negative_slope
+            grad[rows, columns] = at_target
         grad[rows, columns] = (grad[rows, columns] - scale / total_rows) * slope
         return loss, grad
 

@@ -1,5 +1,19 @@
-"""Combined angular margin: target logit s * psi(c), psi(c) = cos(m1 * arccos(c) + m2) - m3.
+"""The margins: how a row's logits are made from its cosines. One interface, read by both head
+kernels (softmax.py on any context, host_head.py in NumPy) and checked against PyTorch:
 
+    margin.s                        the scale of every logit
+    margin.target(c)                (psi(c), psi'(c)) of the rows' target cosines: logit s * psi(c)
+    margin.touches_negatives        False: every other logit is s * c. True: the kernels gather every
+                                    row's target cosine on every rank (one more small allreduce) and
+    margin.negatives(cos, c_t)      gives (v, v') of each entry of `cos` (rows' target cosines c_t):
+                                    logit s * v; the kernels use it for every entry but the target
+    margin.observe(c_t)             told each step's target cosines (all rows) before `negatives`
+    margin.at(a)                    the margin at warm-up fraction a in [0, 1] (MarginWarmup)
+    margin.state_dict() / load_state_dict(d)   what a checkpoint keeps of it ({} when nothing)
+
+A new margin is a class here (with its branch in make_margin) and its word in options.MARGINS.
+
+CombinedMargin: target logit s * psi(c), psi(c) = cos(m1 * arccos(c) + m2) - m3.
 ArcFace is (m1, m2, m3) = (1, 0.5, 0), CosFace (1, 0, 0.4), SphereFace-like m1 > 1.
 Only the target entry of each row gets the margin; the others stay s * c.
 
@@ -17,11 +31,14 @@ import math
 import mxnet as mx
 import numpy as np
 
+from ..options import MARGINS
+
 EPS = 1e-6
 
 
 class CombinedMargin:
     """The margin (m1, m2, m3) and scale s of the target logit."""
+    touches_negatives = False
 
     def __init__(self, m1=1.0, m2=0.5, m3=0.0, s=64.0):
         for name, value in (("m1", m1), ("m2", m2), ("m3", m3), ("s", s)):
@@ -40,6 +57,19 @@ class CombinedMargin:
     def psi(self, cos_target):
         """psi(c) for the target cosines (without the scale s)."""
         return self.psi_and_derivative(cos_target)[0]
+
+    def target(self, cos_target):
+        return self.psi_and_derivative(cos_target)
+
+    def at(self, a):
+        """m2 and m3 times a, m1 from 1 towards its value (1 + (m1 - 1) a), s fixed."""
+        return CombinedMargin(1.0 + (self.m1 - 1.0) * a, self.m2 * a, self.m3 * a, self.s)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
 
     def psi_and_derivative(self, cos_target):
         """(psi(c), d psi / dc) for a vector of target cosines (an NDArray or a NumPy array;
@@ -62,8 +92,8 @@ class CombinedMargin:
 
 
 class MarginWarmup:
-    """The margin of update n when the margins grow in over `steps` updates: m2 and m3 times
-    a = min(1, n / steps), m1 from 1 towards its value (1 + (m1 - 1) a), s fixed. At a = 0 the
+    """The margin of update n when the margins grow in over `steps` updates: margin.at(a),
+    a = min(1, n / steps) (CombinedMargin: m2 and m3 times a, m1 from 1 towards its value, s fixed). At a = 0 the
     loss is the plain normalised softmax, which trains from scratch where a full ArcFace
     margin (0.5 rad at s = 64) stalls; a pure function of n (exact resume). steps = 0: the
     target margin from the first update."""
@@ -75,7 +105,93 @@ class MarginWarmup:
 
     def __call__(self, num_update):
         a = min(1.0, num_update / self.steps) if self.steps else 1.0
-        if a == 1.0:
-            return self.target
-        t = self.target
-        return CombinedMargin(1.0 + (t.m1 - 1.0) * a, t.m2 * a, t.m3 * a, t.s)
+        return self.target if a == 1.0 else self.target.at(a)
+
+
+class CurricularState:
+    """CurricularFace's t: a running mean of the batch's target cosines (shared by the margins
+    of every warm-up fraction; the same on every rank: it sees the global batch)."""
+
+    def __init__(self, t=0.0):
+        self.t = float(t)
+
+
+class CurricularFace:
+    """CurricularFace (Huang et al., CVPR 2020): the target logit is ArcFace's, s cos(theta + m)
+    (past theta = pi - m, s (c - m sin(pi - m)), as its code continues it), and a negative whose
+    cosine c exceeds its row's cos(theta_y + m) (a hard one) becomes s c (t + c), t a running mean
+    of the target cosines (t <- 0.01 mean + 0.99 t each step, before the step's logits; no
+    gradient through t or the choice of hard negatives): d logit / dc = s (t + 2c) there. The mean
+    is over the global batch (the original takes each GPU's batch)."""
+    touches_negatives = True
+    T_MOMENTUM = 0.01
+
+    def __init__(self, m=0.5, s=64.0, state=None):
+        for name, value in (("m", m), ("s", s)):
+            if not math.isfinite(value):
+                raise ValueError(f"margin {name} must be finite, got {value}")
+        if not (0 <= m < math.pi) or s <= 0:
+            raise ValueError(f"CurricularFace needs 0 <= m < pi and s > 0; got m={m}, s={s}")
+        self.m, self.s = float(m), float(s)
+        self.state = state or CurricularState()
+        self.threshold = math.cos(math.pi - self.m)        # theta_y + m reaches pi below this cosine
+        self.fallback = math.sin(math.pi - self.m) * self.m
+
+    def __repr__(self):
+        return f"CurricularFace(m={self.m}, s={self.s}, t={self.state.t})"
+
+    def _shifted(self, c):
+        """cos(theta + m) of clamped cosines and its derivative in c (any array kind)."""
+        ops = np if isinstance(c, np.ndarray) else mx.nd
+        c = ops.clip(c, -1.0 + EPS, 1.0 - EPS)
+        sine = ops.sqrt(1.0 - c * c)
+        value = c * math.cos(self.m) - sine * math.sin(self.m)
+        return value, math.cos(self.m) + c * (math.sin(self.m) / sine), ops
+
+    def target(self, cos_target):
+        value, slope, ops = self._shifted(cos_target)
+        easy = cos_target > self.threshold
+        return (ops.where(easy, value, cos_target - self.fallback),
+                ops.where(easy, slope, ops.ones_like(cos_target)))
+
+    def observe(self, cos_target):
+        """t <- 0.01 mean(target cosines, clamped to [-1, 1]) + 0.99 t."""
+        ops = np if isinstance(cos_target, np.ndarray) else mx.nd
+        mean = float(ops.mean(ops.clip(cos_target, -1.0, 1.0)).asscalar() if ops is mx.nd
+                     else np.mean(np.clip(cos_target, -1.0, 1.0), dtype=np.float64))
+        self.state.t = self.T_MOMENTUM * mean + (1.0 - self.T_MOMENTUM) * self.state.t
+
+    def negatives(self, cosine, cos_target):
+        """(v, v') of every entry of `cosine` (N, K), its rows' target cosines `cos_target` (N,):
+        c (t + c) and t + 2c where c > cos(theta_y + m), else c and 1."""
+        shifted = self._shifted(cos_target)[0]
+        if isinstance(cosine, np.ndarray):
+            hard = cosine > shifted[:, None]
+            t = np.float32(self.state.t)
+            return np.where(hard, cosine * (t + cosine), cosine), np.where(hard, t + 2 * cosine, np.float32(1.0))
+        hard = mx.nd.broadcast_greater(cosine, shifted.reshape((-1, 1)))
+        t = self.state.t
+        return (mx.nd.where(hard, cosine * (cosine + t), cosine),
+                mx.nd.where(hard, cosine * 2 + t, mx.nd.ones_like(cosine)))
+
+    def at(self, a):
+        return CurricularFace(self.m * a, self.s, self.state)
+
+    def state_dict(self):
+        return {"t": self.state.t}
+
+    def load_state_dict(self, state):
+        self.state.t = float(state.get("t", 0.0))
+
+
+def make_margin(kind, m1=1.0, m2=0.5, m3=0.0, s=64.0):
+    """The margin `kind` (a word of options.MARGINS) of the config's loss_m1..m3 and loss_s:
+    combined takes all three; curricularface its m = m2 (m1 = 1 and m3 = 0: ValueError else)."""
+    if kind == "combined":
+        return CombinedMargin(m1, m2, m3, s)
+    if kind == "curricularface":
+        if m1 != 1.0 or m3 != 0.0:
+            raise ValueError(f"loss_margin=curricularface takes its margin from loss_m2 (m1 = 1, m3 = 0); got "
+                             f"loss_m1={m1:g}, loss_m3={m3:g}")
+        return CurricularFace(m2, s)
+    raise ValueError(f"loss_margin must be one of {MARGINS}, got {kind!r}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .. import dist
 from .head import DeviceHead, no_stage
 from .host_head import HostHead, default_threads
-from .margin import CombinedMargin, MarginWarmup
+from .margin import MarginWarmup, make_margin
 from .memory_bank import MAX_BLOCK_ELEMENTS, MemoryBank
 from .row_storage import Storage
 from .bank_optimizer import MemoryBankSGDOptimizer
@@ -37,6 +37,7 @@ class PartialFCOptions:
     sample_ratio_warmup_start: float = 1.0
     sample_correction: bool = False         # + log(1/q) on each sampled negative's logit
     sample_wd_correction: bool = False      # each sampled negative decays with wd / q
+    loss_margin: str = "combined"           # pfc/margin.py: combined | curricularface
     loss_m1: float = 1.0                    # margin cos(m1 theta + m2) - m3, scale s
     loss_m2: float = 0.5
     loss_m3: float = 0.0
@@ -107,7 +108,8 @@ class PartialFC:
             bank, options.sample_ratio, seed=options.seed, warmup_steps=options.sample_ratio_warmup_steps,
             warmup_start=options.sample_ratio_warmup_start, logit_correction=options.sample_correction,
             decay_correction=options.sample_wd_correction)
-        self.margin = MarginWarmup(CombinedMargin(options.loss_m1, options.loss_m2, options.loss_m3, options.loss_s),
+        self.margin = MarginWarmup(make_margin(options.loss_margin, options.loss_m1, options.loss_m2, options.loss_m3,
+                                               options.loss_s),
                                    options.margin_warmup_steps)      # update number -> this step's margin
         self.optimizer = MemoryBankSGDOptimizer(lr_schedule, options.momentum, options.wd, options.momentum_form)
         self._stage_hook = no_stage

@@ -20,8 +20,8 @@ def _identity(array, name):
 def margin_softmax_forward(cosine, target, margin, allreduce_max=_identity, allreduce_sum=_identity,
                            logit_offsets=None):
     """Forward pass. cosine: (N, K) NDArray; target: (N,) int NDArray, -1 = not here;
-    logit_offsets: None or a (K,) NDArray added to every row's logits (sampled-softmax
-    correction, sampler.sampled_logit_offsets; 0 on target columns).
+    margin: pfc/margin.py's interface; logit_offsets: None or a (K,) NDArray added to every row's
+    logits (sampled-softmax correction, sampler.sampled_logit_offsets; 0 on target columns).
 
     Returns (loss_rows (N,), cache) where cache feeds `margin_softmax_backward`.
     allreduce_max / allreduce_sum(array, name): collectives over the ranks that share rows.
@@ -31,11 +31,19 @@ def margin_softmax_forward(cosine, target, margin, allreduce_max=_identity, allr
     column = mx.nd.maximum(target, 0)
     onehot = mx.nd.one_hot(target, num_cols, dtype=cosine.dtype)   # zero row where target = -1
     cos_target = mx.nd.pick(cosine, column, axis=1) * has_target
-    psi, psi_slope = margin.psi_and_derivative(cos_target)
+    psi, psi_slope = margin.target(cos_target)
     target_logit = psi * (margin.s * has_target)
-    # logits = s * cosine, with the target entries replaced by s * psi(cos_target)
-    logits = mx.nd.broadcast_add(cosine * margin.s,
-                                 onehot * (target_logit - cos_target * margin.s).reshape((-1, 1)))
+    negative_slope = None
+    if margin.touches_negatives:     # every row's target cosine, on every rank
+        all_targets = allreduce_sum(cos_target, "softmax.target_cosine")
+        margin.observe(all_targets)
+        values, negative_slope = margin.negatives(cosine, all_targets)
+        logits = values * margin.s
+    else:
+        logits = cosine * margin.s
+    # the target entries replaced by s * psi(cos_target)
+    logits = mx.nd.broadcast_add(logits, onehot * (target_logit - mx.nd.pick(logits, column, axis=1) * has_target
+                                                   ).reshape((-1, 1)))
     if logit_offsets is not None:
         logits = mx.nd.broadcast_add(logits, logit_offsets.reshape((1, -1)))
 
@@ -45,19 +53,23 @@ def margin_softmax_forward(cosine, target, margin, allreduce_max=_identity, allr
     row_sum, global_target_logit = sums[0], sums[1]
     loss_rows = row_max + mx.nd.log(row_sum) - global_target_logit
     probs = mx.nd.broadcast_div(exp, row_sum.reshape((-1, 1)))
-    cache = (probs, onehot, column, has_target, psi_slope, margin.s)
+    cache = (probs, onehot, column, has_target, psi_slope, negative_slope, margin.s)
     return loss_rows, cache
 
 
 def margin_softmax_backward(cache, grad_rows):
     """d loss / d cosine (N, K), given grad_rows = d objective / d loss_rows (N,)."""
-    probs, onehot, column, has_target, psi_slope, scale = cache
+    probs, onehot, column, has_target, psi_slope, negative_slope, scale = cache
     grad_rows = grad_rows.reshape((-1, 1))
     grad_logits = mx.nd.broadcast_mul(probs - onehot, grad_rows)
-    # d logit / d cosine is s, except on the target entry: s * psi'(cos_target)
+    # d logit / d cosine is s (times the margin's slope on the negatives it touches), and on the
+    # target entry s * psi'(cos_target)
     target_grad_logit = (mx.nd.pick(probs, column, axis=1) - 1.0) * has_target * grad_rows.reshape(-1)
-    correction = target_grad_logit * (psi_slope - 1.0) * scale
-    return mx.nd.broadcast_add(grad_logits * scale, onehot * correction.reshape((-1, 1)))
+    if negative_slope is None:
+        correction = target_grad_logit * (psi_slope - 1.0) * scale
+        return mx.nd.broadcast_add(grad_logits * scale, onehot * correction.reshape((-1, 1)))
+    correction = target_grad_logit * (psi_slope - mx.nd.pick(negative_slope, column, axis=1)) * scale
+    return mx.nd.broadcast_add(grad_logits * negative_slope * scale, onehot * correction.reshape((-1, 1)))
 
 
 class _MarginCrossEntropy(mx.autograd.Function):

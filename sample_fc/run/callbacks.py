@@ -129,7 +129,7 @@ def chance_loss(num_classes, margin):
     """The loss of a model that has learned nothing: every cosine 0, so K - 1 logits of 0 and the
     target's s psi(0) (CosFace: -s m3, ArcFace: -s sin m2): log(K - 1 + e^(s psi(0))) - s psi(0),
     about ln K + s m. `margin` is a CombinedMargin (with s)."""
-    target = margin.s * float(margin.psi(np.zeros(1))[0])
+    target = margin.s * float(margin.target(np.zeros(1, dtype=np.float32))[0][0])
     return float(np.logaddexp(np.log(num_classes - 1), target) - target) if num_classes > 1 else 0.0
 
 

@@ -41,6 +41,22 @@ def test_two_workers_equal_one_worker_with_double_batch(horovod_job, single_proc
     ref.assert_close(two["bank_weight"], bank_w, RTOL)
 
 
+@pytest.mark.parametrize("kernel", ["host", "device"])
+def test_curricularface_on_two_workers_equals_one_worker(horovod_job, single_process, tmp_path, kernel):
+    """Test that CurricularFace, which reads every row's target cosine on every rank (one more
+    allreduce) and keeps a running t, gives on 2 workers the losses, backbone and bank of 1
+    worker with the double batch, for 3 steps on either kernel; and differs from ArcFace's run."""
+    options = dict(global_batch=8, classes=11, steps=3, ratio=1.0, head_kernel=kernel)
+    two = _two_workers(horovod_job, tmp_path / "two", margin="curricularface", **options)
+    single_process("partial_fc_steps.py", *_args(tmp_path / "one", margin="curricularface", **options))
+    one = case.load_run(tmp_path / "one", 1)
+    ref.assert_close(two["losses"], one["losses"], RTOL)
+    for key in ("fc_embed_weight", "bank_weight", "bank_momentum"):
+        ref.assert_close(two[key], one[key], RTOL, err_msg=key)
+    single_process("partial_fc_steps.py", *_args(tmp_path / "arc", **options))
+    assert np.abs(np.asarray(case.load_run(tmp_path / "arc", 1)["losses"]) - np.asarray(one["losses"])).max() > 1e-3
+
+
 def test_global_tail_makes_two_workers_equal_one_worker(horovod_job, single_process, tmp_path):
     """Test that with BatchNorms over samples in the backbone's last layers, tail_bn=global
     (global_tail.py) trains 2 workers x 4 as 1 worker x 8 (losses, weights, BatchNorm statistics,

@@ -50,6 +50,21 @@ def test_resume_takes_the_runs_config_and_root(tiny_data, tmp_path):
                 checkpoint_arrays(str(straight / "step-00000008"), 2))
 
 
+def test_curricularface_resumes_exactly_with_its_running_mean(tiny_data, tmp_path):
+    """Test that a CurricularFace run stopped at step 4 and resumed continues exactly as an
+    uninterrupted one (its running mean t, which every step changes, is in the checkpoint)."""
+    loss = ["--loss", "curricularface", "--set", "loss_s=16", "--set", "ckpt_period=4"]
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    assert run_train(straight, tiny_data, "--set", "max_update=8", *loss).returncode == 0
+    assert run_train(interrupted, tiny_data, "--set", "max_update=4", *loss).returncode == 0
+    t = json.loads((interrupted / "step-00000004" / "rank1.json").read_text())["margin"]["t"]
+    assert t != 0.0
+    result = resume_only("--resume", interrupted, "--set", "max_update=8")
+    assert result.returncode == 0, per_rank_tail(result.output)
+    assert_same(checkpoint_arrays(str(interrupted / "step-00000008"), 2),
+                checkpoint_arrays(str(straight / "step-00000008"), 2))
+
+
 def test_changing_a_fixed_key_on_resume_is_refused(tiny_data, tmp_path):
     """Test that changing the model on resume (loss_s, --network) is one line naming the key and
     both values, exit 2, and the run's files stay byte-identical."""

@@ -8,7 +8,8 @@ in torch's import: both carry Gloo), and the test process has imported Horovod b
 Saved per network N (32 px, D 16, 4 random images, inference mode): N/mxnet and N/torch
 (embeddings), N/mxnet_params and N/torch_params (counts); mbf_small with one PReLU slope
 changed in the reference only: changed/mxnet, changed/torch; and margin/cosine,
-margin/labels, margin/<s>_<m1>_<m2>_<m3> (the reference's logits).
+margin/labels, margin/<s>_<m1>_<m2>_<m3> (the reference's logits); curricular/cosine, loss, grad, t
+(CurricularFace at s 16, m 0.5 from t 0.3: the mean loss, its gradient and the updated t).
 """
 import sys
 
@@ -87,6 +88,11 @@ def main(out):
     for s, m1, m2, m3 in MARGINS:
         saved[f"margin/{s}_{m1}_{m2}_{m3}"] = torch_reference.margin_logits(
             torch.from_numpy(saved["margin/cosine"]), torch.from_numpy(saved["margin/labels"]), s, m1, m2, m3).numpy()
+    cosine = torch.tensor(saved["margin/cosine"] * 1.05, requires_grad=True)   # some negatives above cos(theta_y + m)
+    loss, t = torch_reference.curricular_loss(cosine, torch.from_numpy(saved["margin/labels"]), 16.0, 0.5, 0.3)
+    loss.backward()
+    saved["curricular/cosine"], saved["curricular/loss"] = cosine.detach().numpy(), loss.detach().numpy()
+    saved["curricular/grad"], saved["curricular/t"] = cosine.grad.numpy(), np.array(t)
     try:
         torch_reference.network("r152", EMBEDDING, IMAGE_SIZE)
     except ValueError as err:

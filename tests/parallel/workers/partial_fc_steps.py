@@ -36,6 +36,7 @@ parser.add_argument("--sample-wd-correction", action="store_true", help="the ban
 parser.add_argument("--tail-bn", default="none", choices=("none", "worker", "global"),
                     help="none: the linear backbone; worker/global: FC -> BatchNorm -> FC -> BatchNorm, the "
                          "BatchNorms over each rank's batch or (global_tail.py) over the global batch")
+parser.add_argument("--margin", default="combined", choices=("combined", "curricularface"))
 args = parser.parse_args()
 
 dist.init()
@@ -70,6 +71,7 @@ backbone_opt = BackboneOptimizer(mx.optimizer.SGD(learning_rate=args.lr, momentu
                                                      rescale_grad=1.0, lr_scheduler=schedule))
 options = PartialFCOptions(sample_ratio=args.ratio, sample_correction=args.sample_correction,
                            sample_wd_correction=args.sample_wd_correction, loss_s=8.0, head_kernel=args.head_kernel,
+                           loss_margin=args.margin,
                            seed=7)                        # margin (1, 0.5, 0), the bank's SGD (0.9, 5e-4)
 partial_fc = PartialFC.for_rank(args.classes, rank, world, args.embedding, mx.cpu(), options, schedule)
 bank, sampler = partial_fc.bank, partial_fc.sampler
