@@ -81,17 +81,22 @@ def test_yardstick_rate_counts_only_the_steps_after_the_skipped_ones():
 
 
 def test_speed_table_gives_each_runs_ratio_and_their_median():
-    """Test that each run's row has both sides' samples/s and sample_fc / yardstick, that the
-    median is over the runs' ratios (not the ratio of medians), and that a side without a
-    number has '-' and no ratio."""
-    lines, median = speed_table([100.0, 130.0, 90.0], [80.0, 100.0, 100.0])
+    """Test that each run's row has every side's samples/s and sample_fc / each yardstick row,
+    that each median is over the runs' ratios (not the ratio of medians), and that a side
+    without a number has '-' and no ratio."""
+    lines, (median,) = speed_table([100.0, 130.0, 90.0], [80.0, 100.0, 100.0])
     assert median == pytest.approx(1.25)                  # ratios 1.25, 1.3, 0.9
     assert lines[1].split() == ["1", "100.0", "80.0", "1.250"]
     assert lines[3].split() == ["3", "90.0", "100.0", "0.900"]
-    lines, median = speed_table([None, 60.0], [50.0, 40.0])
+    lines, (median,) = speed_table([None, 60.0], [50.0, 40.0])
     assert lines[1].split() == ["1", "-", "50.0", "-"] and median == pytest.approx(1.5)
-    assert speed_table([None], [50.0])[1] is None
+    assert speed_table([None], [50.0])[1] == [None]
     assert speed_table([4.961], [4.85])[0][1].split() == ["1", "4.96", "4.85", "1.023"]   # r50's few per second
+    lines, medians = speed_table([100.0, 120.0], [80.0, 100.0], [125.0, None], names=("yardstick", "tuned"))
+    assert lines[0].split() == ["run", "sample_fc", "yardstick", "tuned", "/", "yardstick", "/", "tuned"]
+    assert lines[1].split() == ["1", "100.0", "80.0", "125.0", "1.250", "0.800"]
+    assert lines[2].split() == ["2", "120.0", "100.0", "-", "1.200", "-"]
+    assert medians == [pytest.approx(1.225), pytest.approx(0.8)]
 
 
 def test_yardstick_recipe_is_the_demo_presets_by_hand():
@@ -150,13 +155,15 @@ def test_a_tiny_yardstick_run_reports_loss_accuracy_and_layout(tmp_path):
     out = result.stdout
     assert "global batch 16" in out and "sample rate 1" in out and "margins (1.0, 0.0, 0.25) s 32" in out
     assert "1 process x " in out and "DataLoader with 2 worker processes" in out
+    assert "tuned layout: 1 process" in out and "channels-last model and batches" in out
     section = out.split("loss (mean over")[1].split("held-out")[0].splitlines()
-    assert section[1].split() == ["step", "yardstick"]
+    assert section[1].split() == ["step", "yardstick", "tuned"]
     rows = [line.split() for line in section[2:] if line.strip()]
-    assert [row[0] for row in rows] == ["2", "4", "6"] and all(float(row[1]) > 0 for row in rows)
-    accuracy = out.split("yardstick: demo_val ")[1].split()[0]
-    assert 0.0 <= float(accuracy) <= 1.0
-    assert out.rstrip().splitlines()[-1].split() == ["1", "-", "-", "-"]
+    assert [row[0] for row in rows] == ["2", "4", "6"] and all(float(v) > 0 for row in rows for v in row[1:])
+    for name in ("yardstick", "tuned"):
+        accuracy = out.split(f"{name}: demo_val ")[1].split()[0]
+        assert 0.0 <= float(accuracy) <= 1.0
+    assert out.rstrip().splitlines()[-1].split() == ["1", "-", "-", "-", "-", "-"]
 
 
 def test_sample_fc_training_seconds_come_from_the_progress_windows(tmp_path):

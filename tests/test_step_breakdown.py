@@ -10,9 +10,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_one_case_gives_a_sample_fc_row_and_a_yardstick_row():
-    """Test that one case (mbf, 32 px, one worker) gives a sample_fc row and a yardstick row
-    read from the demo's .rec by its loader, each with samples/s = batch / step and stages
-    that account for its step."""
+    """Test that one case (mbf, 32 px, one worker) gives a sample_fc row, a yardstick row read
+    from the demo's .rec by its loader and a tuned row (channels-last, from memory), each with
+    samples/s = batch / step, and stages that account for the step."""
     # the tool runs in a process of its own, which imports torch (a test requirement); this process
     # may not even look it up: sample_fc.dist, once imported, bars torch (sys.modules["torch"] = None)
     result = subprocess.run([sys.executable, "-m", "sample_fc.bench.step_breakdown", "--networks", "mbf",
@@ -20,10 +20,10 @@ def test_one_case_gives_a_sample_fc_row_and_a_yardstick_row():
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     table = [line for line in result.stdout.splitlines() if line.startswith("| mbf ")]
-    rows = {line.split("|")[3].strip(): [cell.strip() for cell in line.split("|")[1:-1]] for line in table[-2:]}
-    assert set(rows) == {"sample_fc", "yardstick (rec, 2 loader workers)"}
+    rows = {line.split("|")[3].strip(): [cell.strip() for cell in line.split("|")[1:-1]] for line in table[-3:]}
+    assert set(rows) == {"sample_fc", "yardstick (rec, 2 loader workers)", "tuned (memory, channels-last)"}
     ours, theirs = rows["sample_fc"], rows["yardstick (rec, 2 loader workers)"]
-    for row in (ours, theirs):
+    for row in (ours, theirs, rows["tuned (memory, channels-last)"]):
         step_ms, samples_per_s = float(row[4]), float(row[5])
         assert step_ms > 0 and samples_per_s == pytest.approx(32 / step_ms * 1e3, rel=0.02)
     assert 0.6 * float(ours[4]) <= sum(float(cell) for cell in ours[6:]) <= 1.8 * float(ours[4])

@@ -3,7 +3,7 @@
     scripts/test.sh                            # once: installs torch (CPU; not needed for training)
     .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--network mbf|r18|r34|r50|r100]
         [--loss L] [--set key=value ...] [--np 2] [--only sample_fc|torch] [--seeds 0,1,2]
-        [--runs 3] [--torch-data rec|memory] [--torch-clip 5] [--eval-every N]
+        [--runs 3] [--torch-data rec|memory] [--torch-clip 5] [--eval-every N] [--yardsticks asis,tuned]
 
 Both train the same recipe (the dataset preset's, with --network/--loss/--set, as
 `train.py --print-config` resolves it; default the demo, built on first use) for the same
@@ -13,7 +13,10 @@ threads). The other side is the yardstick (sample_fc/bench/yardstick/: insightfa
 arcface_torch's train_v2.py step, its own network layouts, PartialFC_V2, CombinedMarginLoss,
 SGD over every parameter, clip 5) in this process with the whole global batch, torch's
 default threads, fed by its DataLoader (2 worker processes decoding the .rec per step, one
-prefetch thread: --torch-data rec) or from images decoded once before timing (memory).
+prefetch thread: --torch-data rec) or from images decoded once before timing (memory): the
+row "yardstick". Beside it (--yardsticks, default both with one process) the row "tuned": the
+same step as a skilled PyTorch user runs it on a CPU (yardstick/tuned.py: channels-last model
+and batches, images in memory, torch's default threads, the fastest count here).
 It trains sample_fc's recipe: network (mbf = arcface_torch's mbf, r18..r100 its IResNets; no
 other), embedding size, image size, classes, global batch (batch_size x np), lr (scaled by
 the global batch as train.py does) and sample_fc's lr schedule (lr_schedule: step with its
@@ -77,6 +80,10 @@ def parse_args(argv):
                         help="yardstick: N processes as train_v2.py runs them on N GPUs (DDP, each its B/N images "
                         "and its own BatchNorm statistics, PartialFC_V2's centers split by class; images in memory, "
                         "sample rate 1; default 1: one process with the whole batch)")
+    parser.add_argument("--yardsticks", type=yardstick_list, default=None, metavar="asis,tuned",
+                        help="the yardstick rows: asis (arcface_torch as it runs: NCHW batches from --torch-data) "
+                        "and tuned (channels-last model and batches, images in memory); default both, asis only "
+                        "with --torch-np N")
     parser.add_argument("--torch-clip", type=float, default=5.0,
                         help="yardstick: backbone gradient-norm clip (0 = none; default 5 as arcface_torch)")
     args = parser.parse_args(argv)
@@ -89,6 +96,17 @@ def positive_int(text):
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
     return int(text)
+
+
+YARDSTICKS = {"asis": "yardstick", "tuned": "tuned"}     # --yardsticks word -> the row's name
+
+
+def yardstick_list(text):
+    words = text.split(",")
+    if not words or any(word not in YARDSTICKS for word in words) or len(set(words)) != len(words):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected distinct words of {', '.join(YARDSTICKS)}, "
+                                         f"e.g. asis,tuned")
+    return words
 
 
 def seed_list(text):
@@ -191,19 +209,22 @@ def accuracy_summary(per_seed):
     return ", ".join(parts)
 
 
-def speed_table(sample_fc_speeds, yardstick_speeds):
-    """(lines of the table: run, both sides' samples/s (two decimals below 10), their ratio; the
-    median ratio or None).
-    A side that did not run or measure has None (and its run no ratio)."""
-    lines = [f"  {'run':>3}  {'sample_fc':>10}  {'yardstick':>10}  {'ratio':>6}"]
-    ratios = []
-    for run, (ours, theirs) in enumerate(zip(sample_fc_speeds, yardstick_speeds), start=1):
-        ratio = ours / theirs if ours and theirs else None
-        if ratio is not None:
-            ratios.append(ratio)
-        cells = [f"{v:10.{2 if v < 10 else 1}f}" if v else f"{'-':>10}" for v in (ours, theirs)]   # r50: ~5/s
-        lines.append(f"  {run:3d}  {cells[0]}  {cells[1]}  " + (f"{ratio:6.3f}" if ratio else f"{'-':>6}"))
-    return lines, (statistics.median(ratios) if ratios else None)
+def speed_table(sample_fc_speeds, *yardsticks_speeds, names=("yardstick",)):
+    """(lines of the table: run, each side's samples/s (two decimals below 10), sample_fc's ratio
+    to each yardstick row (`names`); the median of each ratio over the runs, or None).
+    A side that did not run or measure has None (and its run no ratio to it)."""
+    lines = [f"  {'run':>3}  {'sample_fc':>10}  " + "  ".join(f"{name:>10}" for name in names) + "  "
+             + "  ".join(f"{'/ ' + name:>11}" for name in names)]
+    ratios = [[] for _ in names]
+    for run, (ours, *theirs) in enumerate(zip(sample_fc_speeds, *yardsticks_speeds), start=1):
+        row = [ours / their if ours and their else None for their in theirs]
+        for found, ratio in zip(ratios, row):
+            if ratio is not None:
+                found.append(ratio)
+        cells = [f"{v:10.{2 if v < 10 else 1}f}" if v else f"{'-':>10}" for v in (ours, *theirs)]   # r50: ~5/s
+        lines.append(f"  {run:3d}  " + "  ".join(cells) + "  "
+                     + "  ".join(f"{ratio:11.3f}" if ratio else f"{'-':>11}" for ratio in row))
+    return lines, [statistics.median(found) if found else None for found in ratios]
 
 
 def report(curves, accuracies, speeds, trainings, layouts):
@@ -226,10 +247,13 @@ def report(curves, accuracies, speeds, trainings, layouts):
     for name in names:
         print(f"  {name:>10}: {layouts[name]}")
     missing = [None] * len(trainings)
-    lines, median = speed_table(speeds.get("sample_fc", missing), speeds.get("yardstick", missing))
+    rows = [name for name in names if name != "sample_fc"] or ["yardstick"]
+    lines, medians = speed_table(speeds.get("sample_fc", missing), *(speeds.get(name, missing) for name in rows),
+                                 names=rows)
     print("\n".join(lines))
-    if median is not None:
-        print(f"  median ratio sample_fc / yardstick: {median:.3f}")
+    for name, median in zip(rows, medians):
+        if median is not None:
+            print(f"  median ratio sample_fc / {name}: {median:.3f}")
 
 
 def release_freed_memory():
@@ -252,7 +276,7 @@ def train_both(args, order, curves, accuracies, speeds, accuracy_curves):
             with tempfile.TemporaryDirectory(prefix="compare-") as models_root:
                 result = run_sample_fc(args, models_root)
         else:
-            result = run_torch(args, config(args))
+            result = run_torch(args, config(args), tuned=name == "tuned")
             release_freed_memory()
         for table, value in zip((curves, accuracies, speeds, accuracy_curves), result):
             table.setdefault(name, []).append(value)
@@ -271,9 +295,15 @@ def main(argv=None):
     if args.eval_every and args.eval_every % cfg.frequent:
         sys.exit(f"compare: --eval-every {args.eval_every} is not a multiple of the recipe's frequent={cfg.frequent} "
                  f"(sample_fc's training time is known at its progress records; --set frequent=N to change it)")
-    sides = [{"sample_fc": "sample_fc", "torch": "yardstick"}[args.only]] if args.only else ["sample_fc", "yardstick"]
+    if args.yardsticks is None:
+        args.yardsticks = ["asis", "tuned"] if args.torch_np == 1 else ["asis"]
+    elif "tuned" in args.yardsticks and args.torch_np > 1:
+        sys.exit("compare: --torch-np N runs arcface_torch as it runs on N GPUs; the tuned row is one process "
+                 "(--yardsticks asis)")
+    yardsticks = [YARDSTICKS[word] for word in args.yardsticks]
+    sides = (["sample_fc"] if args.only != "torch" else []) + (yardsticks if args.only != "sample_fc" else [])
     layouts = {"sample_fc": sample_fc_layout(args, cfg) + malloc_note()}
-    if "yardstick" in sides:
+    if args.only != "sample_fc":
         try:
             import torch
         except ImportError:
@@ -289,6 +319,8 @@ def main(argv=None):
                      if args.torch_np > 1 else f"1 process x {args.torch_threads}")
         layouts["yardstick"] = (f"{processes} torch threads; {yardstick_data_layout(args.torch_data)}"
                                 + malloc_note())
+        layouts["tuned"] = (f"1 process x {args.torch_threads} torch threads; channels-last model and batches; "
+                            f"{yardstick_data_layout('memory')}" + malloc_note())
     trainings = [(seed, run) for seed in (args.seeds or [cfg.seed]) for run in range(1, args.runs + 1)]
     base_overrides = list(args.overrides)
     curves, accuracies, speeds, accuracy_curves = {}, {}, {}, {}
@@ -297,7 +329,7 @@ def main(argv=None):
         print(f"\n== seed {seed}, run {run}", flush=True)
         train_both(args, sides if index % 2 == 0 else sides[::-1], curves, accuracies, speeds, accuracy_curves)
     report(curves, accuracies, speeds, trainings, {name: layouts[name] for name in sides})
-    if args.eval_every and len(sides) == 2:
+    if args.eval_every and "sample_fc" in sides and "yardstick" in sides:
         print("\ntime to accuracy (training seconds: verification, checkpoints and start-up left out)")
         print("\n".join(time_to_accuracy.report_lines(accuracy_curves, trainings)[0]))
     return 0

@@ -108,8 +108,9 @@ def yardstick_data_layout(torch_data):
     return f"DataLoader with {LOADER_WORKERS} worker processes decoding the .rec per step, 1 prefetch thread"
 
 
-def yardstick_batches(args, recipe, rec_folder):
-    """(endless (images, labels) batches, a close() for them, the data's layout line)."""
+def yardstick_batches(args, recipe, rec_folder, memory=False):
+    """(endless (images, labels) batches, a close() for them, the data's layout line); `memory`:
+    decoded once into memory whatever --torch-data says."""
     from .yardstick import MemoryFaces, RecFaces, rec_loader
     from .yardstick.data import LOADER_WORKERS, Prefetched
     dataset = RecFaces(rec_folder)
@@ -117,7 +118,7 @@ def yardstick_batches(args, recipe, rec_folder):
     if side != recipe.image_size:
         sys.exit(f"compare: {rec_folder} holds {side} px images and the recipe trains at image_size="
                  f"{recipe.image_size}; the yardstick does not resize (--set image_size={side})")
-    if args.torch_data == "memory":
+    if memory or args.torch_data == "memory":
         faces = MemoryFaces.from_rec(rec_folder)
         return (faces.batches(recipe.global_batch, seed=recipe.seed), lambda: None,
                 f"{yardstick_data_layout('memory')} ({len(faces.labels)} images)")
@@ -134,16 +135,18 @@ def rate_after(step_ends, skip, global_batch):
     return steps * global_batch / (step_ends[-1] - step_ends[skip])
 
 
-def run_torch(args, cfg):
+def run_torch(args, cfg, tuned=False):
     """Train the yardstick on cfg's recipe in this process; return ([(step, loss)], {target:
     accuracy}, samples/s, accuracy curve) as run_sample_fc does. Verification (with --eval-every)
-    stops the clock: step_ends hold training time only."""
+    stops the clock: step_ends hold training time only. `tuned`: as a skilled CPU user runs it
+    (yardstick/tuned.py: channels-last model and batches, images in memory)."""
     import mxnet  # noqa: F401  (the .rec reader's; importing it leaves torch 1 thread: set them after)
     import torch
     from sample_fc.data.bin_format import load_bin
     from sample_fc.verification import score
     from .yardstick import CombinedMargin, PartialFC, Trainer, build_network
     from .yardstick.scoring import embed_pairs
+    from .yardstick.tuned import channels_last, channels_last_batches
     numbers = recipe_numbers(cfg, args.np)
     recipe = yardstick_recipe(cfg, args.np, numbers["sample_ratio"])
     rec = cfg.rec if os.path.isabs(cfg.rec) else os.path.join(ROOT, cfg.rec)
@@ -152,17 +155,21 @@ def run_torch(args, cfg):
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(recipe.seed)
     backbone = build_network(recipe.network, recipe.image_size, recipe.embedding_size)
+    backbone = channels_last(backbone) if tuned else backbone
+    name = "tuned" if tuned else "yardstick"
     head = PartialFC(CombinedMargin(recipe.scale, *recipe.margins), recipe.embedding_size, recipe.classes,
                      recipe.sample_rate)
     lrs = numbers["lrs"]
     trainer = Trainer(backbone, head, recipe.lr, recipe.weight_decay, lr_at=lambda n: lrs[min(n, len(lrs)) - 1],
                       clip_norm=args.torch_clip)
     # the loader last: its workers fork from this process while nothing else runs in it
-    batches, close, data_layout = yardstick_batches(args, recipe, os.path.dirname(rec))
-    print(f"yardstick: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch}, lr {recipe.lr:g} "
+    batches, close, data_layout = yardstick_batches(args, recipe, os.path.dirname(rec), memory=tuned)
+    batches = channels_last_batches(batches) if tuned else batches
+    print(f"{name}: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch}, lr {recipe.lr:g} "
           f"({cfg.lr_schedule} schedule), wd {recipe.weight_decay:g} on every parameter, margins {recipe.margins} "
           f"s {recipe.scale:g}, sample rate {recipe.sample_rate:g}, clip {args.torch_clip:g}", flush=True)
-    print(f"yardstick layout: 1 process, {torch.get_num_threads()} torch threads; {data_layout}", flush=True)
+    print(f"{name} layout: 1 process, {torch.get_num_threads()} torch threads; {data_layout}"
+          + ("; channels-last model and batches" if tuned else ""), flush=True)
     target = cfg.val_targets[0]
     images, issame = load_bin(os.path.join(os.path.dirname(rec), target + ".bin"), cfg.image_size)
     losses, window, curve, paused = [], [], [], 0.0
@@ -172,17 +179,17 @@ def run_torch(args, cfg):
         step_ends.append(time.perf_counter() - paused)
         if step % cfg.frequent == 0 or step == recipe.steps:
             losses.append((step, sum(window) / len(window)))
-            print(f"  yardstick step {step}/{recipe.steps}  loss {losses[-1][1]:.4f}", flush=True)
+            print(f"  {name} step {step}/{recipe.steps}  loss {losses[-1][1]:.4f}", flush=True)
             window = []
         if args.eval_every and (step % args.eval_every == 0 or step == recipe.steps):
             started = time.perf_counter()
             curve.append((step, step_ends[-1] - step_ends[0], score(embed_pairs(backbone, images), issame).accuracy))
-            print(f"  yardstick step {step} {target} accuracy {curve[-1][2]:.4f}", flush=True)
+            print(f"  {name} step {step} {target} accuracy {curve[-1][2]:.4f}", flush=True)
             paused += time.perf_counter() - started
     close()
     speed = rate_after(step_ends, SPEED_SKIP_STEPS, recipe.global_batch)
     accuracy = curve[-1][2] if curve else score(embed_pairs(backbone, images), issame).accuracy
-    print(f"  yardstick {target} accuracy {accuracy:.4f}, {speed or 0:.1f} samples/s", flush=True)
+    print(f"  {name} {target} accuracy {accuracy:.4f}, {speed or 0:.1f} samples/s", flush=True)
     return losses, {target: accuracy}, speed, curve
 
 

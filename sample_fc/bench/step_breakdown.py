@@ -19,7 +19,9 @@ at sample rate 1 with the demo recipe's classes, embedding size and CosFace marg
 5, the global batch on one process. Its data is the .rec of the case's size (the demo's at
 32 px, or a --torch-rec folder: its property file names the size) decoded per step by its
 2-worker DataLoader; with --torch-data memory, or with no .rec of that size, images held in
-memory (the trainer cell says which). `step` is the median of its steps' totals.
+memory (the trainer cell says which). `step` is the median of its steps' totals. The row
+"tuned" beside it is the same step as a skilled PyTorch user runs it on a CPU
+(yardstick/tuned.py: channels-last model and batches, images held in memory).
 
 What each column counts, sample_fc | yardstick:
     data          wait for the batch: FaceRecordIter (decode, resize, copy) | the loader's queue or the gather
@@ -118,9 +120,9 @@ def rec_for_size(folders, image_size, num_classes):
     return None
 
 
-def yardstick_case(network, image_size, global_batch, steps, data, rec_folders):
+def yardstick_case(network, image_size, global_batch, steps, data, rec_folders, tuned=False):
     """The yardstick's step by stage (yardstick.stages) on the demo recipe's head: medians in ms,
-    the data it read and its threads."""
+    the data it read and its threads; `tuned`: channels-last model and batches from memory."""
     import torch
     threads = torch.get_num_threads()        # torch's default; importing mxnet (the .rec reader) leaves 1
     import mxnet  # noqa: F401
@@ -128,20 +130,24 @@ def yardstick_case(network, image_size, global_batch, steps, data, rec_folders):
     from .yardstick import CombinedMargin, MemoryFaces, PartialFC, RecFaces, Trainer, build_network, rec_loader
     from .yardstick.data import LOADER_WORKERS, Prefetched
     from .yardstick.stages import stage_medians
+    from .yardstick.tuned import channels_last, channels_last_batches
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     cfg = get_config("demo", network=network)
     lr = scaled_lr(cfg, global_batch)
     head = PartialFC(CombinedMargin(cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3), cfg.embedding_size,
                      cfg.num_classes)
-    trainer = Trainer(build_network(network, image_size, cfg.embedding_size), head, lr, cfg.wd)
-    folder = rec_for_size(rec_folders, image_size, cfg.num_classes) if data == "rec" else None
+    backbone = build_network(network, image_size, cfg.embedding_size)
+    trainer = Trainer(channels_last(backbone) if tuned else backbone, head, lr, cfg.wd)
+    folder = rec_for_size(rec_folders, image_size, cfg.num_classes) if data == "rec" and not tuned else None
     if folder:              # the loader last: its workers fork while nothing else runs here
         loader = Prefetched(rec_loader(RecFaces(folder), global_batch, LOADER_WORKERS))
         source, batches, close = f"rec, {LOADER_WORKERS} loader workers", loader, loader.close
     else:
         faces = MemoryFaces.random(max(4 * global_batch, 512), image_size, cfg.num_classes)
         source, batches, close = "memory", faces.batches(global_batch), (lambda: None)
+    if tuned:
+        source, batches = "memory, channels-last", channels_last_batches(batches)
     stages = stage_medians(trainer, batches, steps)
     close()
     return {"step_ms": stages.pop("step"), "stages": stages, "source": source, "threads": torch.get_num_threads()}
@@ -182,13 +188,14 @@ def check_args(parser, args):
         parser.error(f"--worlds must divide --global-batch {args.global_batch} and --steps be >= 1")
 
 
-def yardstick_row(args, network, size):
-    """The table row of the yardstick's step for `network` at `size` px."""
+def yardstick_row(args, network, size, tuned=False):
+    """The table row of the yardstick's step for `network` at `size` px (`tuned`: the row "tuned")."""
     from .jobs import REPO
     demo = os.path.join(REPO, "data", "demo")
-    record = yardstick_case(network, size, args.global_batch, args.steps, args.torch_data, args.torch_rec + [demo])
+    record = yardstick_case(network, size, args.global_batch, args.steps, args.torch_data, args.torch_rec + [demo],
+                            tuned)
     stages = record["stages"]
-    return ([network, size, f"yardstick ({record['source']})", f"1 x {record['threads']}", f"{record['step_ms']:.0f}",
+    return ([network, size, f"{'tuned' if tuned else 'yardstick'} ({record['source']})", f"1 x {record['threads']}", f"{record['step_ms']:.0f}",
              rate(args.global_batch / record["step_ms"] * 1e3)]
             + [f"{stages[name]:.0f}" for name in ("data", "forward", "head", "backward", "clip", "update")])
 
@@ -225,8 +232,8 @@ def main(argv=None):
                 rows.append([network, size, "sample_fc", f"{world} x {slowest['threads']}", f"{slowest['step_ms']:.0f}",
                              rate(args.global_batch / slowest['step_ms'] * 1e3)] + cells)
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
-            if not args.no_torch:
-                rows.append(yardstick_row(args, network, size))
+            for tuned in ((False, True) if not args.no_torch else ()):
+                rows.append(yardstick_row(args, network, size, tuned))
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
     print("\n" + table(rows))
     return 0

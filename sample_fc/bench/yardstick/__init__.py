@@ -27,6 +27,7 @@ autocast (CUDA only) and its logging and verification callbacks.
     upstream  their own modules loaded from a directory and made to run on CPU
     faithful  the forward and one-step checks and the alternating timing
     ddp       the step as N processes (DDP, PartialFC_V2 split by class): bench.compare --torch-np N
+    tuned     the step as a skilled CPU user runs it (channels-last model and batches): the "tuned" rows
 """
 try:
     import torch  # noqa: F401  (every module here needs it)
