@@ -125,16 +125,14 @@ class HostHead(Head):
         rows = np.flatnonzero(target >= 0)
         columns = target[rows]
         psi, slope = margin.target(cosine[rows, columns])
-        negative_slope = None
+        values, negative_slope = cosine, None
         if margin.touches_negatives:     # every row's target cosine, on every rank
             cos_target = np.zeros(len(cosine), dtype=np.float32)
             cos_target[rows] = cosine[rows, columns]
             cos_target = _to_numpy(self.allreduce_sum(mx.nd.array(cos_target), "softmax.target_cosine"))
             margin.observe(cos_target)
             values, negative_slope = margin.negatives(cosine, cos_target)
-            logits = np.multiply(values, scale, out=self.workspace.get("grad", cosine.shape))
-        else:
-            logits = np.multiply(cosine, scale, out=self.workspace.get("grad", cosine.shape))
+        logits = np.multiply(values, scale, out=self.workspace.get("grad", cosine.shape))
         target_logit = np.zeros(len(cosine), dtype=np.float32)
         target_logit[rows] = psi * scale
         logits[rows, columns] = target_logit[rows]

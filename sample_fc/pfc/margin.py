@@ -155,10 +155,10 @@ class CurricularFace:
                 ops.where(easy, slope, ops.ones_like(cos_target)))
 
     def observe(self, cos_target):
-        """t <- 0.01 mean(target cosines, clamped to [-1, 1]) + 0.99 t."""
-        ops = np if isinstance(cos_target, np.ndarray) else mx.nd
-        mean = float(ops.mean(ops.clip(cos_target, -1.0, 1.0)).asscalar() if ops is mx.nd
-                     else np.mean(np.clip(cos_target, -1.0, 1.0), dtype=np.float64))
+        """t <- 0.01 mean(target cosines, clamped to [-1, 1]) + 0.99 t (the mean in float64 from
+        either kernel's array, so both kernels keep the same t)."""
+        values = cos_target.asnumpy() if isinstance(cos_target, mx.nd.NDArray) else cos_target
+        mean = float(np.mean(np.clip(values, -1.0, 1.0), dtype=np.float64))
         self.state.t = self.T_MOMENTUM * mean + (1.0 - self.T_MOMENTUM) * self.state.t
 
     def negatives(self, cosine, cos_target):

@@ -94,9 +94,9 @@ class MemoryBank:
         for start in self.starts:
             rows = min(step, num_local - start)
             for name, (kind, columns) in storage.arrays(embedding_size).items():
-                # momentum 0: zeros, as codes 0 of scale 0 too; float weights drawn in place below
-                blocks[name].append(mx.nd.zeros((rows, columns), ctx=ctx, dtype=kind) if name != "weight" or
-                                    kind == np.int8 else mx.nd.empty((rows, columns), ctx=ctx, dtype=kind))
+                # float weights are drawn in place below; the rest start at 0 (codes 0 of scale 0 too)
+                drawn = name == "weight" and storage.weights != "int8"
+                blocks[name].append((mx.nd.empty if drawn else mx.nd.zeros)((rows, columns), ctx=ctx, dtype=kind))
             if storage.weights != "int8":
                 weight = self.weights[-1]
                 fill_initial_centers(host_view(weight) if ctx.device_type == "cpu" else weight,

@@ -128,7 +128,7 @@ class HostRows:
         self.bank, self.views = bank, views
         self.half = bank.storage.weights == "float16"
         self.int8 = bank.storage.weights == "int8"
-        self.storage = bank.storage.momentum
+        self.momentum = bank.storage.momentum     # how the momentum is stored: same | int8 | none
 
     def whole(self):
         """(weights, momentum) of the shard in place when they need no conversion (one float32
@@ -157,17 +157,17 @@ class HostRows:
 
     def take_momentum(self, index, out):
         """The float32 momentum of rows `index` (sorted) in `out`, or None without momentum."""
-        if self.storage == "none":
+        if self.momentum == "none":
             return None
-        if self.storage == "same":
+        if self.momentum == "same":
             return self._take(self.views["momentum"], index, out)
         return self._take_int8("momentum", index, out)
 
     def put_momentum(self, index, values, key):
         """Momentum rows `index` (sorted) = float32 `values`, as stored; nothing without momentum."""
-        if self.storage == "same":
+        if self.momentum == "same":
             self._put(self.views["momentum"], index, values, key)
-        elif self.storage == "int8":
+        elif self.momentum == "int8":
             self._put_int8("momentum", index, values, key)
 
     def _take_int8(self, name, index, out):

@@ -33,17 +33,15 @@ def margin_softmax_forward(cosine, target, margin, allreduce_max=_identity, allr
     cos_target = mx.nd.pick(cosine, column, axis=1) * has_target
     psi, psi_slope = margin.target(cos_target)
     target_logit = psi * (margin.s * has_target)
-    negative_slope = None
+    values, negative_slope, values_at_target = cosine, None, cos_target
     if margin.touches_negatives:     # every row's target cosine, on every rank
         all_targets = allreduce_sum(cos_target, "softmax.target_cosine")
         margin.observe(all_targets)
         values, negative_slope = margin.negatives(cosine, all_targets)
-        logits = values * margin.s
-    else:
-        logits = cosine * margin.s
-    # the target entries replaced by s * psi(cos_target)
-    logits = mx.nd.broadcast_add(logits, onehot * (target_logit - mx.nd.pick(logits, column, axis=1) * has_target
-                                                   ).reshape((-1, 1)))
+        values_at_target = mx.nd.pick(values, column, axis=1) * has_target
+    # logits = s * values, with the target entries replaced by s * psi(cos_target)
+    logits = mx.nd.broadcast_add(values * margin.s,
+                                 onehot * (target_logit - values_at_target * margin.s).reshape((-1, 1)))
     if logit_offsets is not None:
         logits = mx.nd.broadcast_add(logits, logit_offsets.reshape((1, -1)))
 
