@@ -38,9 +38,9 @@ def test_the_sample_grows_to_the_batch_and_stops_at_the_shard():
         memory_plan.plan(3, 4, 8, 4, 0.5)
 
 
-def replan_20m(world=2, batch_size=128, bank_dtype="float32", bank_on_gpu=False):
+def replan_20m(world=2, batch_size=128, bank_dtype="float32", bank_on_gpu=False, bank_momentum="same"):
     """The (host plan, no GPU plan) of 20,000,000 classes x 512 at ratio 0.1, as builder's replan."""
-    return memory_plan.plan(20_000_000, world, 512, batch_size, 0.1, Storage(bank_dtype)), None
+    return memory_plan.plan(20_000_000, world, 512, batch_size, 0.1, Storage(bank_dtype, bank_momentum)), None
 
 
 def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
@@ -62,6 +62,9 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
     assert f"ways out: more workers: -np 16 ({sixteen.total / 1e9:.1f} GB per worker)" in message
     half = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, storage=Storage("float16"))
     assert f"bank_dtype=float16, half the bank ({half.total / 1e9:.1f} GB per worker, still over)" in message
+    eight = memory_plan.plan(20_000_000, 2, 512, 128, 0.1, storage=Storage("int8", "none"))   # 544 B a row
+    assert eight.bank == 10_000_000 * (512 + 4 * 8) and eight.total < 12e9
+    assert f"bank_dtype=int8 with bank_momentum=none, 8-bit centers ({eight.total / 1e9:.1f} GB per worker)" in message
     tiny = memory_plan.plan(20_000_000, 2, 512, 1, 0.1)              # the bank does not shrink with the batch
     assert f"a smaller batch: batch_size=1 ({tiny.total / 1e9:.1f} GB per worker, still over)" in message
     assert "\n" not in message
@@ -120,9 +123,12 @@ def test_the_bank_counts_its_momentum_as_stored_and_int8_is_a_way_out_for_float1
     int8 = replan(bank_momentum="int8")[0]
     assert f"bank_momentum=int8, 8-bit momentum ({int8.total / 1e9:.1f} GB per worker, still over)" in ways
     assert not any("bank_dtype=float16" in way for way in ways)
+    assert any(way.startswith("bank_dtype=int8 with bank_momentum=none") for way in ways)
     for stored, on_gpu, host_kernel in (("int8", False, True), ("same", True, True), ("same", False, False)):
-        assert not any("bank_momentum" in way for way in memory_plan.ways_out(
-            replan, 0, 12e9, 2, 128, classes, Storage("float16", stored), on_gpu, host_kernel))
+        offered = memory_plan.ways_out(replan, 0, 12e9, 2, 128, classes, Storage("float16", stored), on_gpu,
+                                       host_kernel)
+        assert not any(way.startswith("bank_momentum=int8") for way in offered)
+        assert any(way.startswith("bank_dtype=int8") for way in offered) == (host_kernel and not on_gpu)
 
 
 def test_the_fields_mbf_at_112_px_is_not_refused_on_a_24_gb_machine(monkeypatch):

@@ -87,3 +87,29 @@ def test_the_plan_of_an_int8_momentum_bank_and_its_refusal_on_a_gpu(capsys, tmp_
     code, out = run(R100_GPU + ["--gpu-memory", "80", "--memory-per-node", "512", "--set", "bank_momentum=int8",
                                 "--set", "bank_context=cpu", "--models-root", str(tmp_path)], capsys)
     assert code == 0
+
+
+def test_a_hundred_million_identities_on_one_8_gpu_node_with_8_bit_centers(capsys, tmp_path):
+    """Test the issue's node (8 workers, 80 GB GPUs, 512 GB of host memory, the bank on the host):
+    glint360k's recipe at 100,000,000 classes does not fit as float32 with its sampling warm-up from
+    ratio 1.0, and the ways out name 8-bit centers and the warm-up started at the ratio itself, each
+    with the GB it gives; with both it fits, the bank at 544 bytes a row by hand (12,500,000 rows x
+    (512 + 4 x 8)), and the GPU <-> host traffic is a worker's embeddings down and their gradient
+    back (2 x 64 x 512 float32), not the sampled rows."""
+    node = ["-np", "8", "--workers-per-node", "8", "--memory-per-node", "512", "--gpu-memory", "80",
+            "--dataset", "glint360k", "--network", "r100", "--models-root", str(tmp_path),
+            "--set", "num_classes=100000000", "--set", "bank_context=cpu"]
+    code, out = run(node, capsys)
+    ways = [line.strip()[len("way out: "):] for line in out.splitlines() if line.strip().startswith("way out: ")]
+    assert code == 2 and "does NOT fit" in out, out
+    assert any(re.fullmatch(r"bank_dtype=int8 with bank_momentum=none, 8-bit centers \([\d.]+ GB per worker"
+                            r"(, still over)?\)", way) for way in ways), ways
+    assert any(re.fullmatch(r"no sampling warm-up: sample_ratio_warmup_start=0\.1 \(the plan holds the warm-up's "
+                            r"first ratio, 1; [\d.]+ GB per worker(, still over)?\)", way) for way in ways), ways
+    code, out = run(node + ["--set", "bank_dtype=int8", "--set", "bank_momentum=none",
+                            "--set", "sample_ratio_warmup_start=0.1"], capsys)
+    assert code == 0 and re.search(r"^fits: [\d.]+ GB per worker of 64\.00 GB of host memory", out, re.M), out
+    bank = float(re.search(r"^  bank \(weights \+ momentum\)\s+([\d.]+) GB", out, re.M).group(1))
+    assert bank == round(12_500_000 * (512 + 4 * 8) / 1e9, 2), out
+    crossing = float(re.search(r"^  GPU <-> host per step\s+([\d.]+) MB", out, re.M).group(1))
+    assert crossing == round(2 * 64 * 512 * 4 / 1e6, 2), out

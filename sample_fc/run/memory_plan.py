@@ -55,6 +55,7 @@ class Plan:
     runtime: int
     checkpoint: int             # one checkpoint, all workers
     allgather_per_step: int     # bytes each worker receives per step (embeddings + labels)
+    host_gpu_per_step: int = 0  # bytes crossing between a worker's GPU and host memory per step (a bank on the host)
 
     @property
     def total(self):
@@ -77,8 +78,10 @@ class Plan:
         out = [f"{name:<28}{value / GB:10.2f} GB" for name, value in rows]
         out += [f"{'classes per worker':<28}{self.num_local:>13,}",
                 f"{'rows sampled per step':<28}{self.sampled:>13,}",
-                f"{'allgather per step':<28}{self.allgather_per_step / 1e6:10.2f} MB",
-                f"{'one checkpoint':<28}{self.checkpoint / GB:10.2f} GB"]
+                f"{'allgather per step':<28}{self.allgather_per_step / 1e6:10.2f} MB"]
+        if self.host_gpu_per_step:
+            out.append(f"{'GPU <-> host per step':<28}{self.host_gpu_per_step / 1e6:10.2f} MB")
+        out.append(f"{'one checkpoint':<28}{self.checkpoint / GB:10.2f} GB")
         return out
 
 
@@ -124,8 +127,10 @@ def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads, target_bytes=0):
     if bank_on_gpu:
         return (dataclasses.replace(whole, bank=0, sampler=0, head=0, backbone=0),
                 dataclasses.replace(whole, data=0, runtime=0))
-    return (dataclasses.replace(whole, backbone=0),
-            dataclasses.replace(whole, bank=0, sampler=0, head=0, data=0, runtime=0))
+    # the bank on the host: the worker's embeddings go down to the head, their gradient comes back
+    crossing = 2 * cfg.batch_size * cfg.embedding_size * 4
+    return (dataclasses.replace(whole, backbone=0, host_gpu_per_step=crossing),
+            dataclasses.replace(whole, bank=0, sampler=0, head=0, data=0, runtime=0, host_gpu_per_step=crossing))
 
 
 def plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, part, target_bytes=0):
@@ -134,8 +139,10 @@ def plan_ways_out(cfg, world, symbol, on_gpu, bank_on_gpu, threads, part, target
     def replan(world=world, bank_on_gpu=bank_on_gpu, **changes):
         return run_plan(type(cfg)(dict(cfg, **changes)), world, symbol, on_gpu, bank_on_gpu, threads, target_bytes)
     gpu_bank = on_gpu and bank_on_gpu
+    options = PartialFCOptions.from_config(cfg)
     return lambda share: ways_out(replan, part, share, world, cfg.batch_size, cfg.num_classes, Storage.of(cfg),
-                                  gpu_bank, runs_host_kernel(cfg, gpu_bank))
+                                  gpu_bank, runs_host_kernel(cfg, gpu_bank),
+                                  (options.sample_ratio, options.peak_ratio()))
 
 
 def check_memory(cfg, world, symbol, ctx, bank_ctx, local_size, target_bytes=0, gpu_free_bytes=None):
@@ -178,15 +185,17 @@ def meminfo_available():
 
 
 # what else shrinks a plan, after the ways out that ways_out prices
-OTHER_WAYS = ("fewer workers per node, a smaller embedding_size or sample_ratio (or sample_ratio_warmup_start: "
-              "the plan holds the warm-up's first, largest ratio)")
+OTHER_WAYS = "fewer workers per node, a smaller embedding_size or sample_ratio"
 
 
-def ways_out(replan, part, share, world, batch_size, num_classes, storage, bank_on_gpu, host_kernel=True):
+def ways_out(replan, part, share, world, batch_size, num_classes, storage, bank_on_gpu, host_kernel=True,
+             ratios=None):
     """The changes that bring one worker's plan within `share` bytes, each a phrase with the GB
     per worker it gives: more workers (-np doubled until it fits), bank_dtype=float16 (a float32
-    bank), bank_momentum=int8 (a float16 bank with its momentum as the weights, run by the host
-    kernel: `host_kernel`, the bank in host memory),
+    bank), bank_momentum=int8 (a float16 bank with its momentum as the weights) and 8-bit centers
+    (bank_dtype=int8, bank_momentum=none: a float bank), both run by the host kernel (`host_kernel`,
+    the bank in host memory); the sampling warm-up started at the ratio itself (`ratios`: (the
+    sample ratio, the plan's peak ratio), when the warm-up's start is larger),
     bank_context=cpu (a bank on the GPU: part 1), a smaller batch_size (halved until it
     fits; named first, with the backbone's size, when the backbone is the largest term).
     replan(world=, batch_size=, bank_dtype=, bank_momentum=, bank_on_gpu=) -> (host Plan, GPU Plan
@@ -211,6 +220,13 @@ def ways_out(replan, part, share, world, batch_size, num_classes, storage, bank_
         ways.append(f"bank_dtype=float16, half the bank ({gb(replan(bank_dtype='float16')[part])})")
     if storage == Storage("float16", "same") and host_kernel and not bank_on_gpu:
         ways.append(f"bank_momentum=int8, 8-bit momentum ({gb(replan(bank_momentum='int8')[part])})")
+    if storage.weights != "int8" and host_kernel and not bank_on_gpu:
+        eight_bit = replan(bank_dtype="int8", bank_momentum="none")[part]
+        ways.append(f"bank_dtype=int8 with bank_momentum=none, 8-bit centers ({gb(eight_bit)})")
+    if ratios is not None and ratios[1] > ratios[0] and current.head > 0:
+        start = replan(sample_ratio_warmup_start=ratios[0])[part]
+        ways.append(f"no sampling warm-up: sample_ratio_warmup_start={ratios[0]:g} (the plan holds the warm-up's "
+                    f"first ratio, {ratios[1]:g}; {gb(start)})")
     if part == 1 and bank_on_gpu:
         host, device = replan(bank_on_gpu=False)
         ways.append(f"the bank on the host, bank_context=cpu (GPU memory {gb(device)}; host memory "
