@@ -70,3 +70,18 @@ def test_two_contexts_match_one(single_process, tmp_path):
     ref.assert_close(two["losses"], one["losses"], RTOL)
     for key in ("fc_embed_weight", "fc_embed_bias", "bank_weight", "bank_momentum"):
         ref.assert_close(two[key], one[key], RTOL)
+
+
+def test_a_skipped_step_leaves_the_batchnorm_statistics_as_before(single_process, tmp_path):
+    """Test that a step made non-finite by a NaN in its data (which the training forward carries
+    into the BatchNorms' moving statistics) changes nothing: 3 steps with a NaN in step 1 end with
+    the parameters and moving statistics of a run that never saw step 1's batch, bit for bit."""
+    options = dict(global_batch=8, classes=11, steps=3, tail_bn="worker")
+    skipped = _run(single_process, tmp_path, "skipped", nan_step=1, **options)
+    dropped = _run(single_process, tmp_path, "dropped", drop_step=1, **options)
+    assert np.isnan(skipped["losses"][1]) and np.isfinite(skipped["losses"][[0, 2]]).all()
+    names = [key for key in dropped if key.endswith(("_moving_mean", "_moving_var", "_weight", "_gamma"))]
+    assert {"hidden_bn_moving_mean", "embeddings_moving_var", "fc_out_weight", "bank_weight"} <= set(names)
+    for key in names:
+        np.testing.assert_array_equal(skipped[key], dropped[key], err_msg=key)
+    assert not np.array_equal(dropped["hidden_bn_moving_mean"], 0)      # the statistics did move

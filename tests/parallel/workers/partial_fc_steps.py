@@ -31,6 +31,7 @@ parser.add_argument("--nan-in", default="data", choices=("data", "gradient"),
                     help="gradient: the NaN goes into one backbone gradient after the backward instead "
                          "(the loss and d loss / d embeddings stay finite)")
 parser.add_argument("--max-nonfinite", type=int, default=5)
+parser.add_argument("--drop-step", type=int, default=-1, help="train on every step's batch but this one's")
 parser.add_argument("--sample-correction", action="store_true", help="the sampled-softmax logit correction")
 parser.add_argument("--sample-wd-correction", action="store_true", help="the bank's weight-decay correction")
 parser.add_argument("--tail-bn", default="none", choices=("none", "worker", "global"),
@@ -110,6 +111,8 @@ backward = module.backbone.backward
 if args.nan_in == "gradient":
     module.backbone.backward = poisoning_backward
 for step in range(args.steps):
+    if step == args.drop_step:
+        continue
     rows = slice(rank * b, (rank + 1) * b)
     rank_data = data[step, rows].copy()
     if step == args.nan_step and rank == args.nan_rank and args.nan_in == "data":
