@@ -29,7 +29,7 @@ from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
                                BANK_DTYPES, BANK_MOMENTA, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS, MOMENTUM_FORMS,
-                               TAIL_BNS)
+                               TAIL_BNS, WANDB_MODES)
 
 
 def _target_name(name):
@@ -117,6 +117,8 @@ def _declare_keys():
     keys.stop_signals = ListOf(['SIGTERM', 'SIGINT', 'SIGUSR1'], Text(''), check=signal_number)  # these stop the run cleanly: every rank ends the same step, checkpoint, exit 128+signal
     keys.stop_grace_s = Real(25.0, lo=0, lo_open=True, hi=3600)         # a stop taking longer (or a second signal) ends the job at once; below SLURM's/Kubernetes' 30 s
     keys.tensorboard = Flag(True)                                       # write tensorboardX event files to <models root>/tensorboard (rank 0)
+    keys.wandb = Choice('off', WANDB_MODES)                             # Weights & Biases (rank 0, the same scalars as TensorBoard): off | offline (files in <models root>/wandb; `wandb sync` them later) | online (needs `wandb login`); pip install wandb
+    keys.wandb_project = Text('sample_fc')                              # the W&B project of wandb=offline|online; each job is one W&B run, grouped by the run id
     keys.max_nonfinite_steps = Int(5, lo=1, hi=2 ** 40)                 # stop with an error after N consecutive steps with NaN/Inf loss
     keys.not_learning_steps = Int(200, lo=0, hi=2 ** 40)                # warn once when the loss has sat near chance with a small gradient for N steps after the warm-ups (0 = never)
     keys.collective_timeout_s = Int(60, lo=1, hi=10 ** 6)               # stall limit: ranks waiting this long in a collective others miss end the job
@@ -379,6 +381,7 @@ def get_config(dataset='demo', network=None, loss=None):
 # setting it to another value on resume is an error naming the key and both values.
 RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'frequent', 'verify_period',
                   'ckpt_period', 'ckpt_keep', 'ckpt_minutes', 'stop_signals', 'stop_grace_s', 'tensorboard',
+                  'wandb', 'wandb_project',
                   'val_targets', 'data_threads',
                   'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'not_learning_steps', 'context', 'bank_context',
                   'head_kernel', 'allgather', 'bn_frozen', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')

@@ -13,7 +13,7 @@ import symbols
 from symbols.cost import backbone_cost
 
 from . import checkpoint, fused_ops
-from .run import memory_plan, resume, run_root
+from .run import memory_plan, resume, run_root, scalar_log
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
 from .data.bin_format import load_bin
@@ -220,6 +220,7 @@ def open_run(cfg, models_root, request, world, logger):
     if not resume_path and not request.start_over:
         run_root.check_fresh_start(models_root)
     check_world(cfg, world.size)
+    scalar_log.check_available(cfg)
     warn = logger.warning if rank == 0 else (lambda message: None)
     ctx, bank_ctx = resolve_contexts(cfg, world.local_rank, warn)
     symbol = build_symbol(cfg)

@@ -15,6 +15,7 @@ MOMENTUM_FORMS = ("pytorch", "mxnet")       # optimizers: what SGD momentum accu
 BANK_DTYPES = ("float32", "float16", "int8")  # memory_bank: how class centers (and a momentum stored alike) are stored
 BANK_MOMENTA = ("same", "int8", "none")     # memory_bank: the centers' momentum as the weights, 8-bit, or none
 EMBEDDING_SCALES = ("fixed", "learned")     # symbols.with_learned_embedding_scale: the embedding BatchNorm's gamma
+WANDB_MODES = ("off", "offline", "online")   # run/scalar_log.py: Weights & Biases off, files only, or synced
 TAIL_BNS = ("worker", "global")             # global_tail: the BatchNorms over samples only on each worker's batch or the global one
 
 

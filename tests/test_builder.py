@@ -100,7 +100,7 @@ def test_tensorboard_writer_works_after_horovod_and_torch_is_not_imported(tmp_pa
     import subprocess
     import sys
     assert importlib.metadata.version("torch"), "the test environment installs torch"
-    code = ("import sys\nimport sample_fc.dist\nfrom sample_fc.run.run_events import tensorboard_writer\n"
+    code = ("import sys\nimport sample_fc.dist\nfrom sample_fc.run.scalar_log import tensorboard_writer\n"
             "from easydict import EasyDict\n"
             f"writer = tensorboard_writer(EasyDict(tensorboard=True), 0, {str(tmp_path)!r})\n"
             "writer.add_scalar('loss', 1.5, 1)\nwriter.close()\n"

@@ -119,7 +119,8 @@ def test_any_override_on_any_preset_gives_a_checked_config_or_one_line_naming_th
     except UsageError as error:
         _one_line_naming(error, key)
         message = str(error)
-        crosses = 'warmup_steps' in message and key in ('max_update', 'lr_schedule', 'warmup_steps')
+        crosses = ('warmup_steps' in message and key in ('max_update', 'lr_schedule', 'warmup_steps')
+                   or f"with loss_margin={text}" in message and key == 'loss_margin')   # the preset's m1/m3 with it
         assert taken is None or crosses, (key, text, message)
         return
     default.check_config(cfg, data=False)

@@ -222,7 +222,7 @@ def test_tensorboard_without_tensorboardx_is_one_log_line_and_no_writer(tmp_path
     warning naming it and returns None (the run goes on), and other ranks are never asked."""
     import logging
     from easydict import EasyDict
-    from sample_fc.run.run_events import tensorboard_writer
+    from sample_fc.run.scalar_log import tensorboard_writer
     monkeypatch.setitem(sys.modules, "tensorboardX", None)       # import tensorboardX -> ImportError
     logger = logging.getLogger("test_report.tensorboard")
     with caplog.at_level(logging.INFO, logger=logger.name):

@@ -16,26 +16,12 @@ from . import run_root
 from .callbacks import (ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, append_event, chance_loss,
                         save_verification_pairs)
 from .memory_plan import GB, peak_rss_bytes
+from .scalar_log import open_scalar_log
 from .stop import STOP_EXIT_BASE, signal_name
 from ..module import StepRequests
 from ..verification import Embedder, evaluate, raw_pixel_embed
 
 CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed (a measured one: docs/benchmarks-history.md)
-
-
-def tensorboard_writer(cfg, rank, models_root, logger=None):
-    """A tensorboardX SummaryWriter on rank 0 when cfg.tensorboard, else None (and one line in
-    the log when tensorboardX cannot be imported: the run goes on without it)."""
-    if not (cfg.tensorboard and rank == 0):
-        return None
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError as error:
-        if logger is not None:
-            logger.warning("tensorboard: tensorboardX cannot be imported (%s); no TensorBoard events "
-                           "(pip install tensorboardX==2.6.2.2, or --set tensorboard=false)", error)
-        return None
-    return SummaryWriter(os.path.join(models_root, "tensorboard"))
 
 
 class RunEvents:
@@ -58,7 +44,7 @@ class RunEvents:
         self.train_state = {"world_size": run.world, "num_classes": cfg.num_classes, "run_id": run.run_id,
                             "embedding_size": cfg.embedding_size, "config": cfg,
                             "partial_fc": dataclasses.asdict(module.partial_fc.options)}
-        self.writer = writer = tensorboard_writer(cfg, rank, run.models_root, logger)
+        self.writer = writer = open_scalar_log(cfg, rank, run.models_root, run.run_id, logger)   # TensorBoard, W&B
         self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
         self.step = 0                     # the last step a callback saw
         self.callbacks = [self.note_step, lambda info: watchdog.step_done(info.step, info.seconds), self.note_agreed_stop,
@@ -214,6 +200,7 @@ class RunEvents:
                                 self.world, root, root)
         dist.barrier("stop.recorded")    # no rank exits (and makes the launcher end the others) before
         self.stop_done = True            # rank 0 has recorded the stop
+        self.close_scalar_log()
         if self.stop_signals is not None:
             self.stop_signals.finished()
         return STOP_EXIT_BASE + number
@@ -244,6 +231,13 @@ class RunEvents:
                              name, self.verifier.last[name].accuracy, baseline.accuracy)
         if self.rank == 0:
             self.say_peak_memory(max(peaks))
+        self.close_scalar_log()
+
+    def close_scalar_log(self):
+        """Rank 0: the scalars' sinks written out and closed (a W&B run finished)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
     def say_peak_memory(self, peak):
         """Rank 0: the largest worker's peak resident memory beside the memory plan's total; a
