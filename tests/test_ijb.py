@@ -114,7 +114,7 @@ def test_align_gives_back_the_face_placed_in_the_crop(release):
 
 def test_ijb_reports_the_independently_computed_tar_at_far(release, tmp_path, capsys):
     """Test that the tool's TAR at FAR 1e-6 ... 1e-1 and its pair scores equal the ones computed
-    here independently, and that it writes result.json, scores.npy and a 640x480 ROC plot."""
+    here independently, and that it writes result.json, scores.npy and a 640x400 ROC plot."""
     root, faces, rows, model, backbone = release
     out = tmp_path / "out"
     assert ijb.main(["--model", str(model), "--root", str(root), "--out", str(out), "--batch-size", "8",
@@ -131,7 +131,7 @@ def test_ijb_reports_the_independently_computed_tar_at_far(release, tmp_path, ca
     assert 1 <= len(measured) < len(table)        # both kinds occur on this set
     assert result["smallest_far"] == pytest.approx(1 / result["impostor_pairs"])
     with Image.open(out / "roc.png") as plot:
-        assert plot.size == (640, 480)
+        assert plot.size == (640, 400)
     printed = capsys.readouterr().out
     assert "output embeddings_output" in printed and "ijbc: %d faces" % len(faces) in printed
     assert f"n/a: a FAR below 1/{result['impostor_pairs']} (the impostor pairs) cannot be measured" in printed

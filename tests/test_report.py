@@ -70,9 +70,9 @@ def final_numbers(page):
 
 
 def check_png(path, min_colours=20):
-    """The PNG decodes at 640 x 480 and is not blank; returns its RGB pixels."""
+    """The PNG decodes at 640 x 400 (three across a 1280 px page) and is not blank; returns its RGB pixels."""
     with Image.open(path) as image:
-        assert image.size == (640, 480), path
+        assert image.size == (640, 400), path
         pixels = np.asarray(image.convert("RGB"))
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) >= min_colours, f"{path} looks blank"
     assert (pixels.min(axis=2) < 128).mean() > 0.005, f"{path} has almost nothing drawn"
@@ -84,7 +84,7 @@ def has_colour(pixels, rgb, tolerance=12):
 
 
 def test_report_of_one_run_draws_every_quantity_and_its_numbers_equal_the_run_files(tmp_path, capsys):
-    """Test that one root gives report.html and a 640x480 non-blank PNG per quantity, per
+    """Test that one root gives report.html and a 640x400 non-blank PNG per quantity, per
     verification figure and the ROC, all inlined in the page; that the final-numbers table holds
     exactly progress.jsonl's last record, best.json and the last verification event; that the
     config table lists the key changed from the presets (lr) and no other; and that the
@@ -132,6 +132,9 @@ def test_two_roots_are_overlaid_in_one_figure_per_quantity_and_one_table(tmp_pat
     assert not has_colour(check_png(single / "loss.png"), (255, 127, 14)), "one run: one colour of line"
     numbers = final_numbers((out / "report.html").read_text())
     assert numbers["run_a", "loss"] == first[-1]["loss"] and numbers["run_b", "loss"] == second[-1]["loss"]
+    assert numbers["run_b - run_a", "loss"] == pytest.approx(second[-1]["loss"] - first[-1]["loss"], abs=1e-9)
+    assert numbers["run_b - run_a", "samples/s"] == pytest.approx(second[-1]["samples_per_s"]
+                                                                  - first[-1]["samples_per_s"], abs=1e-9)
     assert "<th>run_a</th><th>run_b</th>" in (out / "report.html").read_text()
 
 
@@ -230,3 +233,60 @@ def test_tensorboard_without_tensorboardx_is_one_log_line_and_no_writer(tmp_path
         assert tensorboard_writer(EasyDict(tensorboard=True), 1, str(tmp_path), logger) is None
     assert len(caplog.records) == 1 and "tensorboardX cannot be imported" in caplog.records[0].getMessage()
     assert not (tmp_path / "tensorboard").exists()
+
+
+LAYOUT_PROBE = """<pre id='layout-probe'></pre><script>
+const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+document.getElementById('layout-probe').textContent = JSON.stringify({
+  viewport: [window.innerWidth, window.innerHeight],
+  headline: box(document.getElementById('headline')),
+  tiles: [...document.querySelectorAll('#headline .tile')].map(t => [t.innerText, box(t)]),
+  curves: [...document.querySelectorAll('#curves img')].map(box)});
+</script>"""
+
+
+def chromium():
+    """The headless browser's command, or a skip naming the install (CI installs it and sets
+    SAMPLE_FC_REQUIRE_CHROMIUM=1: there the test must run)."""
+    import os
+    import shutil
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not found:
+        if os.environ.get("SAMPLE_FC_REQUIRE_CHROMIUM"):
+            raise AssertionError("SAMPLE_FC_REQUIRE_CHROMIUM=1 but no chromium on PATH (apt-get install chromium)")
+        pytest.skip("no headless Chromium here: apt-get install chromium (.ci/run installs it)")
+    return [found, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,800"]
+
+
+def test_the_first_screen_in_chromium_holds_the_headline_and_four_curves(tmp_path):
+    """Test that the report, opened in headless Chromium at 1280 x 800, lays out as a dashboard:
+    the headline (state, steps, best and last accuracy, samples/s, wall time) inside the first
+    screen, then at least four curves entirely inside it, three across (the browser's own layout,
+    read back from the page); and that Chromium's screenshot of that screen is not blank."""
+    import subprocess
+    write_run(tmp_path / "run_a", steps=400)
+    assert report.main([str(tmp_path / "run_a")]) == 0
+    page = (tmp_path / "run_a" / "report" / "report.html").read_text()
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", LAYOUT_PROBE + "</body>"))
+    dumped = subprocess.run(chromium() + ["--dump-dom", probe.as_uri()], capture_output=True, text=True,
+                            timeout=120)
+    found = re.search(r"<pre id=\"layout-probe\">(.*?)</pre>", dumped.stdout, re.S)
+    assert found, dumped.stderr[-2000:]
+    layout = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    width, height = layout["viewport"]
+    assert width == 1280 and 700 <= height <= 800, layout["viewport"]     # --dump-dom's window keeps ~90 px
+    assert 0 <= layout["headline"][1] and layout["headline"][3] <= height, layout["headline"]
+    tiles = {text.split("\n")[0]: text.split("\n")[-1] for text, _ in layout["tiles"]}
+    assert tiles["state"] == "done" and tiles["steps"].startswith("400 / ")
+    assert tiles["demo_val: best (step) / last"] == "0.8300 (40) / 0.8300" and "wall time" in tiles
+    on_screen = [c for c in layout["curves"] if c[2] <= width and c[3] <= height and c[1] >= layout["headline"][3]]
+    assert len(on_screen) >= 4, layout["curves"]
+    assert len({round(c[0]) for c in layout["curves"][:3]}) == 3 and len({round(c[1]) for c in layout["curves"][:3]}) == 1
+    shot = tmp_path / "first_screen.png"
+    subprocess.run(chromium() + [f"--screenshot={shot}", (tmp_path / "run_a" / "report" / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    with Image.open(shot) as image:
+        assert image.size == (1280, 800)
+        pixels = np.asarray(image.convert("RGB"))
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 200        # text, tiles and curves drawn

@@ -1,7 +1,9 @@
 """The toolkit's figures, drawn with matplotlib's Agg backend (no display): quantities over
 training steps with the run's events marked on the step axis, and ROC curves (TAR against FAR,
 log scale). python -m sample_fc.tools.report and python -m sample_fc.tools.ijb draw through
-these functions only. Every figure is 640 x 480 pixels.
+these functions only. Every figure is 640 x 400 pixels (three fit across a 1280 px page). A noisy
+quantity is drawn smoothed (an exponential moving average, as TensorBoard's) over its raw values,
+drawn faint behind in the same colour.
 """
 import base64
 import math
@@ -12,7 +14,8 @@ import matplotlib
 matplotlib.use("Agg")                # before pyplot: files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
-SIZE_INCHES, DPI = (6.4, 4.8), 100    # 640 x 480 PNGs
+SIZE_INCHES, DPI = (6.4, 4.0), 100    # 640 x 400 PNGs
+SMOOTHING = 0.8                       # the moving average's weight of the past (TensorBoard's slider)
 # how each kind of run event is marked on the step axis: (label, colour, line style)
 EVENT_STYLES = {
     "checkpoint": ("checkpoint", "0.6", ":"),
@@ -46,7 +49,7 @@ def _new_axes(title, xlabel, ylabel):
 
 def _save(figure, path):
     figure.tight_layout()
-    figure.savefig(path, dpi=DPI)    # not bbox_inches="tight": the size stays 640 x 480
+    figure.savefig(path, dpi=DPI)    # not bbox_inches="tight": the size stays 640 x 400
     plt.close(figure)
     return path
 
@@ -61,15 +64,30 @@ def mark_events(axes, events):
         labelled.add(kind)
 
 
-def step_figure(path, title, ylabel, series, events=(), log_y=False):
+def smoothed(values, weight=SMOOTHING):
+    """The exponential moving average of `values`, debiased at the start (TensorBoard's)."""
+    out, average = np.empty(len(values)), 0.0
+    for index, value in enumerate(values):
+        average = weight * average + (1 - weight) * value
+        out[index] = average / (1 - weight ** (index + 1))
+    return out
+
+
+def step_figure(path, title, ylabel, series, events=(), log_y=False, smooth=False):
     """A PNG of quantities over training steps. series: [(label, steps, values)] (one line each;
-    its points marked when there are few); events: [(step, kind)], kind one of EVENT_STYLES.
+    its points marked when there are few); events: [(step, kind)], kind one of EVENT_STYLES;
+    `smooth`: a line of more than FEW_POINTS points drawn smoothed over its raw values, faint.
     Non-finite values are left out of the line. Returns `path`."""
     figure, axes = _new_axes(title, "step", ylabel)
     for label, steps, values in series:
         steps, values = np.asarray(steps, float), np.asarray(values, float)
         finite = np.isfinite(values)
-        axes.plot(steps[finite], values[finite], marker="o" if finite.sum() <= FEW_POINTS else None, markersize=4,
+        steps, values = steps[finite], values[finite]
+        if smooth and len(values) > FEW_POINTS:
+            raw = axes.plot(steps, values, linewidth=1, alpha=0.25)[0]
+            axes.plot(steps, smoothed(values), linewidth=1.5, color=raw.get_color(), label=label)
+            continue
+        axes.plot(steps, values, marker="o" if len(values) <= FEW_POINTS else None, markersize=4,
                   linewidth=1.5, label=label)
     if log_y and any(np.nanmin(np.asarray(v, float)) > 0 for _, _, v in series if len(v)):
         axes.set_yscale("log")

@@ -1,8 +1,11 @@
 """The report's HTML page (python -m sample_fc.tools.report): one file that opens from disk, its
-figures inlined as base64 PNGs. Per run: its facts (state, machine, world size, wall time, the
-memory plan and the sampling regime), its config where it differs from its presets, its events;
-then one table of final numbers with a column per run. Every number of that table carries its
-exact value in data-value (JSON), for programs and tests.
+figures inlined as base64 PNGs, laid out as a dashboard. First the headline, a row of tiles per
+run (state, steps, best and last accuracy per target, samples/s, wall time, the memory plan and
+the measured peak); then the curves as small multiples (three across at 1280 px); then one table
+of final numbers with a column per run (and, for several runs, each one's difference from the
+first); then per run its facts (machine, world size, the memory plan and the sampling regime),
+its config where it differs from its presets, its events. Every number of the final table
+carries its exact value in data-value (JSON), for programs and tests.
 """
 import datetime
 import html
@@ -11,10 +14,17 @@ import os
 
 from ..errors import UsageError
 
-STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:.5em 0 1.5em}"
+STYLE = ("body{font-family:sans-serif;margin:1em 2em;max-width:1400px} h1{font-size:1.4em;margin:.3em 0}"
+         "table{border-collapse:collapse;margin:.5em 0 1.5em}"
          "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;font-size:90%}"
-         "th{background:#f4f4f4} figure{display:inline-block;margin:0 1em 1em 0} figcaption{font-size:90%}"
-         ".note{color:#555;font-size:90%}")
+         "th{background:#f4f4f4} .note{color:#555;font-size:85%;margin:.2em 0 .6em}"
+         ".headline{display:flex;flex-wrap:wrap;gap:6px;margin:0 0 10px;align-items:stretch}"
+         ".tile{border:1px solid #ddd;border-radius:6px;padding:4px 10px;min-width:90px;background:#fafafa}"
+         ".tile .label{font-size:75%;color:#666} .tile .value{font-size:125%;font-weight:bold}"
+         ".run-name{font-weight:bold;align-self:center;min-width:120px}"
+         ".done{color:#1a7f37} .training{color:#0969da} .stopped{color:#bc4c00} .failed{color:#cf222e}"
+         ".curves{display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:6px;margin-bottom:1em}"
+         ".curves figure{margin:0} .curves img{width:100%;height:auto;display:block;border:1px solid #eee}")
 
 
 def preset_config(config):
@@ -107,11 +117,19 @@ def _table(header, rows):
 
 
 def numbers_table(runs):
-    """One row per number, one column per run: the final numbers."""
+    """One row per number, one column per run: the final numbers; with several runs, a column per
+    later run with its difference from the first (where both are numbers)."""
     per_run = [final_numbers(run) for run in runs]
     labels = list(dict.fromkeys(label for numbers in per_run for label in numbers))
-    rows = [[f"<th>{html.escape(label)}</th>"] + [_cell(numbers.get(label)) for numbers in per_run] for label in labels]
-    return _table([""] + [run.name for run in runs], rows).replace("<table>", "<table id='final-numbers'>", 1)
+
+    def difference(label, numbers):
+        first, other = per_run[0].get(label), numbers.get(label)
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (first, other))
+        return _cell(round(other - first, 10)) if numeric else "<td></td>"
+    rows = [[f"<th>{html.escape(label)}</th>"] + [_cell(numbers.get(label)) for numbers in per_run]
+            + [difference(label, numbers) for numbers in per_run[1:]] for label in labels]
+    header = [""] + [run.name for run in runs] + [f"{run.name} - {runs[0].name}" for run in runs[1:]]
+    return _table(header, rows).replace("<table>", "<table id='final-numbers'>", 1)
 
 
 def run_section(run):
@@ -137,15 +155,58 @@ def run_section(run):
     return "\n".join(parts)
 
 
+def _tile(label, value, kind=""):
+    return (f"<div class='tile'><div class='label'>{html.escape(label)}</div>"
+            f"<div class='value {kind}'>{html.escape(str(value))}</div></div>")
+
+
+def headline_tiles(run):
+    """[(label, value, css class)] of the run's headline: state, steps, per target the best and
+    last accuracy, samples/s (median of the last 5 progress lines), wall time, memory."""
+    status, progress = run.status, run.progress
+    state = status.get("state", "unknown")
+    last_step = status.get("step", progress[-1]["step"] if progress else "?")
+    tiles = [("state", state, state), ("steps", f"{last_step} / {run.config.get('max_update', '?')}", "")]
+    checks = run.verifications()
+    for target in sorted({t for check in checks for t in check[1]}):
+        scored = [(step, accuracy[target]) for step, accuracy, _, _ in checks if target in accuracy]
+        best = max(scored, key=lambda pair: pair[1])
+        tiles.append((f"{target}: best (step) / last", f"{best[1]:.4f} ({best[0]}) / {scored[-1][1]:.4f}", ""))
+    speeds = sorted(r["samples_per_s"] for r in progress[-5:] if isinstance(r.get("samples_per_s"), (int, float)))
+    if speeds:
+        tiles.append(("samples/s", f"{speeds[len(speeds) // 2]:.1f}", ""))
+    wall = wall_seconds(run)
+    if wall is not None:
+        tiles.append(("wall time", str(datetime.timedelta(seconds=int(wall))), ""))
+    plan = next((e["memory_plan"] for e in reversed(run.of("start")) if isinstance(e.get("memory_plan"), dict)), None)
+    end = next((e for e in reversed(run.of("end")) if e.get("peak_rss_bytes")), None)
+    if plan or end:
+        planned = sum(plan.get(k, 0) for k in ("bank", "sampler", "head", "backbone", "data", "runtime")) if plan else None
+        peak = max(end["peak_rss_bytes"]) if end else None
+        tiles.append(("memory per worker: plan / peak", " / ".join(f"{b / 1e9:.2f} GB" if b else "?"
+                                                                   for b in (planned, peak)), ""))
+    return tiles
+
+
+def headline(runs):
+    """One row of tiles per run (headline_tiles), the run's name first."""
+    rows = []
+    for run in runs:
+        tiles = "".join(_tile(label, value, kind) for label, value, kind in headline_tiles(run))
+        rows.append(f"<div class='headline'><div class='run-name'>{html.escape(run.name)}</div>{tiles}</div>")
+    return "<section id='headline'>" + "".join(rows) + "</section>"
+
+
 def html_page(runs, figures):
-    """The page: figures [(title, file name, base64 PNG)] first, then the numbers and each run."""
+    """The page: the headline, the figures [(title, file name, base64 PNG)] three across, the
+    final numbers, each run's facts."""
     names = ", ".join(run.name for run in runs)
-    images = "".join(f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(title)}' width='640' "
-                     f"height='480'><figcaption>{html.escape(title)} ({html.escape(name)})</figcaption></figure>"
-                     for title, name, data in figures)
+    images = "".join(f"<figure><img src='data:image/png;base64,{data}' alt='{html.escape(title)}' "
+                     f"title='{html.escape(title)} ({html.escape(name)})'></figure>" for title, name, data in figures)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>sample_fc report: {html.escape(names)}</title>"
             f"<style>{STYLE}</style></head><body><h1>sample_fc report: {html.escape(names)}</h1>"
             f"<p class='note'>made {_when(datetime.datetime.now().timestamp())} by python -m sample_fc.tools.report; "
-            f"a run still training shows what it has written so far</p>"
-            f"{images or '<p>no progress records yet</p>'}<h2>final numbers</h2>{numbers_table(runs)}"
+            f"a run still training shows what it has written so far</p>{headline(runs)}"
+            + (f"<section id='curves' class='curves'>{images}</section>" if images else "<p>no progress records yet</p>")
+            + f"<h2>final numbers</h2>{numbers_table(runs)}"
             + "\n".join(run_section(run) for run in runs) + "</body></html>")

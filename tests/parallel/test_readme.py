@@ -199,7 +199,7 @@ def test_relative_links_point_to_existing_files():
         links = relative_links(page)
         broken += [f"{page.relative_to(REPO)}: {t}" for t in links if not (page.parent / t).exists()]
     assert not broken, broken
-    assert "docs/report-loss.png" in relative_links(REPO / "README.md")   # the figure stays shown
+    assert "docs/report-dashboard.png" in relative_links(REPO / "README.md")   # the figure stays shown
 
 
 def script_line(text, program, resumed):
