@@ -178,6 +178,16 @@ _NETWORK_PRESETS = {
         'batch_size': 128,               # per worker
     },
 }
+# arcface_torch's Vision Transformers (symbols/vit.py: widths, depths, drop path); float32, no
+# dropout before the embedding (drop path inside). Their recipe's AdamW is not built yet: they
+# train with the base config's SGD.
+_NETWORK_PRESETS.update({name: {
+    'embedding_size': 512,               # arcface_torch's num_features
+    'dropout': 0.0,                      # none before the embedding: drop path in the blocks
+    'fp16': False,                       # float32 only (symbols/vit.py)
+    'batch_size': 128,                   # per worker
+} for name in ('vit_t', 'vit_t_dp005_mask0', 'vit_s', 'vit_s_dp005_mask_0', 'vit_b', 'vit_b_dp005_mask_005',
+               'vit_l_dp005_mask_005')})
 
 # The network a dataset trains when none is named (others: the base's `network`). The demo
 # keeps the paper's small MobileFaceNet to train in minutes on 2 CPU cores.

@@ -9,7 +9,8 @@
   relu): a depthwise conv of C channels starts with a std sqrt(C / 6) times smaller than under
   "pytorch" (4.6x at 128 channels). IResNet (r18..r200): every conv weight normal with std 0.1, the
   embedding FC PyTorch's default (its bias starts at 0 here, U(+-1/sqrt(fan_in)) there: the
-  BatchNorm after it removes a constant in training). The default (default.py): on 1,000 glyph
+  BatchNorm after it removes a constant in training). ViT (vit_*): every Linear weight normal
+  with std 0.02, the position embedding too, the patch convolution PyTorch's default. The default (default.py): on 1,000 glyph
   identities mbf ended 0.9178 with it and 0.9094 with "pytorch" (three seeds each, BENCHMARKS.md).
 - "xavier": MXNet's Xavier(uniform, avg, magnitude=2), insightface's MXNet default: bound
   sqrt(4 / (fan_in + fan_out)), with MXNet's fan_out = output channels x kernel area, which
@@ -24,6 +25,7 @@ import symbols
 from .options import BACKBONE_INITS
 
 IRESNET_CONV_STD = 0.1      # arcface_torch iresnet.py: nn.init.normal_(conv.weight, 0, 0.1)
+VIT_STD = 0.02              # arcface_torch vit.py: trunc_normal_(linear.weight, std=.02), and the position embedding
 
 
 class FanInUniform(mx.init.Initializer):
@@ -48,6 +50,17 @@ class FanOutNormal(mx.init.Initializer):
         mx.random.normal(0.0, (2.0 / fan_out) ** 0.5, shape=arr.shape, out=arr)
 
 
+class VitNormal(FanInUniform):
+    """arcface_torch's ViT: Linear weights (2-D) normal with std 0.02 (timm's trunc_normal_ cuts
+    at +-2, a hundred stds: the same draw), the patch convolution (4-D) PyTorch's default."""
+
+    def _init_weight(self, name, arr):
+        if len(arr.shape) == 2:
+            mx.random.normal(0.0, VIT_STD, shape=arr.shape, out=arr)
+        else:
+            super()._init_weight(name, arr)
+
+
 class ConvNormalFcUniform(FanInUniform):
     """Conv weights (4-D) normal with a fixed std, FC weights (2-D) as FanInUniform."""
 
@@ -69,7 +82,8 @@ def backbone_initializer(kind, network=None):
         return FanInUniform()
     if kind == "arcface_torch":
         torch_init = symbols.network(network).torch_init      # UnknownNetwork for any other name
-        return ConvNormalFcUniform(IRESNET_CONV_STD) if torch_init == "conv_normal_fc_uniform" else FanOutNormal()
+        return {"conv_normal_fc_uniform": ConvNormalFcUniform(IRESNET_CONV_STD), "vit_trunc_normal": VitNormal(),
+                "fan_out_normal": FanOutNormal()}[torch_init]
     if kind == "xavier":
         return mx.init.Xavier(magnitude=2.0)
     raise ValueError(f"backbone_init must be one of {BACKBONE_INITS}, got {kind!r}")

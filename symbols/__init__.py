@@ -5,15 +5,16 @@ Networks: 'r18', 'r34', 'r50', 'r100', 'r200' (IResNet, symbols/iresnet.py) and 
 'mbf_large', 'mbf_small' (MobileFaceNet, symbols/mobilefacenet.py), named as insightface's
 arcface_torch names them: 'mbf' is the paper's network at twice its widths (get_mbf),
 'mbf_large' blocks (2, 8, 12, 4) at four times the widths (get_mbf_large), 'mbf_small' the
-paper's network itself (sample_fc's 'mbf' before; the demo trains it). The symbols
+paper's network itself (sample_fc's 'mbf' before; the demo trains it); 'vit_t', 'vit_s', 'vit_b' and
+arcface_torch's WebFace42M variants (Vision Transformers, symbols/vit.py). The symbols
 take raw RGB pixels 0..255, as the data iterators deliver them, and normalise them in the
 graph to (x - 127.5) / 128.
 """
-from . import iresnet, mobilefacenet
+from . import iresnet, mobilefacenet, vit
 from .common import with_frozen_batchnorm, with_learned_embedding_scale
 from .network import Network, UnknownNetwork
 
-FAMILIES = (iresnet, mobilefacenet)      # a new family of networks: its file in symbols/, named here
+FAMILIES = (iresnet, mobilefacenet, vit)      # a new family of networks: its file in symbols/, named here
 _NETWORKS = {name: net for family in FAMILIES for name, net in family.NETWORKS.items()}
 NETWORKS = tuple(_NETWORKS)
 

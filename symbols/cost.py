@@ -19,8 +19,9 @@ def backbone_cost(symbol, image_size):
     """Cost of `symbol` for one 3 x image_size x image_size image.
 
     multiply_adds sums, over the Convolution layers, output elements x kernel_h x kernel_w x
-    input channels / num_group, and over the FullyConnected layers, in_features x
-    out_features. No other layer is counted: not BatchNorm, PReLU, elementwise adds,
+    input channels / num_group, over the FullyConnected layers, in_features x out_features
+    (per token for a ViT's, flatten=False), and over the batch_dots (a ViT's attention), output
+    elements x the contracted length. No other layer is counted: not BatchNorm, PReLU, elementwise adds,
     pooling, biases, nor the input normalisation. A PReLU of symbols.common.prelu is built
     from a depthwise 1x1 Convolution whose weight is the slope variable `<prelu>_gamma`;
     that Convolution belongs to the PReLU and is not counted either.
@@ -39,6 +40,8 @@ def backbone_cost(symbol, image_size):
             multiply_adds += _conv_multiply_adds(layer, shapes)
         elif op == 'FullyConnected':
             multiply_adds += _fc_multiply_adds(layer, shapes)
+        elif op == 'batch_dot':
+            multiply_adds += _batch_dot_multiply_adds(layer, shapes)
     return Cost(params=params, aux=aux, multiply_adds=multiply_adds, activations=activations)
 
 
@@ -82,6 +85,14 @@ def _fc_multiply_adds(layer, shapes):
     data = layer.get_children().list_outputs()[0]
     in_features = _size(shapes[data][1:])
     return in_features * int(layer.list_attr()['num_hidden'])
+
+
+def _batch_dot_multiply_adds(layer, shapes):
+    """output elements x the length contracted (the first input's last axis, or its second to
+    last when transpose_a)."""
+    first = shapes[layer.get_children().list_outputs()[0]]
+    inner = first[-2] if layer.list_attr().get('transpose_a', 'False') == 'True' else first[-1]
+    return _size(shapes[layer.list_outputs()[0]]) * inner
 
 
 def _size(shape):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 # arcface_torch's initialisation of a family's weights (sample_fc.initializers: its Initializer)
-TORCH_INITS = ("conv_normal_fc_uniform", "fan_out_normal")
+TORCH_INITS = ("conv_normal_fc_uniform", "fan_out_normal", "vit_trunc_normal")
 
 
 class UnknownNetwork(ValueError):
@@ -19,8 +19,9 @@ class UnknownNetwork(ValueError):
 @dataclass(frozen=True)
 class Network:
     name: str
-    family: str                   # the family file's name: 'iresnet', 'mobilefacenet'
-    shape: tuple                  # the family's parameters (IResNet: units per stage; MobileFaceNet: (blocks, scale))
+    family: str                   # the family file's name: 'iresnet', 'mobilefacenet', 'vit'
+    shape: tuple                  # the family's parameters (IResNet: units per stage; MobileFaceNet: (blocks, scale);
+                                  # ViT: (width, depth, drop path rate, arcface_torch's mask ratio))
     build: Callable               # (name, embedding_size, image_size, dtype, dropout) -> mx.sym.Symbol
     torch_layers: Callable        # (name) -> [(our layer, its arcface_torch module, kind of parameters)]
     torch_init: str               # arcface_torch's initialisation, one of TORCH_INITS

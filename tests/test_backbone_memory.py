@@ -102,8 +102,8 @@ def test_onednn_share_by_network(network, share, monkeypatch):
     monkeypatch.setitem(symbols._NETWORKS, "r50_new", unmeasured)
     monkeypatch.setattr(symbols, "NETWORKS", symbols.NETWORKS + ("r50_new",))
     assert backbone_memory.onednn_extra("r50_new") == 0.80
-    with pytest.raises(symbols.UnknownNetwork, match="vit_t"):
-        backbone_memory.onednn_extra("vit_t")
+    with pytest.raises(symbols.UnknownNetwork, match="convnext_t"):
+        backbone_memory.onednn_extra("convnext_t")
     knee = backbone_memory.ONEDNN_KNEE
     assert backbone_memory.onednn_graph_bytes(knee / 2, network) == int(share * knee / 2)
     assert backbone_memory.onednn_graph_bytes(4 * knee, network) == int(share * 2 * knee)

@@ -39,7 +39,7 @@ def test_every_preset_combination_builds_with_the_base_keys():
     (a float where a number goes, even when the preset wrote an integer)."""
     base = default._base_config()
     combos = list(itertools.product(default.DATASETS, default.NETWORKS, default.LOSSES))
-    assert len(combos) == 7 * 8 * 3
+    assert len(combos) == 7 * 15 * 3
     for dataset, network, loss in combos:
         cfg = default.get_config(dataset=dataset, network=network, loss=loss)
         assert isinstance(cfg, EasyDict)
@@ -54,7 +54,9 @@ def test_preset_names_are_exposed():
     """Test that DATASETS, NETWORKS and LOSSES list the presets the brief requires."""
     assert default.DATASETS == ('demo', 'custom', 'webface', 'emore', 'glint360k',
                                 'synthetic_1m', 'synthetic_10m')
-    assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small'}
+    assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small', 'vit_t',
+                                     'vit_t_dp005_mask0', 'vit_s', 'vit_s_dp005_mask_0', 'vit_b', 'vit_b_dp005_mask_005',
+                                     'vit_l_dp005_mask_005'}
     import symbols
     assert default.NETWORKS == symbols.NETWORKS     # a preset for every network, a network for every preset
     assert default.LOSSES == ('arcface', 'cosface', 'curricularface')

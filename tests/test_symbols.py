@@ -378,7 +378,8 @@ def test_public_names():
     """Test that the package exports get_symbol, the descriptors (network, Network, FAMILIES), the
     two graph transforms and NETWORKS as a tuple."""
     assert symbols.NETWORKS == ('r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large',
-                                'mbf_small')
+                                'mbf_small', 'vit_t', 'vit_t_dp005_mask0', 'vit_s', 'vit_s_dp005_mask_0', 'vit_b',
+                                'vit_b_dp005_mask_005', 'vit_l_dp005_mask_005')
     assert set(symbols.__all__) == {'FAMILIES', 'NETWORKS', 'Network', 'UnknownNetwork', 'get_symbol', 'network',
                                     'with_frozen_batchnorm', 'with_learned_embedding_scale'}
 
@@ -395,16 +396,17 @@ def test_descriptor_is_the_network(name):
     arguments = set(reference.list_arguments())
     mapped = {ours for ours, _, _ in net.arcface_torch_layers()}
     assert mapped and all(any(arg.startswith(layer + '_') for arg in arguments) for layer in mapped)
-    assert net.torch_init == ('conv_normal_fc_uniform' if name.startswith('r') else 'fan_out_normal')
+    assert net.torch_init == {'iresnet': 'conv_normal_fc_uniform', 'mobilefacenet': 'fan_out_normal',
+                              'vit': 'vit_trunc_normal'}[net.family]
 
 
-@pytest.mark.parametrize('call', [lambda: get_symbol('vit_t'), lambda: symbols.network('mbf_tiny'),
+@pytest.mark.parametrize('call', [lambda: get_symbol('convnext_t'), lambda: symbols.network('mbf_tiny'),
                                   lambda: initializers.backbone_initializer('arcface_torch', 'r51'),
                                   lambda: torch_backbone.layers('r51')])
 def test_unknown_network_is_one_error_everywhere(call):
     """Test that a name no family holds is UnknownNetwork (naming the choices) wherever the
     toolkit asks about a network: never a silent MobileFaceNet."""
-    with pytest.raises(symbols.UnknownNetwork, match='valid choices: r18, .*mbf_small'):
+    with pytest.raises(symbols.UnknownNetwork, match='valid choices: r18, .*mbf_small, vit_t'):
         call()
 
 
@@ -481,3 +483,53 @@ def test_learned_embedding_scale_multiplies_the_embeddings_by_gamma():
     beta = 0.0   # Xavier leaves betas at 0
     np.testing.assert_allclose(outputs['learned'] - beta, (outputs['plain'] - beta) * np.linspace(0.5, 2.0, 8),
                                rtol=1e-4, atol=1e-5)
+
+
+# arcface_torch's ViTs at 112 px, num_features 512: sum(p.numel() for p in model.parameters()) and
+# the parameter tensors of backbones/vit.py's VisionTransformer (insightface 7fadd420, built with
+# get_model's arguments outside this repository), each including the mask token (1, 1, width)
+ARCFACE_TORCH_VIT = {'vit_t': (19137792, 144), 'vit_s': (76023296, 144), 'vit_b': (113833472, 276),
+                     'vit_l_dp005_mask_005': (255684352, 276)}
+
+
+def vit_params(width, depth, tokens, num_features=512):
+    """By hand: the patch conv (3 x 9 x 9 -> width, with bias), the position embedding, per block
+    two LayerNorms, qkv (no bias), proj, fc1 (4 x width), fc2; the final LayerNorm; the head's
+    Linear(tokens x width -> width), BatchNorm1d, Linear(width -> D), BatchNorm1d."""
+    block = 2 * 2 * width + 3 * width * width + (width * width + width) + (4 * width * width + 4 * width) \
+        + (4 * width * width + width)
+    return (3 * 81 * width + width) + tokens * width + depth * block + 2 * width \
+        + tokens * width * width + 2 * width + width * num_features + 2 * num_features
+
+
+@pytest.mark.parametrize('name', sorted(ARCFACE_TORCH_VIT))
+def test_vit_param_count_matches_arcface_torch(name):
+    """Test that each ViT at 112 px has arcface_torch's parameters less its mask token (not built:
+    symbols/vit.py), counted from the symbol, equal to the hand formula; and that every variant
+    of a width and depth is the same network."""
+    width, depth = symbols.network(name).shape[:2]
+    ours, tensors = count_params(get_symbol(name, 512, 112), 112), len(get_symbol(name, 512, 112).list_arguments()) - 1
+    assert ours == vit_params(width, depth, 144) == ARCFACE_TORCH_VIT[name][0] - width
+    assert tensors == ARCFACE_TORCH_VIT[name][1] - 1
+    from symbols.cost import backbone_cost      # per image: 12 W^2 per token per block and the attention's 2 L^2 W
+    tokens, heads_of_work = 144, 12 * 144 * width * width + 2 * 144 * 144 * width
+    assert backbone_cost(get_symbol(name, 512, 112), 112).multiply_adds == \
+        depth * heads_of_work + tokens * 243 * width + tokens * width * width + width * 512
+    for other in symbols.NETWORKS:
+        if other.startswith('vit') and symbols.network(other).shape[:2] == (width, depth):
+            assert get_symbol(other, 512, 112).list_arguments() == get_symbol(name, 512, 112).list_arguments()
+
+
+def test_drop_path_drops_whole_samples_in_training_only():
+    """Test the drop path of a ViT block (MXNet's Dropout with the mask over a sample's tokens and
+    channels): in training each sample's branch is all zeros or all 1 / (1 - p), both seen; at
+    inference it is the identity."""
+    from symbols.vit import drop_path
+    branch = drop_path(mx.sym.Variable('x'), 'drop', 0.5)
+    ones = mx.nd.ones((64, 9, 16))
+    trained = branch.bind(mx.cpu(), {'x': ones}).forward(is_train=True)[0].asnumpy()
+    per_sample = trained.reshape(64, -1)
+    assert (per_sample == per_sample[:, :1]).all()
+    assert set(np.unique(per_sample)) == {0.0, 2.0}
+    inferred = branch.bind(mx.cpu(), {'x': ones}).forward(is_train=False)[0].asnumpy()
+    np.testing.assert_array_equal(inferred, 1.0)

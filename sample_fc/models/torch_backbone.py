@@ -12,9 +12,14 @@ ignored.
 Two folds make our network compute arcface_torch's from the same raw pixels (exact math):
 - arcface_torch feeds (x / 255 - 0.5) / 0.5 = (x - 127.5) / 127.5, our graph (x - 127.5) / 128:
   the stem conv's weight (no bias, zero padding) is multiplied by INPUT_SCALE = 128 / 127.5;
+  (a ViT: its patch convolution's weight; no padding, so its bias stays);
 - our BatchNorm `embeddings` holds its scale at 1 (fix_gamma), arcface_torch's `features`
   BatchNorm1d has one (mbf learns it; iresnet's stays 1): with gamma g, the FC's weight and
-  bias and the moving mean are multiplied by g, which at inference is the same function.
+  bias and the moving mean are multiplied by g, which at inference is the same function (a ViT's
+  `embeddings` learns its scale, as arcface_torch's feature.3 does: nothing to fold).
+A ViT also has a LayerNorm kind (gamma, beta <- weight, bias), its position embedding (a bare
+parameter, `pos_embed` <- pos_embed) and arcface_torch's mask token, which is read and not used
+(symbols/vit.py builds no patch masking).
 """
 from dataclasses import dataclass
 
@@ -22,16 +27,21 @@ import mxnet as mx
 import numpy as np
 
 import symbols
-from symbols import common, iresnet
+from symbols import common, iresnet, vit
 from ..errors import UsageError
 from .torch_weights import read_state_dict
 
 INPUT_SCALE = 128 / 127.5
 PARAMS = {"conv": (("weight", "weight"),),
+          "conv_bias": (("weight", "weight"), ("bias", "bias")),
           "fc": (("weight", "weight"), ("bias", "bias")),
           "fc_no_bias": (("weight", "weight"),),
           "bn": (("gamma", "weight"), ("beta", "bias"), ("moving_mean", "running_mean"), ("moving_var", "running_var")),
-          "prelu": (("gamma", "weight"),)}
+          "layer_norm": (("gamma", "weight"), ("beta", "bias")),
+          "prelu": (("gamma", "weight"),),
+          "parameter": (("", ""),),     # a bare nn.Parameter: our variable and its key are the layer's names
+          "unused": ()}                 # a tensor of the file that our network has no use for (ViT's mask token)
+FIRST_CONV = ("stem_conv", "patch_embed")    # the layer that takes the pixels (iresnet and mbf's; ViT's)
 
 
 def layers(network):
@@ -42,8 +52,13 @@ def layers(network):
 
 def parameter_names(network):
     """[(our parameter, its state dict key, kind)] of `network`, in order."""
-    return [(f"{ours}_{mine}", f"{theirs}.{its}", kind)
+    return [(f"{ours}_{mine}" if mine else ours, f"{theirs}.{its}" if its else theirs, kind)
             for ours, theirs, kind in layers(network) for mine, its in PARAMS[kind]]
+
+
+def unused_keys(network):
+    """The state dict keys of `network`'s file that it loads nothing from."""
+    return {theirs for _, theirs, kind in layers(network) if kind == "unused"}
 
 
 @dataclass
@@ -61,7 +76,7 @@ def _differences(state, network):
     names = parameter_names(network)
     wanted = {theirs for _, theirs, _ in names}
     missing = [theirs for _, theirs, _ in names if theirs not in state]
-    extra = [key for key in state if key not in wanted and not key.endswith(".num_batches_tracked")]
+    extra = [key for key in state if key not in wanted | unused_keys(network) and not key.endswith(".num_batches_tracked")]
     if missing or extra:
         first = f"{missing[0]} is missing" if missing else f"{extra[0]} is not in {network}"
         return len(missing) + len(extra), first, None
@@ -82,11 +97,18 @@ def _differences(state, network):
 
 
 def _sizes(state, layer):
-    """(embedding size, input side) the file's embedding FC (and GDC) imply, or why none."""
+    """(embedding size, input side) the file's embedding FC (and GDC, or a ViT's position
+    embedding) imply, or why none."""
     fc = layer["embedding_fc"] + ".weight"
     if state[fc].ndim != 2 or 0 in state[fc].shape:
         return f"{fc} has shape {state[fc].shape}, not (embedding size, features)"
     embedding_size, features = state[fc].shape
+    if "pos_embed" in layer:      # a ViT: one position per token; the side whose patches give that many
+        count = state["pos_embed"].shape[1] if state["pos_embed"].ndim == 3 else 0
+        side = -(-int(round(count ** 0.5)) * vit.PATCH // common.DOWNSAMPLE) * common.DOWNSAMPLE
+        if not count or vit.tokens(side) != count:
+            return f"pos_embed has shape {state['pos_embed'].shape}, which fits no input size"
+        return int(embedding_size), side
     if "gdc_conv" in layer:       # the GDC's kernel is the final map's side
         key = layer["gdc_conv"] + ".weight"
         side = state[key].shape[-1] if state[key].ndim == 4 else 0
@@ -102,7 +124,10 @@ def _folded(state, network):
     """{our parameter: float32 array} with the folds of the module docstring."""
     weights = {ours: state[theirs].astype(np.float32).reshape((-1, 1, 1, 1) if kind == "prelu" else state[theirs].shape)
                for ours, theirs, kind in parameter_names(network)}
-    weights["stem_conv_weight"] *= INPUT_SCALE
+    first = next(name for name in FIRST_CONV if f"{name}_weight" in weights)
+    weights[f"{first}_weight"] *= INPUT_SCALE      # no padding: the bias stays
+    if symbols.network(network).family == "vit":    # its embedding BatchNorm learns its scale, as ours
+        return weights
     scale = weights["embeddings_gamma"]
     weights["embedding_fc_weight"] *= scale[:, None]
     if "embedding_fc_bias" in weights:

@@ -10,7 +10,10 @@ BatchNorm1d's with random signs), random PReLU slopes, BN statistics of one batc
 images. A process of its own: torch must be imported before horovod.mxnet (see
 torch_reference_outputs.py).
 
-Writes to OUT_DIR, for NAME in r50 and mbf (112 px, D 512) and mbf_small32 (arcface_torch's
+vit_t is written after arcface_torch/backbones/vit.py in eval mode (patch masking and drop path
+act only in training), with random LayerNorm scales and shifts too.
+
+Writes to OUT_DIR, for NAME in r50, mbf and vit_t (112 px, D 512) and mbf_small32 (arcface_torch's
 MobileFaceNet at scale 1, 32 px, D 32):
   NAME.pth                  the state dict
   NAME.npz                  its tensors (key -> array)
@@ -132,6 +135,69 @@ class MobileFaceNet(nn.Module):
         return self.features(self.conv_sep(x))
 
 
+class Attention(nn.Module):
+    def __init__(self, dim, heads=8):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=False)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        batch, count, dim = x.shape
+        qkv = self.qkv(x).reshape(batch, count, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        attention = ((qkv[0] @ qkv[1].transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj((attention @ qkv[2]).transpose(1, 2).reshape(batch, count, dim))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.ReLU6(), nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim)
+        self.norm2, self.mlp = nn.LayerNorm(dim), Mlp(dim, 4 * dim)
+
+    def forward(self, x):                 # eval: drop path is the identity
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, dim, patch=9):
+        super().__init__()
+        self.proj = nn.Conv2d(3, dim, patch, patch)
+
+    def forward(self, x):
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class VisionTransformer(nn.Module):
+    """arcface_torch's vit.py in eval mode (no patch masking, no drop path), 112 px: 144 tokens."""
+
+    def __init__(self, dim=256, depth=12, num_features=512, count=144):
+        super().__init__()
+        self.patch_embed = PatchEmbed(dim)
+        self.pos_embed = nn.Parameter(torch.randn(1, count, dim) * 0.02)
+        self.blocks = nn.ModuleList([Block(dim) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim)
+        self.feature = nn.Sequential(nn.Linear(dim * count, dim, bias=False), nn.BatchNorm1d(dim, eps=2e-5),
+                                     nn.Linear(dim, num_features, bias=False), nn.BatchNorm1d(num_features, eps=2e-5))
+        self.mask_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+
+    def forward(self, x):
+        x = self.patch_embed(x) + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        return self.feature(self.norm(x).reshape(x.shape[0], -1))
+
+
 def randomised(model, side, seed):
     """`model` with random BN scales/shifts and PReLU slopes, BN statistics of 8 random
     images, in eval mode."""
@@ -144,10 +210,14 @@ def randomised(model, side, seed):
                 module.momentum = None           # running statistics = the batch's
             elif isinstance(module, nn.PReLU):
                 module.weight.uniform_(0.0, 0.5)
-        features = model.features if isinstance(model, IResNet) else model.features.layers[3]
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0, 0.1)
+        features = {IResNet: lambda: model.features, VisionTransformer: lambda: model.feature[3]}.get(
+            type(model), lambda: model.features.layers[3])()
         features.weight.mul_(torch.where(torch.rand(features.weight.shape) < 0.3, -1.0, 1.0))
         model.train()
-        model(torch.rand(8, 3, side * 16, side * 16) * 2 - 1)
+        model(torch.rand(8, 3, side * 16, side * 16) * 2 - 1)      # (ViT: 112 px at side 7 too)
     return model.eval()
 
 
@@ -168,6 +238,7 @@ def main(out, pixels_file):
     pixels = np.load(pixels_file)
     save(randomised(IResNet((3, 4, 14, 3)), 7, 0), out, "r50", pixels)
     save(randomised(MobileFaceNet(), 7, 1), out, "mbf", pixels)
+    save(randomised(VisionTransformer(), 7, 3), out, "vit_t", pixels)
     small = randomised(MobileFaceNet(32, scale=1, side=2), 2, 2)
     save(small, out, "mbf_small32")
     torch.save(small.state_dict(), os.path.join(out, "legacy.pth"), _use_new_zipfile_serialization=False)
