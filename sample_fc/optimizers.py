@@ -25,7 +25,6 @@ import math
 import os
 
 import mxnet as mx
-import numpy as np
 
 from . import dist
 from .options import LR_SCHEDULES, check_momentum_form
@@ -103,25 +102,6 @@ def make_schedule(kind, base_lr, warmup_steps, max_update, steps, factor):
 MULTI_TENSOR_UPDATE = 60
 
 
-# The backbone's gradients are summed over the ranks in buckets of about this many bytes, the
-# last layers' first, each as soon as its gradients exist: MXNet's engine runs the backward
-# asynchronously, so a bucket's sum overlaps the backward of the layers before it.
-GRADIENT_BUCKET_BYTES = 2 ** 21
-
-
-def gradient_buckets(arrays, bucket_bytes=GRADIENT_BUCKET_BYTES):
-    """`arrays` (in the network's order, input first) as lists of consecutive arrays of about
-    `bucket_bytes` each (an array larger than that alone), the output end's bucket first."""
-    buckets, current, size = [], [], 0
-    for array in reversed(arrays):
-        current.append(array)
-        size += array.size * np.dtype(array.dtype).itemsize
-        if size >= bucket_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    return buckets + ([current] if current else [])
-
-
 class BackboneOptimizer(mx.optimizer.Optimizer):
     """The data-parallel backbone's optimizer: the wrapped one, applied to gradients summed over
     all ranks and clipped to a global norm (unlike Horovod's DistributedOptimizer, which
@@ -182,8 +162,7 @@ class BackboneOptimizer(mx.optimizer.Optimizer):
         arrays = [grad for per_context in grad_arrays for grad in per_context]
         if not arrays:                    # a backbone without parameters (the benchmark's identity)
             return 0.0
-        for index, bucket in enumerate(gradient_buckets(arrays)):   # the last layers' first: their
-            dist.grouped_allreduce_sum_(bucket, f"backbone_grads.{index}")   # backward is done first
+        dist.grouped_allreduce_sum_(arrays, "backbone_grads")
         totals = [per_context[0] if len(per_context) == 1 else
                   mx.nd.add_n(*[g.as_in_context(per_context[0].context) for g in per_context])
                   for per_context in grad_arrays]

@@ -321,21 +321,3 @@ def test_schedule_kinds_are_checked():
         make_schedule("linear", 0.1, 0, 10, [], 0.1)
     with pytest.raises(ValueError, match="warmup_steps < max_update"):
         make_schedule("cosine", 0.1, 10, 10, [], 0.1)
-
-
-def test_gradient_buckets_keep_every_array_once_in_reverse_order_by_bytes():
-    """Test that the gradient buckets hold every array once, the output end first, each closed as
-    soon as it reaches the byte size (float16 counted at 2 bytes), so their concatenation is the
-    reversed list."""
-    import mxnet as mx
-    from sample_fc.optimizers import gradient_buckets
-    sizes = [10, 300_000, 200_000, 600_000, 5, 1_000_000, 7]
-    for dtype, itemsize in (("float32", 4), ("float16", 2)):
-        arrays = [mx.nd.zeros((n,), dtype=dtype) for n in sizes]
-        buckets = gradient_buckets(arrays, bucket_bytes=2 ** 21)
-        assert [id(a) for bucket in buckets for a in bucket] == [id(a) for a in arrays[::-1]]
-        for bucket in buckets[:-1]:
-            total = sum(a.size for a in bucket) * itemsize
-            assert total >= 2 ** 21 and total - bucket[-1].size * itemsize < 2 ** 21
-    assert [[a.size for a in b] for b in gradient_buckets([mx.nd.zeros((n,)) for n in sizes], 2 ** 21)] == \
-        [[7, 1_000_000], [5, 600_000], [200_000, 300_000, 10]]
