@@ -218,3 +218,16 @@ def test_storage_is_one_value_read_back_from_what_a_shard_and_a_config_say(weigh
     for bad in ({"weights": "int4"}, {"momentum": "int4"}):
         with pytest.raises(ValueError, match="int4"):
             Storage(**bad)
+
+
+def test_the_head_benchs_row_traffic_reads_and_writes_rows_of_every_block(small_blocks):
+    """Test that bench.cases.rows_traffic_ms (the head bench's bound) takes and puts back sampled
+    rows of a bank held in several row blocks, rows past the first block included (it indexed the
+    first block only: an IndexError at 5M classes x 512), and leaves every row as it was."""
+    from sample_fc.bench.cases import rows_traffic_ms
+    bank = MemoryBank(40, 8, mx.cpu(), seed=3)
+    assert len(bank.row_arrays()["weight"]) == 6
+    before = bank.to_numpy()
+    assert rows_traffic_ms(bank, np.array([39, 2, 8, 21, 35]), repeats=2, block_rows=2) >= 0
+    for kept, now in zip(before, bank.to_numpy()):
+        np.testing.assert_array_equal(now, kept)
