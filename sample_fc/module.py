@@ -40,26 +40,6 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive steps with non-finite loss or gradients."""
 
 
-class StatisticsSnapshot:
-    """A copy of `arrays` (the BatchNorm statistics a training forward moves) taken in one
-    operation per device, restored only when a step is skipped: per-array copies cost an
-    engine operation each (~120 on mbf), every step."""
-
-    def __init__(self, arrays):
-        self.arrays, by_device = arrays, {}
-        for array in arrays:
-            by_device.setdefault(array.context, []).append(array)
-        self.saved = {device: mx.nd.concat(*[a.reshape((-1,)) for a in group], dim=0) if len(group) > 1
-                      else group[0].reshape((-1,)).copy() for device, group in by_device.items()}
-
-    def restore(self):
-        offsets = dict.fromkeys(self.saved, 0)
-        for array in self.arrays:
-            start = offsets[array.context]
-            offsets[array.context] = start + array.size
-            self.saved[array.context][start:start + array.size].reshape(array.shape).copyto(array)
-
-
 class SampleDistributeModule:
     """A data-parallel backbone, this rank's Partial FC layer and the collectives between them:
     one rank's part of a Partial FC run.
@@ -265,8 +245,8 @@ class SampleDistributeModule:
         rank (BatchNorm statistics included); after max_nonfinite_steps such steps in a
         row NonFiniteError is raised.
         """
-        statistics_before = StatisticsSnapshot([a for part in self._parts for per_name in part._exec_group.aux_arrays
-                                                for a in per_name])
+        aux_arrays = [aux for part in self._parts for aux in part._exec_group.aux_arrays]
+        aux_before = [[a.copy() for a in per_context] for per_context in aux_arrays]
         with self.stage("forward"):
             self.forward_backbone(data_batch)
         loss = self.loss_and_gradients()
@@ -276,7 +256,9 @@ class SampleDistributeModule:
             self.apply_updates()
             self.nonfinite_in_a_row = 0
             return float(loss.asscalar()), False
-        statistics_before.restore()
+        for saved, live in zip(aux_before, aux_arrays):
+            for source, target in zip(saved, live):
+                source.copyto(target)
         self.partial_fc.discard()
         self.nonfinite_in_a_row += 1
         self.nonfinite_total += 1
