@@ -11,8 +11,10 @@ by the node's workers (default: this machine's MemAvailable, unless --gpu-memory
 another node: then host memory is checked only with --memory-per-node); --gpu-memory: the
 bank, the head and the backbone on each worker's GPU (bank_context=same), or only the
 backbone there and the bank in host memory (bank_context=cpu). What does not fit comes with
-the ways out train.py lists (more workers, bank_dtype=float16, bank_momentum=int8, the bank on
-the host, a smaller batch: each with the GB per worker it gives) and exit code 2. The bank's
+the ways out train.py lists (more workers, bank_dtype=float16, bank_momentum=int8, 8-bit centers
+(bank_dtype=int8 with bank_momentum=none), the bank on the host, the sampling warm-up started at
+the ratio, a smaller batch: each with the GB per worker it gives) and exit code 2. A bank in host
+memory on GPUs also says the bytes crossing GPU <-> host per step. The bank's
 storage is the config's: `--set bank_dtype=float16 --set bank_momentum=int8` plans that bank. A warning says when the
 checkpoints would not fit the free disk of the models root (--models-root, default train.py's
 models/<dataset>_<network>). train.py runs the same arithmetic at start-up
