@@ -47,7 +47,9 @@ def test_quick_report_has_every_part_with_sane_numbers(tmp_path):
         assert set(record["stages"]) == set(STAGES)
         assert all(math.isfinite(ms) and ms >= 0 for ms in record["stages"].values())
         stage_sum = sum(record["stages"].values())
-        assert 0.5 <= stage_sum / record["ms_per_step"] <= 1.5, record
+        # each stage is timed with every operation finished at both ends: ~1 ms of its own a stage,
+        # which a quick case's 20-30 ms step does not hide (34.3 against 22.4 ms in a clean CI run)
+        assert 0.5 * record["ms_per_step"] <= stage_sum <= 1.5 * record["ms_per_step"] + len(STAGES), record
         global_batch = 128 * record["world"]
         assert math.isclose(record["samples_per_s"], global_batch / record["ms_per_step"] * 1e3)
         assert math.isclose(record["ratio_to_bound"], record["ms_per_step"] / record["bound_ms"])

@@ -126,6 +126,14 @@ class IResNet(nn.Module):
         return self.head(self.body(normalise(pixels)))
 
 
+FAMILIES = ("iresnet", "mobilefacenet")     # the families written here (a ViT's oracle: tests/workers/arcface_torch_models.py)
+
+
+def networks():
+    """The names of symbols.NETWORKS this module has a PyTorch network for."""
+    return tuple(name for name in symbols.NETWORKS if symbols.network(name).family in FAMILIES)
+
+
 def network(name, embedding_size, image_size):
     """The PyTorch network of sample_fc's backbone `name` (symbols.NETWORKS)."""
     net = symbols.network(name)

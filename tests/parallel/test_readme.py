@@ -34,6 +34,9 @@ RUN = {
     ".venv/bin/python -m sample_fc.tools.plan --dataset synthetic_1m --set num_classes=20000000 -np 2 "
     "--memory-per-node 256": [],
     ".venv/bin/python -m sample_fc.tools.demo_data --out data/demo": [],
+    ".venv/bin/python -m sample_fc.tools.plan -np 8 --workers-per-node 8 --memory-per-node 512 --gpu-memory 80 "
+    "--dataset glint360k --network r100 --set num_classes=100000000 --set bank_context=cpu --set bank_dtype=int8 "
+    "--set bank_momentum=none --set sample_ratio_warmup_start=0.1": [],
 }
 NOT_RUN = {
     "scripts/test.sh": "the test suite itself",

@@ -77,7 +77,7 @@ def both_outputs(name, change=None):
 
 def main(out):
     saved = {}
-    for name in symbols.NETWORKS:
+    for name in torch_reference.networks():
         (saved[f"{name}/mxnet"], saved[f"{name}/torch"], saved[f"{name}/mxnet_params"],
          saved[f"{name}/torch_params"]) = both_outputs(name)
     slope = "stage2_unit3_expand_prelu_gamma"
