@@ -1,7 +1,6 @@
 """Tests for python -m sample_fc.tools.report (and tools.plots): a report from hand-written run
 files, several roots, damaged files, user mistakes, and one real 2-worker run end to end."""
 import base64
-import io
 import json
 import re
 import sys
