@@ -63,10 +63,10 @@ def attention(data, name, width, count):
     head = width // HEADS
     qkv = linear(data, name + '_qkv', 3 * width, bias=False)                      # (N, L, 3 W)
     qkv = mx.sym.transpose(mx.sym.reshape(qkv, (0, count, 3, HEADS, head)), (2, 0, 3, 1, 4))   # (3, N, H, L, d)
-    q, k, v = (mx.sym.reshape(mx.sym.squeeze(part, axis=0), (-3, count, head))   # (N H, L, d)
+    q, k, v = (mx.sym.reshape(mx.sym.squeeze(part, axis=0), (-1, count, head))   # (N H, L, d)
                for part in mx.sym.split(qkv, num_outputs=3, axis=0))
     weights = mx.sym.softmax(mx.sym.batch_dot(q, k, transpose_b=True) * (head ** -0.5), axis=-1)
-    mixed = mx.sym.reshape(mx.sym.batch_dot(weights, v), (-4, -1, HEADS, count, head))   # (N, H, L, d)
+    mixed = mx.sym.reshape(mx.sym.batch_dot(weights, v), (-1, HEADS, count, head))   # (N, H, L, d)
     mixed = mx.sym.reshape(mx.sym.transpose(mixed, (0, 2, 1, 3)), (0, count, width))
     return linear(mixed, name + '_proj', width)
 

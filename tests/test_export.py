@@ -182,6 +182,19 @@ def test_unsupported_op_is_named():
         export_onnx(symbol, params, {}, 2, "unused.onnx")
 
 
+def test_a_vit_is_refused_in_one_line_naming_its_layer_norms(tmp_path):
+    """Test that a ViT (its LayerNorms, which mxnet.onnx turns into a ReduceMean that ONNX's
+    checker refuses at onnx 1.16's opset) is refused before anything is written, naming the op;
+    every other op of it is one mxnet.onnx converts."""
+    import symbols
+    symbol = symbols.get_symbol("vit_t", 32, 32)
+    missing = export.unsupported_ops(symbol)
+    assert list(missing) == ["LayerNorm"] and "norm" in missing["LayerNorm"] and len(missing["LayerNorm"]) == 25
+    with pytest.raises(ValueError, match=r"cannot convert these ops: LayerNorm \(nodes block0_norm1, "):
+        export_onnx(symbol, {}, {}, 32, str(tmp_path / "vit.onnx"))
+    assert not (tmp_path / "vit.onnx").exists()
+
+
 def test_static_batch_on_request(small_backbones, tmp_path):
     """Test that export_onnx(static_batch=3) writes a fixed batch of 3 that matches MXNet at
     that batch, and that onnxruntime refuses another batch size for it."""
