@@ -126,19 +126,22 @@ def rows_traffic_ms(bank, index, repeats, block_rows=BOUND_BLOCK_ROWS):
     """Median ms of reading the sampled rows of every array the bank stores (weight, momentum;
     an int8 momentum's codes and scales) and writing them back (NumPy take + put through one
     cache-sized block each, so no K x D temporary is needed)."""
-    stored = [[host_view(block) for block in blocks] for blocks in bank.row_arrays().values()]   # row blocks
-    buffers = [np.empty((block_rows, blocks[0].shape[1]), dtype=blocks[0].dtype) for blocks in stored]
     index = np.sort(index)
+    parts = []                  # (row block, its sampled rows, a buffer): split before the timing
+    for blocks in bank.row_arrays().values():
+        per_block = blocks[0].shape[0]                    # every block but the last holds as many rows
+        buffer = np.empty((block_rows, blocks[0].shape[1]), dtype=blocks[0].dtype)
+        for number, block in enumerate(blocks):
+            start = number * per_block
+            rows = index[(index >= start) & (index < start + block.shape[0])] - start
+            parts.append((host_view(block), rows, buffer))
 
     def take_put():
-        for blocks, buffer in zip(stored, buffers):
-            per_block = blocks[0].shape[0]                # every block but the last holds as many rows
-            for number, array in enumerate(blocks):
-                mine = index[(index >= number * per_block) & (index < (number + 1) * per_block)] - number * per_block
-                for lo in range(0, len(mine), block_rows):
-                    rows = mine[lo:lo + block_rows]
-                    np.take(array, rows, axis=0, out=buffer[:len(rows)])
-                    array[rows] = buffer[:len(rows)]      # the same values back
+        for array, mine, buffer in parts:
+            for lo in range(0, len(mine), block_rows):
+                rows = mine[lo:lo + block_rows]
+                np.take(array, rows, axis=0, out=buffer[:len(rows)])
+                array[rows] = buffer[:len(rows)]          # the same values back
     return _median_call_ms(take_put, repeats)
 
 
