@@ -30,13 +30,14 @@ from ..run.run_root import EVENTS_FILE, PROGRESS_FILE, STATUS_FILE, VERIFICATION
 from . import cli, plots
 from .report_page import html_page
 
-# (progress key, title, y label, smoothed): in the order the dashboard shows them, the loss, the
-# verification (VERIFICATION_AFTER of these) and the speed first
+# (progress key, title, y label, smoothed)
 QUANTITIES = [("loss", "loss", "loss", True), ("samples_per_s", "training speed (global samples/s)", "samples/s", True),
               ("lr", "learning rate", "lr", False),
               ("grad_norm", "backbone gradient norm (before clipping)", "gradient norm", True),
               ("clipped_share", "share of steps whose gradient was clipped", "share clipped", True)]
-VERIFICATION_AFTER = 1
+# the figures in the order the dashboard shows them (the ROC last)
+DASHBOARD_ORDER = ("loss.png", "verification_accuracy.png", "samples_per_s.png", "verification_tar.png", "lr.png",
+                   "grad_norm.png", "clipped_share.png")
 
 
 @dataclass
@@ -150,7 +151,7 @@ def draw_figures(runs, out):
     """The report's PNGs in `out`: [(title, file name)], in the dashboard's order: the loss, the
     verification's accuracy, the speed, its TAR@FAR, the other quantities, the ROC."""
     one = len(runs) == 1
-    quantities, verification = [], []
+    figures = []
     for key, title, ylabel, smooth in QUANTITIES:
         series = [(run.name, *zip(*[(r["step"], r[key]) for r in run.progress if is_number(r.get(key))]))
                   for run in runs if any(is_number(r.get(key)) for r in run.progress)]
@@ -158,7 +159,7 @@ def draw_figures(runs, out):
             marks = runs[0].marks() if one else ()
             plots.step_figure(os.path.join(out, f"{key}.png"), title, ylabel, series, marks, log_y=key == "lr",
                               smooth=smooth)
-            quantities.append((title, f"{key}.png"))
+            figures.append((title, f"{key}.png"))
     for index, (what, ylabel) in enumerate((("accuracy", "10-fold accuracy"), ("TAR@FAR", "TAR"))):
         series = []
         for run in runs:
@@ -171,9 +172,8 @@ def draw_figures(runs, out):
             title = f"verification {what}" + (f" (FAR {far:g})" if index and far else "")
             name = "verification_accuracy.png" if index == 0 else "verification_tar.png"
             plots.step_figure(os.path.join(out, name), title, ylabel, series, runs[0].marks() if one else ())
-            verification.append((title, name))
-    figures = quantities[:VERIFICATION_AFTER] + verification[:1] + quantities[VERIFICATION_AFTER:][:1] \
-        + verification[1:] + quantities[VERIFICATION_AFTER + 1:]
+            figures.append((title, name))
+    figures.sort(key=lambda figure: DASHBOARD_ORDER.index(figure[1]))
     curves = [(f"{t} (step {step})" if one else f"{run.name}: {t} (step {step})", *plots.roc_points(-d, same))
               for run in runs for t, (step, d, same) in run.pairs.items()]
     if curves:
