@@ -53,6 +53,17 @@ def _with_batchnorm_attr(symbol, attr, value, name=None):
     return mx.sym.load_json(json.dumps(graph))
 
 
+def fixes_gamma(attrs):
+    """Whether a BatchNorm node with attributes `attrs` holds its scale at 1 (MXNet's default)."""
+    return str(attrs.get('fix_gamma', 'True')).lower() in ('true', '1')
+
+
+def learns_embedding_scale(symbol):
+    """Whether `symbol`'s embedding BatchNorm (`embeddings`) learns its scale gamma."""
+    node = next(node for node in json.loads(symbol.tojson())['nodes'] if node['name'] == 'embeddings')
+    return not fixes_gamma(node.get('attrs', {}))
+
+
 def with_frozen_batchnorm(symbol):
     """`symbol` with every BatchNorm normalising by its moving statistics in training too, and
     keeping them (use_global_stats): the per-sample affine map a trained network applies at

@@ -37,6 +37,7 @@ import mxnet as mx
 import numpy as np
 
 import symbols
+from symbols.common import fixes_gamma
 from .. import checkpoint
 from . import onnx_model, torch_backbone
 from ..data.mxnet_files import ndarray_file_problem, symbol_file_problem
@@ -386,7 +387,7 @@ def _onnx_pretrained(spec, symbol, image_size, network, note):
         raise UsageError(str(err).replace("names its parameters otherwise and does not fit", "(ONNX) does not map onto", 1)
                          .replace(" by structure either", " by the order and shapes of its weights", 1) + why) from None
     target = parameter_roles(symbol)
-    scaled = [name for name, role, attrs in target if role == "bn gamma" and _fixes_gamma(attrs)
+    scaled = [name for name, role, attrs in target if role == "bn gamma" and fixes_gamma(attrs)
               and (arg_params[name] != 1).sum().asscalar() > 0]
     if scaled:
         raise UsageError(f"--pretrained {spec}: the ONNX graph's BatchNorm mapped onto {scaled[0]} has a learned "
@@ -432,17 +433,13 @@ def _batch_norm_eps(attrs):
     return float(attrs.get("eps", 1e-3))                 # MXNet's BatchNorm default
 
 
-def _fixes_gamma(attrs):
-    return attrs.get("fix_gamma", "True").lower() in ("true", "1")   # MXNet's default: True
-
-
 def _carried_over(value, role, theirs, ours):
     """A source parameter as this network's layer must hold it to compute the same: a BatchNorm
     whose eps differs gets its moving variance shifted by the difference (var + eps is what
     inference divides by), and one whose gamma the source held fixed at 1 gets gamma 1."""
     if role == "bn var":
         return value + (_batch_norm_eps(theirs) - _batch_norm_eps(ours))
-    if role == "bn gamma" and _fixes_gamma(theirs) and not _fixes_gamma(ours):
+    if role == "bn gamma" and fixes_gamma(theirs) and not fixes_gamma(ours):
         return mx.nd.ones_like(value)
     return value
 

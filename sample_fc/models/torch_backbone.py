@@ -120,13 +120,14 @@ def _sizes(state, layer):
     return int(embedding_size), int(side) * common.DOWNSAMPLE
 
 
-def _folded(state, network):
-    """{our parameter: float32 array} with the folds of the module docstring."""
+def _folded(state, network, symbol):
+    """{our parameter: float32 array} with the folds of the module docstring (`symbol`: the
+    network's, which says whether its embedding BatchNorm learns its scale)."""
     weights = {ours: state[theirs].astype(np.float32).reshape((-1, 1, 1, 1) if kind == "prelu" else state[theirs].shape)
                for ours, theirs, kind in parameter_names(network)}
     first = next(name for name in FIRST_CONV if f"{name}_weight" in weights)
     weights[f"{first}_weight"] *= INPUT_SCALE      # no padding: the bias stays
-    if symbols.network(network).family == "vit":    # its embedding BatchNorm learns its scale, as ours
+    if common.learns_embedding_scale(symbol):      # as arcface_torch's does (a ViT's): nothing to fold
         return weights
     scale = weights["embeddings_gamma"]
     weights["embedding_fc_weight"] *= scale[:, None]
@@ -166,7 +167,8 @@ def load(path, network=None, option="--model"):
             f"{name} ({found[name][0]} tensors differ, first {found[name][1]})" for name in closest))
     name = fits[0]
     embedding_size, image_size = found[name][2]
-    weights = {key: mx.nd.array(value) for key, value in _folded(state, name).items()}
+    symbol = symbols.get_symbol(name, embedding_size, image_size)
+    weights = {key: mx.nd.array(value) for key, value in _folded(state, name, symbol).items()}
     aux = {key: value for key, value in weights.items() if key.endswith(("_moving_mean", "_moving_var"))}
     return TorchBackbone(name, embedding_size, image_size, {k: v for k, v in weights.items() if k not in aux}, aux,
                          "--network" if network else "the one network whose shapes fit")

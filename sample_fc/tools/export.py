@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
+from symbols.common import fixes_gamma
 from ..errors import UsageError
 from ..pfc.host_head import omp_threads
 from .cli import Progress, check_output_folder, make_parser, run_or_exit
@@ -75,7 +76,7 @@ def fixed_gamma_params(symbol, arg_params):
     nodes = json.loads(symbol.tojson())["nodes"]
     params = dict(arg_params)
     for node in nodes:
-        if node["op"] == "BatchNorm" and node.get("attrs", {}).get("fix_gamma", "True") in ("True", "true", "1"):
+        if node["op"] == "BatchNorm" and fixes_gamma(node.get("attrs", {})):
             gamma = nodes[node["inputs"][1][0]]["name"]
             params[gamma] = mx.nd.ones_like(arg_params[gamma])
     return params
