@@ -4,7 +4,8 @@
 
 The ONNX model has input `data` (batch, 3, S, S), raw RGB pixels 0..255 (the symbol
 normalises them in the graph, as in training), and output `embeddings` (batch, D), not
-normalised; `batch` is a symbolic dimension (dim_param), so one file runs any batch size.
+normalised; `batch` is a symbolic dimension (dim_param), so one file runs any batch size;
+ONNX opset 13 (OPSET).
 It is written by MXNet's exporter (mxnet.onnx.export_model, dynamic=True), with fixes made here:
   - BatchNorm(fix_gamma=True) computes with gamma = 1 whatever value is stored (weight decay
     moves the stored one), but the exporter copies the stored gamma: those are set to 1.
@@ -54,15 +55,16 @@ class ExportCheck:
                 f"({self.reference_max:.3g}): {self.relative:.3g}")
 
 
-# ops mxnet.onnx lists as supported but converts into a file ONNX refuses: LayerNorm becomes a
-# ReduceMean with an `axes` attribute, which opset 18 on (onnx 1.16's default) no longer has
-MISCONVERTED = {"LayerNorm"}
+# The ONNX opset of every file written here: mxnet.onnx's converters are written for opsets 12
+# and 13 (its LayerNorm is a ReduceMean with an `axes` attribute, which opset 18 on no longer
+# has), but it declares the installed onnx's newest (21 for onnx 1.16), so the ViTs' files
+# were refused by ONNX's checker. onnxruntime runs opset 13 everywhere.
+OPSET = 13
 
 
 def unsupported_ops(symbol):
-    """{MXNet op: [node names]} of the symbol's ops that mxnet.onnx cannot convert (or converts
-    into a file ONNX refuses: MISCONVERTED; the ViTs' LayerNorm)."""
-    supported = set(mx.onnx.get_operator_support()) - MISCONVERTED
+    """{MXNet op: [node names]} of the symbol's ops that mxnet.onnx cannot convert at OPSET."""
+    supported = set(mx.onnx.get_operator_support(OPSET))
     missing = {}
     for node in json.loads(symbol.tojson())["nodes"]:
         if node["op"] not in supported:
@@ -80,6 +82,25 @@ def fixed_gamma_params(symbol, arg_params):
             gamma = nodes[node["inputs"][1][0]]["name"]
             params[gamma] = mx.nd.ones_like(arg_params[gamma])
     return params
+
+
+@contextlib.contextmanager
+def _opset(version):
+    """Make mxnet.onnx write (and check its graph at) ONNX opset `version`: it reads the opset
+    from onnx.defs.onnx_opset_version() and checks the graph with onnx.checker's default
+    context, both the installed onnx's newest."""
+    import onnx.checker
+    import onnx.defs
+
+    newest, context = onnx.defs.onnx_opset_version, onnx.checker.DEFAULT_CONTEXT
+    saved = dict(context.opset_imports)
+    onnx.defs.onnx_opset_version = lambda: version
+    context.opset_imports = {"": version}
+    try:
+        yield
+    finally:
+        onnx.defs.onnx_opset_version = newest
+        context.opset_imports = saved
 
 
 @contextlib.contextmanager
@@ -143,7 +164,7 @@ def export_onnx(symbol, arg_params, aux_params, image_size, path, static_batch=N
     params = fixed_gamma_params(symbol, arg_params)
     params.update(aux_params)
     try:
-        with _raw_initializers():
+        with _raw_initializers(), _opset(OPSET):
             # in_shapes only seeds MXNet's shape inference; dynamic=True makes every Reshape
             # read the batch from the tensor at run time (checked at several batch sizes)
             dynamic = {} if static_batch else {
@@ -154,6 +175,7 @@ def export_onnx(symbol, arg_params, aux_params, image_size, path, static_batch=N
         raise UsageError(f"mxnet.onnx cannot convert this symbol: {err}") from err
     model = onnx.load(path)
     _channel_slopes(model)
+    _drop_unused_initializers(model)
     initializers = {tensor.name for tensor in model.graph.initializer}
     inputs = [value for value in model.graph.input if value.name not in initializers]
     del model.graph.input[:]
@@ -185,6 +207,15 @@ def _explicit_fc_flatten(symbol, image_size):
             node.setdefault("attrs", {})["flatten"] = "True"
             changed = True
     return mx.sym.load_json(json.dumps(graph)) if changed else symbol
+
+
+def _drop_unused_initializers(model):
+    """Remove the initializers no node reads (mxnet.onnx leaves a constant behind for the ViTs'
+    softmax; onnxruntime warns of it at every load)."""
+    used = {name for node in model.graph.node for name in node.input}
+    unused = [tensor for tensor in model.graph.initializer if tensor.name not in used]
+    for tensor in unused:
+        model.graph.initializer.remove(tensor)
 
 
 def _channel_slopes(model):
