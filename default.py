@@ -10,7 +10,8 @@ the presets, command-line `key=value` overrides (sample_fc.config.apply_override
 resumed run's saved config (config_from_checkpoint) and check_config.
 
 `get_config` builds a fresh config each call: the declared defaults, then the network preset,
-then the dataset preset, then the loss preset when one is named (later presets win; only
+then the dataset preset, then a ViT's training recipe (_VIT_RECIPE: AdamW; the dataset's SGD
+recipe moves to the bank), then the loss preset when one is named (later presets win; only
 the demo dataset overlaps a network preset, shrinking the batch for CPU). Without a named
 loss the dataset's own recipe stands: the base's ArcFace, or the demo's CosFace m=0.25. A loss
 preset sets the published margins only; the scale s is the dataset's (64 as published for
@@ -29,7 +30,7 @@ from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
                                BANK_DTYPES, BANK_MOMENTA, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS, MOMENTUM_FORMS,
-                               TAIL_BNS, WANDB_MODES)
+                               OPTIMIZERS, TAIL_BNS, WANDB_MODES)
 
 
 def _target_name(name):
@@ -94,11 +95,17 @@ def _declare_keys():
 
     # ---- optimisation -------------------------------------------------------------
     keys.batch_size = Int(128, lo=1, hi=2 ** 20)                        # images per worker per step; global batch = batch_size * world size
-    keys.lr = Real(0.1, lo=0, lo_open=True, hi=1e6)                     # lr for a global batch of 512, scaled linearly by global batch / 512
-    keys.lr_scale_by_world = Flag(True)                                 # True: apply that linear scaling; False: use lr as given
-    keys.momentum = Real(0.9, lo=0, hi=1, hi_open=True)                 # SGD momentum, backbone and memory bank alike
+    keys.lr = Real(0.1, lo=0, lo_open=True, hi=1e6)                     # the backbone's lr: SGD's for a global batch of 512, scaled linearly by global batch / 512; AdamW's as given
+    keys.lr_scale_by_world = Flag(True)                                 # True: apply that linear scaling to SGD's lrs (backbone with optimizer=sgd, bank_lr); AdamW's lr is used as given; False: every lr as given
+    keys.momentum = Real(0.9, lo=0, hi=1, hi_open=True)                 # SGD momentum: the backbone's (optimizer=sgd) and the memory bank's
     keys.momentum_form = Choice('pytorch', MOMENTUM_FORMS)              # SGD momentum form, backbone and bank: pytorch: momentum of gradients, lr applied per step (no overshoot at lr drops) | mxnet: of lr-scaled steps
-    keys.wd = Real(5e-4, lo=0, hi=1)                                    # weight decay, backbone and memory bank alike (not on biases and BN betas)
+    keys.wd = Real(5e-4, lo=0, hi=1)                                    # weight decay, backbone (not on biases and BN betas) and memory bank (unless bank_wd); AdamW's decoupled: w -= lr wd w
+    keys.optimizer = Choice('sgd', OPTIMIZERS)                          # the backbone's optimizer: sgd (momentum, momentum_form) | adamw (torch.optim.AdamW: weight decay wd decoupled from the gradient, adamw_beta1/2, adamw_eps; arcface_torch's ViT recipe). The bank's is SGD either way (bank_lr, bank_wd)
+    keys.adamw_beta1 = Real(0.9, lo=0, hi=1, hi_open=True)              # AdamW's decay of the gradients' mean (torch's default)
+    keys.adamw_beta2 = Real(0.999, lo=0, hi=1, hi_open=True)            # AdamW's decay of the squared gradients' mean (torch's default)
+    keys.adamw_eps = Real(1e-8, lo=0, lo_open=True, hi=1)               # AdamW's epsilon beside the root of the squares' mean (torch's default)
+    keys.bank_lr = Real('same', lo=0, lo_open=True, hi=1e6, words=('same',))  # the bank's SGD lr for a global batch of 512, scaled as lr is, on lr's schedule: same = lr (a backbone on AdamW keeps an SGD lr here)
+    keys.bank_wd = Real('same', lo=0, hi=1, words=('same',))            # the bank's weight decay: same = wd
     keys.decay_all = Flag(False)                                        # True: weight decay on every backbone parameter, biases and BN betas too (arcface_torch's SGD over model.parameters()); False: weights, BN gammas and PReLU slopes only (MXNet's rule)
     keys.clip_grad_norm = Real(5.0, lo=0, hi=1e12)                      # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
     keys.lr_schedule = Choice('step', LR_SCHEDULES)                     # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
@@ -179,8 +186,7 @@ _NETWORK_PRESETS = {
     },
 }
 # arcface_torch's Vision Transformers (symbols/vit.py: widths, depths, drop path); float32, no
-# dropout before the embedding (drop path inside). Their recipe's AdamW is not built yet: they
-# train with the base config's SGD.
+# dropout before the embedding (drop path inside). Their training recipe is _VIT_RECIPE below.
 _NETWORK_PRESETS.update({name: {
     'embedding_size': 512,               # arcface_torch's num_features
     'dropout': 0.0,                      # none before the embedding: drop path in the blocks
@@ -188,6 +194,36 @@ _NETWORK_PRESETS.update({name: {
     'batch_size': 128,                   # per worker
 } for name in ('vit_t', 'vit_t_dp005_mask0', 'vit_s', 'vit_s_dp005_mask_0', 'vit_b', 'vit_b_dp005_mask_005',
                'vit_l_dp005_mask_005')})
+
+# arcface_torch's recipe for its ViTs (configs wf42m_pfc*_vit_*), applied after the dataset preset:
+# AdamW on the backbone at lr 1e-3 (not scaled by the batch: arcface_torch keeps it from 2,048 to
+# 24,576 images a step), weight decay 0.1 decoupled and on every parameter, a linear warm-up over
+# the first tenth of the steps then the polynomial decay, and CosFace's margin 0.4 where the dataset
+# has no margin of its own (_VIT_MARGIN_LOSS). The bank keeps SGD with the dataset's lr and weight
+# decay (bank_lr, bank_wd; arcface_torch puts its centers under the same AdamW: docs/training.md).
+_VIT_RECIPE = {
+    'optimizer': 'adamw',                # torch.optim.AdamW, betas (0.9, 0.999), eps 1e-8
+    'lr': 0.001,                         # arcface_torch's, as given
+    'wd': 0.1,                           # arcface_torch's weight_decay
+    'decay_all': True,                   # on every parameter (AdamW over model.parameters())
+    'lr_schedule': 'poly',               # PolynomialLRWarmup after the warm-up
+}
+_VIT_WARMUP_SHARE = 10                   # warmup_steps = max_update // 10 (warmup_epoch = num_epoch // 10)
+_VIT_MARGIN_LOSS = 'cosface'             # margin_list (1.0, 0.0, 0.4)
+VITS = tuple(name for name in _NETWORK_PRESETS if name.startswith('vit_'))
+
+
+def _apply_vit_recipe(cfg, dataset):
+    """_VIT_RECIPE on a config that has its dataset preset: the dataset's SGD lr and weight decay
+    move to the bank (bank_lr, bank_wd), its max_update sets the warm-up."""
+    cfg.bank_lr, cfg.bank_wd = cfg.lr, cfg.wd              # the dataset's SGD recipe, for the centers
+    for key, value in _VIT_RECIPE.items():
+        cfg[key] = KEYS[key].accept(key, value)
+    cfg.warmup_steps = cfg.max_update // _VIT_WARMUP_SHARE    # the first tenth of the run
+    if 'loss' not in _DATASET_PRESETS[dataset]:
+        _apply_preset(cfg, 'loss', _VIT_MARGIN_LOSS, _LOSS_PRESETS)
+        cfg.loss = _VIT_MARGIN_LOSS                           # recorded as a named loss preset is
+
 
 # The network a dataset trains when none is named (others: the base's `network`). The demo
 # keeps the paper's small MobileFaceNet to train in minutes on 2 CPU cores.
@@ -374,6 +410,8 @@ def get_config(dataset='demo', network=None, loss=None):
     network = network or default_network(dataset)
     _apply_preset(cfg, 'network', network, _NETWORK_PRESETS)
     _apply_preset(cfg, 'dataset', dataset, _DATASET_PRESETS)
+    if network in VITS:
+        _apply_vit_recipe(cfg, dataset)
     if loss is not None:
         _apply_preset(cfg, 'loss', loss, _LOSS_PRESETS)
         cfg.loss = loss                  # the chosen presets, recorded in config.json
@@ -403,7 +441,9 @@ VALUE_BEFORE_KEY = {'clip_grad_norm': 0.0, 'backbone_init': 'xavier', 'momentum_
                     'sample_ratio_warmup_steps': 0,    # runs saved before the sampling warm-up sample as they did
                     'sample_correction': False,        # and before the sampled-softmax correction, uncorrected
                     'sample_wd_correction': False,     # and before the weight-decay correction, decayed with wd
-                    'bank_momentum': 'same'}           # and before bank_momentum, with the momentum stored as the weights
+                    'bank_momentum': 'same',           # and before bank_momentum, with the momentum stored as the weights
+                    'optimizer': 'sgd',                # and before AdamW (ViTs then trained with SGD), with SGD
+                    'bank_lr': 'same', 'bank_wd': 'same'}  # and before the bank's own lr and decay, with the backbone's
 
 # Keys renamed since runs were saved (old name -> new name). The old name is still read, from a
 # saved run's config and from `--set old=value`, with a one-line note; it is never written.

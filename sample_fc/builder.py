@@ -25,7 +25,7 @@ from .run.gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
 from .pfc.global_tail import GlobalTail, split_tail
 from .initializers import backbone_initializer, initial_params
 from .module import SampleDistributeModule
-from .optimizers import BackboneOptimizer, make_schedule
+from .optimizers import make_backbone_optimizer, schedule_of
 from .pfc.partial_fc import PartialFC, PartialFCOptions
 from .pfc.sampling_regime import regime, safe_ratio
 from .models.saved_model import load_pretrained
@@ -80,17 +80,15 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     """The SampleDistributeModule of this rank, parameters initialised (or `pretrained`
     (arg, aux) weights, with a fresh bank and optimizer) and equal on all ranks.
 
-    The lr is given for a global batch of 512 and scaled by the real one (lr_scale_by_world);
-    backbone and bank share one schedule, a pure function of the update number.
+    The lrs (the backbone's, the bank's bank_lr) are given for a global batch of 512 and scaled
+    by the real one (lr_scale_by_world); backbone and bank follow one schedule's shape, a pure
+    function of the update number.
     """
-    lr = scaled_lr(cfg, cfg.batch_size * world)
-    schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
-    backbone_optimizer = BackboneOptimizer(mx.optimizer.SGD(
-        learning_rate=lr, momentum=cfg.momentum, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule,
-        multi_precision=cfg.fp16), clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form,
-        decay_all=cfg.decay_all)
+    global_batch = cfg.batch_size * world
+    lr, bank_lr = scaled_lr(cfg, global_batch), scaled_lr(cfg, global_batch, "bank")
+    backbone_optimizer = make_backbone_optimizer(cfg, lr, schedule_of(cfg, lr))
     partial_fc = PartialFC.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx,
-                                    PartialFCOptions.from_config(cfg), schedule)
+                                    PartialFCOptions.from_config(cfg), schedule_of(cfg, bank_lr))
     data_shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
     training_symbol = symbols.with_frozen_batchnorm(symbol) if cfg.bn_frozen else symbol
     tail = None
@@ -101,7 +99,7 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     training_symbol = fused_ops.fuse(training_symbol, data_shape) if ctx.device_type == "cpu" else training_symbol
     module = SampleDistributeModule(training_symbol, partial_fc, backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
                                     data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
-                                    max_nonfinite_steps=cfg.max_nonfinite_steps, tail=tail)
+                                    max_nonfinite_steps=cfg.max_nonfinite_steps, tail=tail, seed=cfg.seed)
     initializer = backbone_initializer(cfg.backbone_init, cfg.network)
     arg_params, aux_params = pretrained or (initial_params(symbol, cfg.image_size, initializer) if tail
                                             else (None, None))     # fine-tuning: trained backbone weights

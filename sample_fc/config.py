@@ -304,10 +304,21 @@ def apply_overrides(cfg, overrides, keys):
 LR_REFERENCE_BATCH = 512        # default.py's lr is given for this global batch
 
 
-def scaled_lr(cfg, global_batch):
-    """The lr a run trains with: cfg.lr, given for a global batch of LR_REFERENCE_BATCH, scaled
-    linearly to `global_batch` when cfg.lr_scale_by_world."""
-    return cfg.lr * (global_batch / LR_REFERENCE_BATCH if cfg.lr_scale_by_world else 1.0)
+def scaled_lr(cfg, global_batch, part="backbone"):
+    """The lr `part` ('backbone' or 'bank') trains with: its lr (cfg.lr; the bank's: bank_setting
+    'lr'), given for a global batch of LR_REFERENCE_BATCH, scaled linearly to `global_batch` when
+    cfg.lr_scale_by_world and the part trains with SGD (the bank always does). AdamW's lr is used
+    as given: arcface_torch trains its ViTs at 1e-3 from 2,048 to 24,576 images a step."""
+    sgd = part == "bank" or cfg.optimizer == "sgd"
+    lr = bank_setting(cfg, "lr") if part == "bank" else cfg.lr
+    return lr * (global_batch / LR_REFERENCE_BATCH if cfg.lr_scale_by_world and sgd else 1.0)
+
+
+def bank_setting(cfg, key):
+    """The memory bank's 'lr' or 'wd': cfg.bank_<key>, or cfg.<key> (the backbone's) where that
+    is 'same'."""
+    value = cfg["bank_" + key]
+    return cfg[key] if value == "same" else value
 
 
 def save_config(cfg, path):

@@ -1,5 +1,6 @@
 """SampleDistributeModule: the Partial FC training step of one rank (docs/DESIGN.md, "One step")."""
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -28,12 +29,24 @@ class StepInfo:
     """What a batch-end callback is told after each update."""
     step: int              # number of updates done, 1-based
     loss: float            # mean loss over the global batch (the same on every rank)
-    lr: float
+    lr: float              # the backbone's
     global_batch: int
     seconds: float         # wall time of this step
     skipped: bool = False  # non-finite loss or gradients on some rank: nothing was updated
     grad_norm: float = math.nan  # global L2 norm of the backbone's summed gradients, before clipping
     agreed: StepRequests = dataclasses.field(default_factory=StepRequests)   # the ranks' requests, max over ranks
+    bank_lr: float = math.nan    # the bank's (its own with bank_lr, or the backbone's lr)
+
+
+def draws_random(symbol):
+    """Whether `symbol` draws from MXNet's random generators in training: a Dropout of p > 0
+    (dropout, a ViT's drop path) or one of MXNet's _random_* and _sample_* ops."""
+    for node in json.loads(symbol.tojson())["nodes"]:
+        if node["op"] == "Dropout" and float(node.get("attrs", {}).get("p", 0.5)) > 0:
+            return True
+        if node["op"].startswith(("_random_", "_sample_")):
+            return True
+    return False
 
 
 class NonFiniteError(RuntimeError):
@@ -63,13 +76,16 @@ class SampleDistributeModule:
     every rank to make the global batch's embeddings (tail_bn=global); `partial_fc`: this rank's
     PartialFC; `backbone_optimizer`: a BackboneOptimizer; `context`: one mx.Context or a list (the
     backbone's devices); `batch_size` per rank; `data_shape` of one sample; `allgather` strategy
-    (dist.py); `max_nonfinite_steps` in a row before NonFiniteError. The run around the step is
+    (dist.py); `max_nonfinite_steps` in a row before NonFiniteError; `seed`: the run's, from which a
+    backbone that draws random numbers (dropout, a ViT's drop path) is reseeded before each update
+    as a function of (seed, rank, update), so a resumed run draws what the uninterrupted one
+    did. The run around the step is
     wired in with `connect` (the stage hook, the requests). Every rank must build the same
     module (same symbol and shapes): the steps are collectives.
     """
 
     def __init__(self, symbol, partial_fc, backbone_optimizer, *, context, batch_size, data_shape=(3, 112, 112),
-                 allgather="native", max_nonfinite_steps=5, tail=None):
+                 allgather="native", max_nonfinite_steps=5, tail=None, seed=0):
         if allgather not in ALLGATHERS:
             raise ValueError(f"allgather must be one of {ALLGATHERS}, got {allgather!r}")
         self.contexts = list(context) if isinstance(context, (list, tuple)) else [context]
@@ -86,6 +102,7 @@ class SampleDistributeModule:
         self.agreed = StepRequests()      # the last step's requests, each the max over ranks
         self.backbone = mx.mod.Module(symbol, data_names=("data",), label_names=None,
                                       context=self.contexts)
+        self.seed, self._draws_random = seed, draws_random(symbol)
         self.backbone.bind(data_shapes=[("data", (batch_size,) + tuple(data_shape))], for_training=True)
         self._parts = [self.backbone] + ([tail.module] if tail else [])   # the backbone's bound modules
         self._stage_hook, self._requests = no_stage, StepRequests
@@ -247,6 +264,10 @@ class SampleDistributeModule:
         """
         aux_arrays = [aux for part in self._parts for aux in part._exec_group.aux_arrays]
         aux_before = [[a.copy() for a in per_context] for per_context in aux_arrays]
+        if self._draws_random:
+            state = int(np.random.SeedSequence([self.seed, dist.rank(), self.num_update + 1]).generate_state(1)[0])
+            for context in self.contexts:
+                mx.random.seed(state % 2 ** 31, ctx=context)
         with self.stage("forward"):
             self.forward_backbone(data_batch)
         loss = self.loss_and_gradients()
@@ -287,9 +308,10 @@ class SampleDistributeModule:
                 continue
             start = time.perf_counter()
             loss, skipped = self.step(batch)
-            info = StepInfo(self.num_update, loss, self.partial_fc.optimizer.lr_schedule(self.num_update),
+            info = StepInfo(self.num_update, loss, self.backbone_optimizer.lr_at(self.num_update),
                             global_batch, time.perf_counter() - start, skipped,
-                            math.nan if skipped else self.last_grad_norm, self.agreed)
+                            math.nan if skipped else self.last_grad_norm, self.agreed,
+                            self.partial_fc.optimizer.lr_schedule(self.num_update))
             for callback in batch_end_callbacks:
                 callback(info)
             if info.agreed.stop:

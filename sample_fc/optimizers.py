@@ -4,6 +4,8 @@
   one): lr(step), a linear warm-up, then a factor at each step boundary, a polynomial decay
   to 0 at max_update (arcface_torch's default), or a cosine to 0; pure functions of the
   1-based update number, so a resumed run continues them exactly.
+- AdamW: torch.optim.AdamW's update (decoupled weight decay, bias-corrected moments) on
+  MXNet's fused adamw_update; make_backbone_optimizer builds it or SGD from the config.
 - BackboneOptimizer: wraps any mx.optimizer.Optimizer for the data-parallel backbone;
   sum_gradients sums all gradients over the ranks in one fused collective and clips their
   global norm, then Module's update applies the wrapped optimizer.
@@ -96,6 +98,65 @@ def make_schedule(kind, base_lr, warmup_steps, max_update, steps, factor):
     raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {kind!r}")
 
 
+class AdamW(mx.optimizer.Optimizer):
+    """torch.optim.AdamW (Loshchilov & Hutter's decoupled weight decay), as arcface_torch's ViT
+    recipe trains its backbones. With g the (rescaled) gradient, t the parameter's update count,
+    lr the schedule's value (times the parameter's lr_mult) and wd the parameter's decay:
+        w -= lr wd w;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        w -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+    computed by MXNet's contrib.adamw_update, w -= eta (alpha m / (sqrt(v) + eps') + wd' w), with
+    eta = lr, alpha = sqrt(1 - b2^t) / (1 - b1^t), eps' = eps sqrt(1 - b2^t), wd' = wd: the same
+    formula with the bias corrections moved outside the square root. State per parameter: (m, v),
+    float32, zero at the start; a resumed run restarts the counts at its step (set_num_update),
+    so t, and with it the corrections, continue exactly."""
+
+    def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-8, **kwargs):
+        super().__init__(**kwargs)
+        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
+        self._rescale = {}            # {(context, value): 1-element NDArray}: the op takes it as an array
+
+    def create_state(self, index, weight):
+        return (mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype),
+                mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype))
+
+    def _rescale_array(self, context):
+        key = (context, self.rescale_grad)
+        if key not in self._rescale:
+            self._rescale = {k: v for k, v in self._rescale.items() if k[0] != context}
+            self._rescale[key] = mx.nd.full((1,), self.rescale_grad, ctx=context)
+        return self._rescale[key]
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr, wd = self._get_lr(index), self._get_wd(index)
+        t = self._index_update_count[index]
+        second = math.sqrt(1.0 - self.beta2 ** t)
+        mean, var = state
+        mx.nd.contrib.adamw_update(weight, grad, mean, var, self._rescale_array(weight.context),
+                                   lr=second / (1.0 - self.beta1 ** t), eta=lr, beta1=self.beta1, beta2=self.beta2,
+                                   epsilon=self.epsilon * second, wd=wd, out=weight,
+                                   clip_gradient=self.clip_gradient if self.clip_gradient else -1.0)
+
+
+def make_backbone_optimizer(cfg, lr, schedule):
+    """The backbone's optimizer of a config: cfg.optimizer ('sgd' with cfg.momentum and its
+    momentum form, or 'adamw' with cfg.adamw_beta1/2 and cfg.adamw_eps), decaying with cfg.wd,
+    starting at `lr` and following `schedule`, wrapped in BackboneOptimizer."""
+    common = dict(learning_rate=lr, wd=cfg.wd, rescale_grad=1.0, lr_scheduler=schedule)
+    if cfg.optimizer == "adamw":
+        inner = AdamW(beta1=cfg.adamw_beta1, beta2=cfg.adamw_beta2, epsilon=cfg.adamw_eps, **common)
+    else:
+        inner = mx.optimizer.SGD(momentum=cfg.momentum, multi_precision=cfg.fp16, **common)
+    return BackboneOptimizer(inner, clip_grad_norm=cfg.clip_grad_norm, momentum_form=cfg.momentum_form,
+                             decay_all=cfg.decay_all)
+
+
+def schedule_of(cfg, lr):
+    """The lr schedule of a config (lr_schedule, warmup_steps, max_update, lr_steps, lr_factor)
+    starting from `lr`."""
+    return make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
+
+
 # MXNet's SGD updates 4 parameters per operator call (MXNET_OPTIMIZER_AGGREGATION_SIZE) and its
 # multi-tensor kernels take up to 60: a backbone of ~180 parameters in 3 calls instead of 46,
 # the same arithmetic per parameter (a setting in the environment is kept).
@@ -140,6 +201,11 @@ class BackboneOptimizer(mx.optimizer.Optimizer):
         self._optimizer.set_wd_mult(dict.fromkeys(idx2name.values(), 1.0) if self.decay_all else {})
         self._optimizer.set_lr_mult({})
 
+    def lr_at(self, num_update):
+        """The lr of update `num_update` (the schedule's, or the fixed lr without one)."""
+        inner = self._optimizer
+        return inner.lr_scheduler(num_update) if inner.lr_scheduler is not None else inner.lr
+
     def set_num_update(self, num_update):
         """Restart the wrapped optimizer's update counts at num_update (resume)."""
         inner = self._optimizer
@@ -152,10 +218,12 @@ class BackboneOptimizer(mx.optimizer.Optimizer):
         each of this rank's contexts, as Module's grad_arrays) over the ranks in place; then
         measure their global norm (of the sum over contexts, which Module adds before updating)
         and set the wrapped optimizer's rescale_grad so that the next update()s apply the
-        clipped gradients; with the "pytorch" form, note the momentum correction
-        lr(num_update) / lr(num_update - 1). Returns the norm."""
+        clipped gradients; with the "pytorch" form of SGD, note the momentum correction
+        lr(num_update) / lr(num_update - 1) (AdamW's moments hold gradients, not steps). Returns
+        the norm."""
         self.momentum_scale = 1.0
-        if self.momentum_form == "pytorch" and self._optimizer.lr_scheduler is not None and num_update > 1:
+        if (self.momentum_form == "pytorch" and isinstance(self._optimizer, mx.optimizer.SGD)
+                and self._optimizer.lr_scheduler is not None and num_update > 1):
             lr, previous = self._optimizer.lr_scheduler(num_update), self._optimizer.lr_scheduler(num_update - 1)
             if lr != previous and lr > 0 and previous > 0:
                 self.momentum_scale = lr / previous

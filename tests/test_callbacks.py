@@ -15,8 +15,9 @@ from sample_fc.module import StepInfo
 from sample_fc.verification import score
 
 
-def info(step, loss=1.0, skipped=False, lr=0.1, global_batch=8, grad_norm=1.0):
-    return StepInfo(step, loss, lr, global_batch, 0.01, skipped, math.nan if skipped else grad_norm)
+def info(step, loss=1.0, skipped=False, lr=0.1, global_batch=8, grad_norm=1.0, bank_lr=math.nan):
+    return StepInfo(step, loss, lr, global_batch, 0.01, skipped, math.nan if skipped else grad_norm,
+                    bank_lr=bank_lr)
 
 
 # what fit() reports: a skipped step repeats the last completed update number
@@ -90,16 +91,17 @@ def test_progress_logger_lines_mean_loss_speed_and_eta(recorder, monkeypatch):
         (5.0, info(2, loss=math.nan, skipped=True)),             # ignored, repeats step 2
         (6.0, info(3, loss=1.0, global_batch=8, grad_norm=5.0)),  # at the limit: not clipped
         (7.0, info(3, loss=100.0, skipped=True)),                # ignored
-        (10.0, info(4, loss=3.0, lr=0.05, grad_norm=2.0)),       # line: 16 samples / 6 s
+        (10.0, info(4, loss=3.0, lr=0.05, grad_norm=2.0, bank_lr=0.2)),  # line: 16 samples / 6 s; the bank's own lr
         (10.5, info(4, loss=math.nan, skipped=True)),            # no second line for step 4
-        (11.0, info(5, loss=5.0, lr=0.05, grad_norm=6.5)),       # max_update: 8 samples / 1 s
+        (11.0, info(5, loss=5.0, lr=0.05, grad_norm=6.5, bank_lr=0.05)),  # max_update: 8 samples / 1 s; bank lr = lr
     ]
     for now, step_info in timeline:
         clock.now = now
         progress(step_info)
     lines = [r.getMessage() for r in rec.records]
     assert len(lines) == 3, lines
-    steps, totals, speeds, losses, lrs, norms, clipped, etas = zip(*(r.args for r in rec.records))
+    steps, totals, speeds, losses, lrs, bank_lrs, norms, clipped, etas = zip(*(r.args for r in rec.records))
+    assert bank_lrs == ("", " (bank 0.200000)", "")          # only where the bank has an lr of its own
     assert steps == (2, 4, 5) and totals == (5, 5, 5)
     np.testing.assert_allclose(speeds, [16 / 4.0, 16 / 6.0, 8 / 1.0], rtol=1e-12)
     np.testing.assert_allclose(losses, [(4.0 + 2.0) / 2, (1.0 + 3.0) / 2, 5.0], rtol=1e-12)
@@ -112,7 +114,7 @@ def test_progress_logger_lines_mean_loss_speed_and_eta(recorder, monkeypatch):
     assert "2.7 samples/s" in lines[1] and "loss 2.0000" in lines[1] and "eta 0:00:03" in lines[1]
     assert rec.scalars == [("loss", 3.0, 2), ("lr", 0.5, 2), ("samples_per_s", 4.0, 2), ("grad_norm", 6.0, 2),
                            ("loss", 2.0, 4), ("lr", 0.05, 4), ("samples_per_s", pytest.approx(16 / 6), 4),
-                           ("grad_norm", 3.5, 4),
+                           ("grad_norm", 3.5, 4), ("bank_lr", 0.2, 4),
                            ("loss", 5.0, 5), ("lr", 0.05, 5), ("samples_per_s", 8.0, 5), ("grad_norm", 6.5, 5)]
 
 

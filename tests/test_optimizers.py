@@ -5,7 +5,7 @@ import pytest
 
 import reference as ref
 from sample_fc import dist
-from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
+from sample_fc.optimizers import AdamW, BackboneOptimizer, WarmupMultiStepSchedule, WarmupPolySchedule
 from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer
 
 
@@ -231,6 +231,75 @@ def test_pytorch_momentum_form_equals_torch_sgd_over_lr_changes():
         expected = expected - lr * buf
         ref.assert_close(weights["pytorch"].asnumpy(), expected, 1e-5)
     assert np.abs(weights["mxnet"].asnumpy() - expected).max() > 1e-2
+
+
+def torch_adamw_by_hand(weight, mean, var, grad, lr, wd, t, betas=(0.9, 0.999), eps=1e-8):
+    """One step of torch.optim.AdamW as its documentation writes it, in float64 NumPy: the
+    decoupled decay first, then the bias-corrected moments (returns weight, mean, var)."""
+    weight = weight * (1 - lr * wd)
+    mean = betas[0] * mean + (1 - betas[0]) * grad
+    var = betas[1] * var + (1 - betas[1]) * grad ** 2
+    step = (mean / (1 - betas[0] ** t)) / (np.sqrt(var / (1 - betas[1] ** t)) + eps)
+    return weight - lr * step, mean, var
+
+
+def test_adamw_equals_torch_adamw_through_the_warmup_decay_and_clipping():
+    """Test that BackboneOptimizer(AdamW) with sum_gradients before each update (world size 1)
+    follows torch.optim.AdamW's formula in NumPy over 12 steps of a warm-up and the polynomial
+    decay, with the global norm clipped at 1 on every other step (gradients scaled by 3), and
+    with decay on the weight but not the bias (MXNet's rule; decay_all decays both); SGD's momentum
+    correction leaves AdamW's moments alone (the "pytorch" form)."""
+    names = {0: "fc_weight", 1: "fc_bias"}
+    for decay_all in (False, True):
+        schedule = WarmupPolySchedule(1e-2, warmup_steps=3, max_update=12)
+        opt = BackboneOptimizer(AdamW(learning_rate=1e-2, wd=0.1, lr_scheduler=schedule, rescale_grad=1.0),
+                                clip_grad_norm=1.0, momentum_form="pytorch", decay_all=decay_all)
+        opt.set_param_names(names)
+        rng = np.random.default_rng(11)
+        start = [rng.standard_normal((4, 3)), rng.standard_normal((4,))]
+        weights = [mx.nd.array(w) for w in start]
+        states = [opt.create_state(i, w) for i, w in enumerate(weights)]
+        expected = [(w.copy(), np.zeros_like(w), np.zeros_like(w)) for w in start]
+        for t in range(1, 13):
+            grads = [rng.standard_normal(w.shape) * (3.0 if t % 2 else 0.1) for w in start]
+            grads_nd = [mx.nd.array(g) for g in grads]
+            norm = opt.sum_gradients([[g] for g in grads_nd], t)
+            assert norm == pytest.approx(np.sqrt(sum((g ** 2).sum() for g in grads)), rel=1e-5)
+            scale = min(1.0, 1.0 / norm)
+            for i in names:
+                opt.update(i, weights[i], grads_nd[i], states[i])
+                wd = 0.1 if (i == 0 or decay_all) else 0.0
+                expected[i] = torch_adamw_by_hand(*expected[i], grads[i] * scale, schedule(t), wd, t)
+                ref.assert_close(weights[i].asnumpy(), expected[i][0], 1e-5)
+        assert np.abs(expected[0][0] - start[0]).max() > 0.02      # it moved (lr <= 0.01)
+
+
+def test_adamw_resumed_from_its_state_continues_exactly():
+    """Test that an AdamW rebuilt at step 4 (set_num_update, its moments copied, as a resumed run
+    restores them) takes steps 5-8 bit for bit as the one that never stopped: the bias
+    corrections count from the run's step, not from the restart."""
+    def make():
+        return BackboneOptimizer(AdamW(learning_rate=1e-2, wd=0.05, rescale_grad=1.0,
+                                       lr_scheduler=WarmupPolySchedule(1e-2, 2, 8)))
+    rng = np.random.default_rng(3)
+    grads = [mx.nd.array(rng.standard_normal((5, 2))) for _ in range(8)]
+    weight = mx.nd.array(rng.standard_normal((5, 2)))
+    straight, state = make(), None
+    state = straight.create_state(0, weight)
+    for t in range(1, 9):
+        straight.update(0, weight, grads[t - 1], state)
+        if t == 4:
+            halfway = (weight.copy(), tuple(part.copy() for part in state))
+    resumed = make()
+    resumed.set_num_update(4)
+    other, other_state = halfway[0], halfway[1]
+    for t in range(5, 9):
+        resumed.update(0, other, grads[t - 1], other_state)
+    np.testing.assert_array_equal(other.asnumpy(), weight.asnumpy())
+    fresh = make()                         # without set_num_update: t restarts at 1, a different step
+    again, again_state = halfway[0].copy(), tuple(part.copy() for part in halfway[1])
+    fresh.update(0, again, grads[4], again_state)
+    assert np.abs(again.asnumpy() - other.asnumpy()).max() > 0
 
 
 def test_set_param_names_gives_no_weight_decay_to_biases_and_betas():

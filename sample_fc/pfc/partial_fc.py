@@ -22,6 +22,7 @@ from .margin import MarginWarmup, make_margin
 from .memory_bank import MAX_BLOCK_ELEMENTS, MemoryBank
 from .row_storage import Storage
 from .bank_optimizer import MemoryBankSGDOptimizer
+from ..config import bank_setting
 from ..errors import UsageError
 from ..options import HEAD_KERNELS
 from .sampler import ClassCenterSampler, SampleRatioWarmup, most_rows_scored
@@ -44,7 +45,7 @@ class PartialFCOptions:
     loss_s: float = 64.0
     margin_warmup_steps: int = 0            # updates over which the margins grow in from 0
     momentum: float = 0.9                   # the bank's SGD
-    wd: float = 5e-4
+    wd: float = 5e-4                        # the bank's (config: bank_wd, or wd)
     momentum_form: str = "mxnet"
     head_kernel: str = "auto"               # auto | host | device
     bank_dtype: str = "float32"
@@ -53,8 +54,10 @@ class PartialFCOptions:
 
     @classmethod
     def from_config(cls, cfg):
-        """The options of a resolved config (every field is a config key)."""
-        return cls(**{field.name: cfg[field.name] for field in dataclasses.fields(cls)})
+        """The options of a resolved config (every field is a config key; wd is the bank's:
+        bank_wd, or wd where that is 'same')."""
+        options = {field.name: cfg[field.name] for field in dataclasses.fields(cls)}
+        return cls(**dict(options, wd=bank_setting(cfg, "wd")))
 
     def peak_ratio(self):
         """The largest sample ratio of the schedule (the warm-up's start, if larger): what the

@@ -60,7 +60,8 @@ def _planned_bytes(symbol_json, image_size, batch_size, training):
 ONEDNN_KNEE = 2e9
 ONEDNN_WEIGHT_COPIES = 4.0
 ONEDNN_INFERENCE_EXTRA = 4.0   # a verification's fused inference graph: oneDNN's arrays, x its plan
-PARAMETER_COPIES = 4        # weights, gradients, momentum, and the module's copy of the weights
+PARAMETER_COPIES = 3        # weights, gradients and the module's copy of the weights, besides the
+                            # optimizer's state (SGD's momentum; AdamW's two moments)
 VERIFY_PARAMETER_COPIES = 3  # a verification's: the exported weights, its module's, oneDNN's folded ones
 
 
@@ -81,7 +82,8 @@ def onednn_graph_bytes(graph, network):
 class BackboneMemory:
     """Bytes the backbone holds in one worker at a batch (the memory plan's backbone term)."""
     values: int                 # its parameters and BatchNorm statistics (a count, for the checkpoint)
-    parameters: int             # PARAMETER_COPIES x 4 bytes x (parameters + BatchNorm statistics)
+    parameters: int             # (PARAMETER_COPIES + optimizer states) x 4 bytes x (parameters +
+                                # BatchNorm statistics)
     graph: int                  # MXNet's plan of the training graph (planned_graph_bytes)
     kernels: int                # oneDNN's arrays outside the plan: onednn_graph_bytes and
                                 # ONEDNN_WEIGHT_COPIES of the weights (0 on a GPU)
@@ -93,10 +95,11 @@ class BackboneMemory:
         return self.parameters + self.graph + self.kernels + self.verification
 
 
-def backbone_memory(symbol, network, image_size, batch_size, on_cpu=True, verifies=False):
+def backbone_memory(symbol, network, image_size, batch_size, on_cpu=True, verifies=False, optimizer_states=1):
     """The BackboneMemory of `symbol` (backbone `network`) training on batches of `batch_size`
     images of image_size px, on a CPU (oneDNN) or a GPU; `verifies`: the run verifies (an
-    inference graph of the same batch, bound at every verification)."""
+    inference graph of the same batch, bound at every verification); `optimizer_states`: arrays
+    the optimizer keeps per parameter (options.OPTIMIZER_STATES)."""
     values = sum(parameter_counts(symbol, image_size))
     graph = planned_graph_bytes(symbol, image_size, batch_size)
     verification = 0
@@ -105,5 +108,6 @@ def backbone_memory(symbol, network, image_size, batch_size, on_cpu=True, verifi
         verification = int(inference * (1 + (ONEDNN_INFERENCE_EXTRA if on_cpu else 0))
                            + VERIFY_PARAMETER_COPIES * 4 * values)
     kernels = onednn_graph_bytes(graph, network) + int(ONEDNN_WEIGHT_COPIES * 4 * values) if on_cpu else 0
-    return BackboneMemory(values=values, parameters=PARAMETER_COPIES * 4 * values, graph=graph, kernels=kernels,
+    copies = PARAMETER_COPIES + optimizer_states
+    return BackboneMemory(values=values, parameters=copies * 4 * values, graph=graph, kernels=kernels,
                           verification=verification)

@@ -5,6 +5,7 @@ progress.jsonl and status.json: events.jsonl (append_event) and the latest verif
 pairs (save_verification_pairs), which python -m sample_fc.tools.report reads.
 """
 import datetime
+import math
 import os
 import time
 
@@ -56,9 +57,13 @@ class ProgressLogger:
         if self.clip_grad_norm > 0:
             share = sum(n > self.clip_grad_norm for n in self._norms) / steps
             clipped = f" (clipped {100 * share:.0f}%)"
-        self.logger.info("step %d/%d  %.1f samples/s  loss %.4f  lr %.6f  grad norm %.2f%s  eta %s",
-                         info.step, self.max_update, speed, loss, info.lr, norm, clipped, eta)
+        own_bank_lr = not math.isnan(info.bank_lr) and info.bank_lr != info.lr
+        bank_lr = f" (bank {info.bank_lr:.6f})" if own_bank_lr else ""
+        self.logger.info("step %d/%d  %.1f samples/s  loss %.4f  lr %.6f%s  grad norm %.2f%s  eta %s",
+                         info.step, self.max_update, speed, loss, info.lr, bank_lr, norm, clipped, eta)
         scalars = {"loss": loss, "lr": info.lr, "samples_per_s": speed, "grad_norm": norm}
+        if own_bank_lr:
+            scalars["bank_lr"] = info.bank_lr
         if self.writer is not None:
             for name, value in scalars.items():
                 self.writer.add_scalar(name, value, info.step)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..checkpoint.layout import checkpoint_bytes
 from ..errors import UsageError
+from ..options import OPTIMIZER_STATES
 from ..pfc.host_head import default_threads
 from ..pfc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
 from ..pfc.row_storage import Storage
@@ -117,7 +118,7 @@ def run_plan(cfg, world, symbol, on_gpu, bank_on_gpu, threads, target_bytes=0):
     (partial_fc.uses_host_kernel)."""
     host_kernel = runs_host_kernel(cfg, on_gpu and bank_on_gpu)
     backbone = backbone_memory(symbol, cfg.network, cfg.image_size, cfg.batch_size, on_cpu=not on_gpu,
-                               verifies=target_bytes > 0)
+                               verifies=target_bytes > 0, optimizer_states=OPTIMIZER_STATES[cfg.optimizer])
     loader = BATCHES_IN_FLIGHT * cfg.batch_size * 3 * cfg.image_size ** 2 * 4
     peak_ratio = PartialFCOptions.from_config(cfg).peak_ratio()      # the warm-up's start, if larger
     whole = plan(cfg.num_classes, world, cfg.embedding_size, cfg.batch_size, peak_ratio,

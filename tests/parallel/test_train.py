@@ -103,6 +103,27 @@ def test_exact_resume_equals_uninterrupted(tiny_data, tmp_path, bank_dtype, bank
     assert_same(resumed, checkpoint_arrays(str(tmp_path / "straight" / "step-00000012"), 2))
 
 
+def test_vit_on_adamw_resumes_exactly_with_its_moments_and_drop_path(tiny_data, tmp_path):
+    """Test that vit_t on its recipe (AdamW, the bank on SGD at its own lr) trains on 2 workers
+    and that 4 steps + resume + 4 steps equal 8 uninterrupted ones: AdamW's two moments per
+    parameter are in the checkpoint, its bias corrections count from the run's step, and drop
+    path (random per step) draws the same masks after the resume."""
+    common = ["--network", "vit_t", "--set", "lr=0.001", "--set", "bank_lr=2.0", "--set", "warmup_steps=2",
+              "--set", "ckpt_period=4"]
+    straight = train(tmp_path / "straight", tiny_data, "--set", "max_update=8", *common)
+    assert re.search(r"step 4/8 .* lr 0\.000\d+ \(bank 0\.\d+\)", straight.stdout), straight.stdout[-2000:]
+    train(tmp_path / "resumed", tiny_data, "--set", "max_update=8", *common,
+          "--resume", tmp_path / "straight" / "step-00000004")
+    saved = mx.nd.load(str(tmp_path / "straight" / "step-00000004" / "optimizer.params"))
+    assert saved and all(key.endswith(".2") for key in saved)          # (mean, var) per parameter
+    config = json.loads((tmp_path / "straight" / "config.json").read_text())
+    assert (config["optimizer"], config["decay_all"], config["bank_lr"]) == ("adamw", True, 2.0)
+    after = checkpoint_arrays(str(tmp_path / "straight" / "step-00000008"), 2)
+    before = checkpoint_arrays(str(tmp_path / "straight" / "step-00000004"), 2)
+    assert np.abs(after["block0_attn_qkv_weight"] - before["block0_attn_qkv_weight"]).max() > 0
+    assert_same(checkpoint_arrays(str(tmp_path / "resumed" / "step-00000008"), 2), after)
+
+
 def test_reshard_two_to_one_and_back(tiny_data, tmp_path):
     """Test that a 2-worker checkpoint resumes on 1 worker and back with every center and
     momentum row in place (no training in between, so the arrays must be unchanged)."""
