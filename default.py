@@ -25,7 +25,7 @@ resolved by train.py. Library code never imports this file.
 """
 import copy
 
-from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, apply_overrides, defaults
+from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, apply_overrides, defaults, steps_of
 from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
@@ -109,7 +109,7 @@ def _declare_keys():
     keys.decay_all = Flag(False)                                        # True: weight decay on every backbone parameter, biases and BN betas too (arcface_torch's SGD over model.parameters()); False: weights, BN gammas and PReLU slopes only (MXNet's rule)
     keys.clip_grad_norm = Real(5.0, lo=0, hi=1e12)                      # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
     keys.lr_schedule = Choice('step', LR_SCHEDULES)                     # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
-    keys.warmup_steps = Int(0, lo=0, hi=2 ** 40)                        # linear lr warm-up from 0 over this many steps (0 = none)
+    keys.warmup_steps = Int(0, lo=0, hi=2 ** 40, share=True)            # linear lr warm-up from 0 over this many steps (0 = none), or over a share of max_update: N% (the ViTs' 10%)
     keys.lr_steps = ListOf([100000, 160000, 220000], Int(1, lo=1, hi=2 ** 40), increasing=True)  # steps at which lr is multiplied by lr_factor (increasing)
     keys.lr_factor = Real(0.1, lo=0, hi=1e6)                            # lr decay factor at each of lr_steps
     keys.max_update = Int(240000, lo=1, hi=2 ** 40)                     # total training steps; the loop stops after this one
@@ -207,19 +207,18 @@ _VIT_RECIPE = {
     'wd': 0.1,                           # arcface_torch's weight_decay
     'decay_all': True,                   # on every parameter (AdamW over model.parameters())
     'lr_schedule': 'poly',               # PolynomialLRWarmup after the warm-up
+    'warmup_steps': '10%',               # the first tenth of the run (warmup_epoch = num_epoch // 10)
 }
-_VIT_WARMUP_SHARE = 10                   # warmup_steps = max_update // 10 (warmup_epoch = num_epoch // 10)
 _VIT_MARGIN_LOSS = 'cosface'             # margin_list (1.0, 0.0, 0.4)
 VITS = tuple(name for name in _NETWORK_PRESETS if name.startswith('vit_'))
 
 
 def _apply_vit_recipe(cfg, dataset):
     """_VIT_RECIPE on a config that has its dataset preset: the dataset's SGD lr and weight decay
-    move to the bank (bank_lr, bank_wd), its max_update sets the warm-up."""
+    move to the bank (bank_lr, bank_wd)."""
     cfg.bank_lr, cfg.bank_wd = cfg.lr, cfg.wd              # the dataset's SGD recipe, for the centers
     for key, value in _VIT_RECIPE.items():
         cfg[key] = KEYS[key].accept(key, value)
-    cfg.warmup_steps = cfg.max_update // _VIT_WARMUP_SHARE    # the first tenth of the run
     if 'loss' not in _DATASET_PRESETS[dataset]:
         _apply_preset(cfg, 'loss', _VIT_MARGIN_LOSS, _LOSS_PRESETS)
         cfg.loss = _VIT_MARGIN_LOSS                           # recorded as a named loss preset is
@@ -558,5 +557,5 @@ def check_config(cfg, data=True):
     if cfg.loss_margin == 'curricularface' and (cfg.loss_m1 != 1.0 or cfg.loss_m3 != 0.0):
         _fail('loss_m1' if cfg.loss_m1 != 1.0 else 'loss_m3', cfg.loss_m1 if cfg.loss_m1 != 1.0 else cfg.loss_m3,
               "1.0 and 0.0 with loss_margin=curricularface (its margin is loss_m2)")
-    if cfg.lr_schedule != 'step' and cfg.warmup_steps >= cfg.max_update:
+    if cfg.lr_schedule != 'step' and steps_of(cfg.warmup_steps, cfg.max_update) >= cfg.max_update:
         _fail('warmup_steps', cfg.warmup_steps, f"fewer than max_update={cfg.max_update} for lr_schedule={cfg.lr_schedule}")

@@ -118,23 +118,35 @@ class Flag(KeyType):
 
 class Int(KeyType):
     """An integer in [lo, hi] (hi inclusive), a multiple of `multiple` when given; text in
-    decimal digits only ('0.5' and '1e3' are not integers)."""
+    decimal digits only ('0.5' and '1e3' are not integers). With `share`, also a share of the
+    run written 'N%' (0 <= N < 100), kept as that text; steps_of resolves it."""
 
-    def __init__(self, default, lo=None, hi=None, multiple=None, words=()):
+    def __init__(self, default, lo=None, hi=None, multiple=None, words=(), share=False):
         super().__init__(default)
-        self.lo, self.hi, self.multiple, self.words = lo, hi, multiple, tuple(words)
+        self.lo, self.hi, self.multiple, self.words, self.share = lo, hi, multiple, tuple(words), share
 
     def describe(self):
         kind = f"a multiple of {self.multiple}" if self.multiple else "an integer"
-        return f"{kind} {_interval(self.lo, self.hi)}".strip()
+        share = ", or a share of max_update as N% (0 <= N < 100)" if self.share else ""
+        return f"{kind} {_interval(self.lo, self.hi)}".strip() + share
 
     def _from_text(self, text):
+        if self.share and text.strip().endswith('%'):
+            return text.strip()
         try:
             return int(text.strip())
         except ValueError:              # also text of more digits than int() converts
             self._refuse()
 
     def _take(self, value):
+        if self.share and isinstance(value, str) and value.endswith('%'):
+            try:
+                percent = float(value[:-1])
+            except ValueError:
+                self._refuse()
+            if not 0 <= percent < 100:
+                self._refuse()
+            return f"{percent:g}%"
         if (not isinstance(value, int) or isinstance(value, bool)
                 or (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi)
                 or (self.multiple and value % self.multiple)):
@@ -312,6 +324,12 @@ def scaled_lr(cfg, global_batch, part="backbone"):
     sgd = part == "bank" or cfg.optimizer == "sgd"
     lr = bank_setting(cfg, "lr") if part == "bank" else cfg.lr
     return lr * (global_batch / LR_REFERENCE_BATCH if cfg.lr_scale_by_world and sgd else 1.0)
+
+
+def steps_of(value, total):
+    """A step count of an Int(share=True) key: `value` itself, or for 'N%' that share of `total`
+    steps (rounded down)."""
+    return int(total * float(value[:-1]) / 100) if isinstance(value, str) else value
 
 
 def bank_setting(cfg, key):

@@ -29,6 +29,7 @@ import os
 import mxnet as mx
 
 from . import dist
+from .config import steps_of
 from .options import LR_SCHEDULES, check_momentum_form
 
 
@@ -152,9 +153,10 @@ def make_backbone_optimizer(cfg, lr, schedule):
 
 
 def schedule_of(cfg, lr):
-    """The lr schedule of a config (lr_schedule, warmup_steps, max_update, lr_steps, lr_factor)
-    starting from `lr`."""
-    return make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
+    """The lr schedule of a config (lr_schedule, warmup_steps (a count or a share of the run),
+    max_update, lr_steps, lr_factor) starting from `lr`."""
+    return make_schedule(cfg.lr_schedule, lr, steps_of(cfg.warmup_steps, cfg.max_update), cfg.max_update,
+                         cfg.lr_steps, cfg.lr_factor)
 
 
 # MXNet's SGD updates 4 parameters per operator call (MXNET_OPTIMIZER_AGGREGATION_SIZE) and its

@@ -87,6 +87,32 @@ def test_the_demo_warms_arcface_up_and_nothing_else():
     assert (cfg.loss, cfg.warmup_steps) == ('arcface', 0)
 
 
+def test_a_vit_takes_arcface_torchs_recipe_and_leaves_the_datasets_sgd_to_the_bank():
+    """Test that a ViT preset brings arcface_torch's ViT recipe on every dataset (AdamW at 1e-3,
+    wd 0.1 on every parameter, poly after a warm-up over 10% of the run, CosFace 0.4 where the
+    dataset names no margin of its own), the dataset's SGD lr and decay moving to bank_lr and
+    bank_wd; that `--loss` and `--set` still win; and that the warm-up's share follows max_update
+    (800 steps: 80 of warm-up in the schedule), where a count would have been refused."""
+    from sample_fc.optimizers import schedule_of
+    for dataset in default.DATASETS:
+        plain, vit = default.get_config(dataset), default.get_config(dataset, 'vit_s')
+        assert (vit.optimizer, vit.lr, vit.wd, vit.decay_all, vit.lr_schedule, vit.warmup_steps) == \
+            ('adamw', 0.001, 0.1, True, 'poly', '10%'), dataset
+        assert (vit.bank_lr, vit.bank_wd) == (plain.lr, plain.wd), dataset
+        own_margin = dataset in ('demo', 'custom')
+        assert (vit.loss_m2, vit.loss_m3) == ((plain.loss_m2, plain.loss_m3) if own_margin else (0.0, 0.4)), dataset
+    assert default.get_config('emore', 'vit_t', 'arcface').loss_m2 == 0.5
+    cfg = default.config_for_run('demo', 'vit_t', None, ['max_update=800', 'lr=0.002'])
+    assert (cfg.lr, cfg.bank_lr, cfg.warmup_steps) == (0.002, 0.8, '10%')
+    schedule = schedule_of(cfg, cfg.lr)
+    assert schedule(40) == pytest.approx(0.001) and schedule(80) == pytest.approx(0.002) and schedule(800) == 0
+    assert default.get_config('demo').optimizer == 'sgd' and default.get_config('demo').bank_lr == 'same'
+    with pytest.raises(UsageError, match=r"config key 'warmup_steps' is '100%'; expected an integer .* N% \(0 <= N < 100\)"):
+        default.config_for_run('demo', 'vit_t', None, ['warmup_steps=100%'])
+    with pytest.raises(UsageError, match=r"config key 'warmup_steps' is 800"):
+        default.config_for_run('demo', 'vit_t', None, ['max_update=800', 'warmup_steps=800'])
+
+
 def test_dataset_presets_hold_the_dataset_facts():
     """Test that real and synthetic datasets carry their class counts, image counts and
     sample ratios, and that defaults are the documented ones."""

@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # arcface_torch's own numbers (get_model(name, dropout=0, fp16=False, num_features=512) at 112 px):
 # sum of parameter sizes, and state dict entries
-ARCFACE_TORCH_SIZES = {"mbf": (2059520, 333), "r18": (24025600, 187), "r50": (43590848, 475)}
+ARCFACE_TORCH_SIZES = {"mbf": (2059520, 333), "r18": (24025600, 187), "r50": (43590848, 475),
+                       "vit_t": (19137792, 150)}    # vit.py: 144 parameters and its 2 BatchNorm1d's 3 buffers each
 SAMPLING_CASES = ((100, 0.3), (100, 0.29), (1000, 0.1), (20, 0.1))    # (classes, sample_rate)
 
 
@@ -104,12 +105,13 @@ def _networks(out):
     import torch
     from sample_fc.bench.yardstick import build_network, parameter_count
     sizes = {}
-    for name, image_size in (("mbf", 112), ("mbf", 32), ("r18", 112), ("r50", 112)):
+    for name, image_size in (("mbf", 112), ("mbf", 32), ("r18", 112), ("r50", 112), ("vit_t", 112)):
         net = build_network(name, image_size).eval()
         with torch.no_grad():
             shape = list(net(torch.zeros(2, 3, image_size, image_size)).shape)
+            training = list(net.train()(torch.rand(2, 3, image_size, image_size)).shape)   # masking, drop path
         sizes[f"{name}/{image_size}"] = {"params": parameter_count(net), "entries": len(net.state_dict()),
-                                         "output": shape}
+                                         "output": shape, "training_output": training}
     (out / "networks.json").write_text(json.dumps(sizes))
 
 
@@ -364,13 +366,14 @@ def test_sgd_step_decays_every_trained_parameter_after_clipping(computed):
 
 
 def test_network_sizes_equal_arcface_torch(computed):
-    """Test that mbf, r18 and r50 at 112 px have arcface_torch's parameter counts and state dict
-    lengths (2,059,520 / 333, 24,025,600 / 187, 43,590,848 / 475) and give 512 features, and
-    that at 32 px mbf's GDC kernel covers the 2x2 map (49 - 4 weights fewer per channel)."""
+    """Test that mbf, r18, r50 and vit_t at 112 px have arcface_torch's parameter counts and state
+    dict lengths (2,059,520 / 333, 24,025,600 / 187, 43,590,848 / 475, 19,137,792 / 150) and give
+    512 features in eval and in training mode (vit_t's patch masking and drop path), and that at
+    32 px mbf's GDC kernel covers the 2x2 map (49 - 4 weights fewer per channel)."""
     sizes = json.loads((computed / "networks.json").read_text())
     for name, (params, entries) in ARCFACE_TORCH_SIZES.items():
         assert (sizes[f"{name}/112"]["params"], sizes[f"{name}/112"]["entries"]) == (params, entries)
-        assert sizes[f"{name}/112"]["output"] == [2, 512]
+        assert sizes[f"{name}/112"]["output"] == sizes[f"{name}/112"]["training_output"] == [2, 512]
     assert sizes["mbf/32"]["params"] == 2059520 - 512 * (49 - 4)
     assert sizes["mbf/32"]["output"] == [2, 512]
 

@@ -1,7 +1,7 @@
 """Compare sample_fc with the field's trainer: learning and speed, both sides in each run.
 
     scripts/test.sh                            # once: installs torch (CPU; not needed for training)
-    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--network mbf|r18|r34|r50|r100]
+    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--network mbf|r18|..|r200|vit_t|..]
         [--loss L] [--set key=value ...] [--np 2] [--only sample_fc|torch] [--seeds 0,1,2]
         [--runs 3] [--torch-data rec|memory] [--torch-clip 5] [--eval-every N] [--yardsticks asis,tuned]
 
@@ -11,17 +11,19 @@ steps on the same .rec and are scored on the same held-out pairs with the same 1
 verification. sample_fc runs as users run it (horovodrun, --np workers, Gloo, train.py's
 threads). The other side is the yardstick (sample_fc/bench/yardstick/: insightface
 arcface_torch's train_v2.py step, its own network layouts, PartialFC_V2, CombinedMarginLoss,
-SGD over every parameter, clip 5) in this process with the whole global batch, torch's
+SGD or AdamW over every parameter, clip 5) in this process with the whole global batch, torch's
 default threads, fed by its DataLoader (2 worker processes decoding the .rec per step, one
 prefetch thread: --torch-data rec) or from images decoded once before timing (memory): the
 row "yardstick". Beside it (--yardsticks, default both with one process) the row "tuned": the
 same step as a skilled PyTorch user runs it on a CPU (yardstick/tuned.py: channels-last model
 and batches, images in memory, torch's default threads, the fastest count here).
-It trains sample_fc's recipe: network (mbf = arcface_torch's mbf, r18..r100 its IResNets; no
-other), embedding size, image size, classes, global batch (batch_size x np), lr (scaled by
-the global batch as train.py does) and sample_fc's lr schedule (lr_schedule: step with its
-warm-up, or poly, cosine; the same lr at every update, not arcface_torch's PolynomialLRWarmup),
-weight decay wd (arcface_torch's way: on every parameter), momentum 0.9, the loss preset's
+It trains sample_fc's recipe: network (mbf = arcface_torch's mbf, r18..r200 its IResNets, vit_t..
+its ViTs; no other), embedding size, image size, classes, global batch (batch_size x np), lr
+(scaled by the global batch as train.py does) and sample_fc's lr schedule (lr_schedule: step
+with its warm-up, or poly, cosine; the same lr at every update, not arcface_torch's
+PolynomialLRWarmup), weight decay wd (arcface_torch's way: on every parameter), the optimizer
+(SGD with momentum 0.9, or AdamW: on the yardstick's side the centers too, as arcface_torch
+trains them, where sample_fc's bank keeps SGD at bank_lr), the loss preset's
 margins as CombinedMarginLoss (m1, m2, m3) with scale loss_s (ArcFace or CosFace only),
 sample_ratio as sample_rate (auto resolved as train.py does; no ratio warm-up, no sampling
 corrections on that side).

@@ -23,18 +23,17 @@ import json, sys
 from easydict import EasyDict
 from sample_fc.builder import resolve_auto
 from sample_fc.config import scaled_lr
-from sample_fc.optimizers import make_schedule
+from sample_fc.optimizers import schedule_of
 cfg, world = EasyDict(json.load(sys.stdin)), int(sys.argv[1])
 resolve_auto(cfg, world)
-lr = scaled_lr(cfg, cfg.batch_size * world)
-schedule = make_schedule(cfg.lr_schedule, lr, cfg.warmup_steps, cfg.max_update, cfg.lr_steps, cfg.lr_factor)
+schedule = schedule_of(cfg, scaled_lr(cfg, cfg.batch_size * world))
 print(json.dumps({"sample_ratio": cfg.sample_ratio, "lrs": [schedule(n) for n in range(1, cfg.max_update + 1)]}))
 """
 
 
 def recipe_numbers(cfg, world):
     """{'sample_ratio': the number train.py trains with (auto resolved), 'lrs': the lr of each
-    update 1..max_update}, computed by sample_fc's own builder.resolve_auto and make_schedule."""
+    update 1..max_update}, computed by sample_fc's own builder.resolve_auto and schedule_of."""
     result = subprocess.run([sys.executable, "-c", RECIPE_NUMBERS, str(world)], input=json.dumps(cfg), cwd=ROOT,
                             capture_output=True, text=True)
     if result.returncode:
@@ -44,12 +43,14 @@ def recipe_numbers(cfg, world):
 
 def yardstick_recipe(cfg, world, sample_ratio):
     """The yardstick's settings for sample_fc's resolved config on `world` workers (no torch here):
-    the same network, shapes, global batch, scaled lr, weight decay, margins and scale (momentum:
-    arcface_torch's fixed 0.9, which yardstick_refusal holds the recipe to)."""
+    the same network, shapes, global batch, lr (scaled as train.py scales it), optimizer, weight
+    decay, margins and scale (SGD's momentum: arcface_torch's fixed 0.9, which yardstick_refusal
+    holds the recipe to). With optimizer=adamw the yardstick's centers train under AdamW too, as
+    arcface_torch's do (sample_fc's bank keeps SGD: bank_lr, bank_wd)."""
     global_batch = cfg.batch_size * world
     return EasyDict(network=cfg.network, image_size=cfg.image_size, embedding_size=cfg.embedding_size,
                     classes=cfg.num_classes, global_batch=global_batch, steps=cfg.max_update,
-                    lr=scaled_lr(cfg, global_batch),
+                    lr=scaled_lr(cfg, global_batch), optimizer=cfg.optimizer,
                     weight_decay=cfg.wd, margins=(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3),
                     scale=cfg.loss_s, sample_rate=float(sample_ratio), seed=cfg.seed)
 
@@ -62,7 +63,7 @@ def yardstick_refusal(cfg):
     if cfg.network not in NETWORKS:
         return (f"the yardstick has no network {cfg.network!r}; arcface_torch's networks it has: "
                 f"{', '.join(NETWORKS)} (--network NAME)")
-    if cfg.momentum != MOMENTUM:
+    if cfg.optimizer == "sgd" and cfg.momentum != MOMENTUM:
         return (f"momentum={cfg.momentum:g}, but arcface_torch's train_v2.py fixes SGD momentum at {MOMENTUM:g} "
                 f"(--set momentum={MOMENTUM:g})")
     if cfg.loss_margin != "combined":
@@ -161,12 +162,12 @@ def run_torch(args, cfg, tuned=False):
                      recipe.sample_rate)
     lrs = numbers["lrs"]
     trainer = Trainer(backbone, head, recipe.lr, recipe.weight_decay, lr_at=lambda n: lrs[min(n, len(lrs)) - 1],
-                      clip_norm=args.torch_clip)
+                      clip_norm=args.torch_clip, optimizer=recipe.optimizer)
     # the loader last: its workers fork from this process while nothing else runs in it
     batches, close, data_layout = yardstick_batches(args, recipe, os.path.dirname(rec), memory=tuned)
     batches = channels_last_batches(batches) if tuned else batches
-    print(f"{name}: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch}, lr {recipe.lr:g} "
-          f"({cfg.lr_schedule} schedule), wd {recipe.weight_decay:g} on every parameter, margins {recipe.margins} "
+    print(f"{name}: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch}, {recipe.optimizer} "
+          f"lr {recipe.lr:g} ({cfg.lr_schedule} schedule), wd {recipe.weight_decay:g} on every parameter, margins {recipe.margins} "
           f"s {recipe.scale:g}, sample rate {recipe.sample_rate:g}, clip {args.torch_clip:g}", flush=True)
     print(f"{name} layout: 1 process, {torch.get_num_threads()} torch threads; {data_layout}"
           + ("; channels-last model and batches" if tuned else ""), flush=True)

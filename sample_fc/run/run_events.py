@@ -12,6 +12,7 @@ import os
 import time
 
 from .. import checkpoint, dist
+from ..config import steps_of
 from . import run_root
 from .callbacks import (ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, append_event, chance_loss,
                         save_verification_pairs)
@@ -65,7 +66,8 @@ class RunEvents:
         chance loss of the classes the loss scores (all of them, or the sampled share when the
         loss is the uncorrected sampled softmax's)."""
         options = partial_fc.options
-        start = max(cfg.warmup_steps, cfg.margin_warmup_steps, options.sample_ratio_warmup_steps)
+        start = max(steps_of(cfg.warmup_steps, cfg.max_update), cfg.margin_warmup_steps,
+                    options.sample_ratio_warmup_steps)
         scored = (cfg.num_classes if options.sample_correction or options.sample_ratio >= 1.0
                   else math.ceil(options.sample_ratio * cfg.num_classes))
         return ChanceWatch(chance_loss(scored, partial_fc.margin(start + 1)), start, self.say_not_learning,

@@ -136,7 +136,8 @@ def train_rank(rank, world, recipe, lrs, rec_folder, threads, store, result_path
     torch.manual_seed(recipe.seed)        # train_v2.py: the same seed on every rank
     backbone = distributed_backbone(build_network(recipe.network, recipe.image_size, recipe.embedding_size))
     head = ShardedPartialFC(CombinedMargin(recipe.scale, *recipe.margins), recipe.embedding_size, recipe.classes)
-    trainer = Trainer(backbone, head, recipe.lr, recipe.weight_decay, lr_at=lambda n: lrs[min(n, len(lrs)) - 1])
+    trainer = Trainer(backbone, head, recipe.lr, recipe.weight_decay, lr_at=lambda n: lrs[min(n, len(lrs)) - 1],
+                      optimizer=recipe.optimizer)
     batches = rank_batches(MemoryFaces.from_rec(rec_folder), recipe.global_batch // world, rank, world, recipe.seed)
     losses = [float(trainer.step(*next(batches))) for _ in range(recipe.steps)]
     if rank == 0:

@@ -1,4 +1,5 @@
-"""arcface_torch's backbones, written here: its MobileFaceNet (`mbf`) and IResNet (`r50`, ...).
+"""arcface_torch's backbones, written here: its MobileFaceNet (`mbf`), IResNet (`r50`, ...) and
+Vision Transformers (`vit_t`, ...; VisionTransformer below).
 
 The layouts are those of insightface recognition/arcface_torch/backbones/mobilefacenet.py and
 iresnet.py, module for module and in the same registration order, so a state dict of theirs
@@ -23,6 +24,7 @@ scale stays 1 (not trained). Initialisation as theirs: mbf's convs and linear Ka
 """
 import math
 
+import torch
 from torch import nn
 
 EMBEDDING_SIZE = 512               # their num_features default (config.embedding_size)
@@ -31,7 +33,14 @@ SEP_CHANNELS = 512                 # conv_sep and GDC channels, not scaled
 IRESNET_UNITS = {"r18": (2, 2, 2, 2), "r34": (3, 4, 6, 3), "r50": (3, 4, 14, 3),
                  "r100": (3, 13, 30, 3), "r200": (6, 26, 60, 6)}
 IRESNET_WIDTHS = (64, 128, 256, 512)
-NETWORKS = ("mbf",) + tuple(IRESNET_UNITS)
+# arcface_torch's ViTs (backbones/__init__.py, vit.py): (width, depth, drop path rate, patch masking
+# ratio); 9 px patches, 8 heads, MLP 4 x the width with ReLU6, no qkv bias
+VIT_SHAPES = {"vit_t": (256, 12, 0.1, 0.1), "vit_t_dp005_mask0": (256, 12, 0.05, 0.0),
+              "vit_s": (512, 12, 0.1, 0.1), "vit_s_dp005_mask_0": (512, 12, 0.05, 0.0),
+              "vit_b": (512, 24, 0.1, 0.1), "vit_b_dp005_mask_005": (512, 24, 0.05, 0.05),
+              "vit_l_dp005_mask_005": (768, 24, 0.05, 0.05)}
+VIT_PATCH, VIT_HEADS = 9, 8
+NETWORKS = ("mbf",) + tuple(IRESNET_UNITS) + tuple(VIT_SHAPES)
 
 
 def final_side(image_size, halvings=4):
@@ -160,12 +169,105 @@ class IResNet(nn.Module):
         return self.features(self.fc(self.dropout(x.flatten(1))))
 
 
+class DropPath(nn.Module):
+    """Stochastic depth per sample (timm's DropPath, which vit.py uses): in training each sample's
+    branch is kept with probability 1 - rate and then divided by it; the identity in eval."""
+
+    def __init__(self, rate):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x):
+        if not self.training or self.rate == 0:
+            return x
+        keep = 1.0 - self.rate
+        return x / keep * torch.floor(keep + torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), dtype=x.dtype))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention: qkv (no bias), softmax(q k^T / sqrt(head width)) v, proj."""
+
+    def __init__(self, width, heads=VIT_HEADS):
+        super().__init__()
+        self.heads, self.scale = heads, (width // heads) ** -0.5
+        self.qkv = nn.Linear(width, width * 3, bias=False)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        batch, count, width = x.shape
+        q, k, v = self.qkv(x).reshape(batch, count, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        weights = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj((weights @ v).transpose(1, 2).reshape(batch, count, width))
+
+
+class TransformerBlock(nn.Module):
+    """x + drop_path(attn(norm1(x))), then x + drop_path(mlp(norm2(x))); mlp: fc1 -> ReLU6 -> fc2."""
+
+    def __init__(self, width, drop_path):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(width), Attention(width)
+        self.drop_path = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.ReLU6(), nn.Linear(4 * width, width))
+
+    def forward(self, x):
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class VisionTransformer(nn.Module):
+    """arcface_torch's ViT: 9 px patches (a conv of stride 9: 12 x 12 tokens from 112 px) plus a
+    position embedding, `depth` pre-norm blocks (drop path rising linearly from 0 to its rate),
+    LayerNorm, the tokens flattened -> Linear (no bias) -> BatchNorm1d -> Linear to D (no bias) ->
+    BatchNorm1d. In training a share `mask_ratio` of each sample's tokens is left out of the
+    blocks (random per sample) and replaced after the final LayerNorm by a learned mask token.
+    Initialisation as theirs: Linear weights and the position embedding truncated normal (std
+    0.02), Linear biases 0, the mask token normal (std 0.02)."""
+
+    def __init__(self, image_size, width, depth, drop_path_rate, mask_ratio, embedding_size=EMBEDDING_SIZE):
+        super().__init__()
+        self.count, self.width, self.mask_ratio = (image_size // VIT_PATCH) ** 2, width, mask_ratio
+        self.patch_embed = nn.Conv2d(3, width, VIT_PATCH, VIT_PATCH)
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.count, width))
+        rates = [drop_path_rate * index / max(depth - 1, 1) for index in range(depth)]   # torch.linspace(0, rate, depth)
+        self.blocks = nn.ModuleList([TransformerBlock(width, rate) for rate in rates])
+        self.norm = nn.LayerNorm(width)
+        self.feature = nn.Sequential(nn.Linear(width * self.count, width, bias=False), nn.BatchNorm1d(width, eps=2e-5),
+                                     nn.Linear(width, embedding_size, bias=False),
+                                     nn.BatchNorm1d(embedding_size, eps=2e-5))
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, width))
+        nn.init.normal_(self.mask_token, std=0.02)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def forward(self, x):
+        x = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos_embed
+        masking = self.training and self.mask_ratio > 0
+        if masking:                       # keep the tokens of the smallest noise, in their noise order
+            order = torch.argsort(torch.rand(x.shape[0], self.count), dim=1)
+            keep = int(self.count * (1 - self.mask_ratio))
+            x = torch.gather(x, 1, order[:, :keep, None].expand(-1, -1, self.width))
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        if masking:                       # back to token order, the left-out ones the mask token
+            filled = torch.cat([x, self.mask_token.expand(x.shape[0], self.count - x.shape[1], -1)], dim=1)
+            x = torch.gather(filled, 1, torch.argsort(order, dim=1)[:, :, None].expand(-1, -1, self.width))
+        return self.feature(x.reshape(x.shape[0], -1))
+
+
 def build_network(name, image_size, embedding_size=EMBEDDING_SIZE):
-    """`mbf` or `r18`..`r200` as arcface_torch's get_model builds it (dropout 0, fp16 off)."""
+    """`mbf`, `r18`..`r200` or a ViT as arcface_torch's get_model builds it (dropout 0, fp16 off)."""
     if name == "mbf":
         return MobileFaceNet(image_size, embedding_size)
     if name in IRESNET_UNITS:
         return IResNet(IRESNET_UNITS[name], image_size, embedding_size)
+    if name in VIT_SHAPES:
+        return VisionTransformer(image_size, *VIT_SHAPES[name], embedding_size=embedding_size)
     raise ValueError(f"network {name!r} is not one of {', '.join(NETWORKS)}")
 
 

@@ -14,7 +14,9 @@ What train_v2.py does each step, as facts of insightface recognition/arcface_tor
   the non-target logits above it. train_v2.py passes s = 64.
 - train_v2.py: SGD over two groups (backbone, then the centers) at cfg.lr, momentum 0.9 and
   cfg.weight_decay on every parameter with a gradient (BN, PReLU and biases included, the
-  whole center matrix even when only some rows were sampled); backward, then
+  whole center matrix even when only some rows were sampled), or with cfg.optimizer "adamw"
+  (its ViT configs) torch.optim.AdamW over the same two groups at cfg.lr and weight_decay
+  (betas and eps torch's defaults); backward, then
   clip_grad_norm_(backbone.parameters(), 5), step, zero_grad, then the lr schedule
   (lr_scheduler.py: linear warm-up, then polynomial decay, power 1).
 """
@@ -96,9 +98,17 @@ class PartialFC(nn.Module):
         return F.cross_entropy(self.margin(cosine, labels), labels)
 
 
-def make_optimizer(backbone, head, lr, weight_decay):
-    """SGD as train_v2.py sets it up: two groups, momentum 0.9, weight decay on all of them."""
+OPTIMIZERS = ("sgd", "adamw")     # train_v2.py's cfg.optimizer
+
+
+def make_optimizer(backbone, head, lr, weight_decay, optimizer="sgd"):
+    """The optimizer as train_v2.py sets it up: two groups (backbone, centers), weight decay on all
+    of them; SGD with momentum 0.9, or AdamW (decoupled decay, torch's betas and eps)."""
     groups = [{"params": backbone.parameters()}, {"params": head.parameters()}]
+    if optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    if optimizer != "sgd":
+        raise ValueError(f"optimizer {optimizer!r} is not one of {OPTIMIZERS}")
     return torch.optim.SGD(groups, lr=lr, momentum=MOMENTUM, weight_decay=weight_decay)
 
 
@@ -141,13 +151,14 @@ class Trainer:
     lr_at(n): the lr of update n (1, 2, ...); default arcface_torch's schedule (scheduled_lr:
     warm-up over warmup_steps, polynomial decay to total_steps). bench.compare passes
     sample_fc's recipe's schedule instead, so both sides train the same recipe. clip_norm: the
-    backbone's gradient-norm clip (train_v2.py's 5; 0 = none)."""
+    backbone's gradient-norm clip (train_v2.py's 5; 0 = none). optimizer: "sgd" or "adamw"
+    (make_optimizer)."""
 
     def __init__(self, backbone, head, lr, weight_decay, warmup_steps=0, total_steps=10 ** 9, lr_at=None,
-                 clip_norm=CLIP_NORM):
+                 clip_norm=CLIP_NORM, optimizer="sgd"):
         self.backbone, self.head = backbone.train(), head.train()
         self.clip_norm = clip_norm          # 0: no clipping (train_v2.py always clips at 5)
-        self.optimizer = make_optimizer(backbone, head, lr, weight_decay)
+        self.optimizer = make_optimizer(backbone, head, lr, weight_decay, optimizer)
         self.lr_at = lr_at or (lambda update: scheduled_lr(lr, update - 1, warmup_steps, total_steps))
         self.steps = 0
         self._set_lr(self.lr_at(1))
