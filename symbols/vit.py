@@ -100,7 +100,9 @@ def get_vit(embedding_size=512, image_size=112, dtype='float32', dropout=0.0, wi
                                  name='patch_embed')                                    # (N, W, h, w)
     body = mx.sym.transpose(mx.sym.reshape(patches, (0, 0, -1)), (0, 2, 1))          # (N, L, W)
     position = mx.sym.Variable('pos_embed', shape=(1, count, width), init=mx.init.Normal(0.02))
-    body = mx.sym.broadcast_add(body, position)
+    # broadcast along the batch only: an input of another size (fewer tokens) is a shape error,
+    # not a position embedding spread over a single token (tools infer the side from the params)
+    body = body + mx.sym.broadcast_like(position, body, lhs_axes=(0,), rhs_axes=(0,))
     for index in range(depth):
         rate = drop_rate * index / (depth - 1) if depth > 1 else 0.0
         body = block(body, 'block%d' % index, width, count, rate)

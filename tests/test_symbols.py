@@ -533,3 +533,17 @@ def test_drop_path_drops_whole_samples_in_training_only():
     assert set(np.unique(per_sample)) == {0.0, 2.0}
     inferred = branch.bind(mx.cpu(), {'x': ones}).forward(is_train=False)[0].asnumpy()
     np.testing.assert_array_equal(inferred, 1.0)
+
+
+def test_a_vits_parameters_fix_its_input_side():
+    """Test that a ViT's parameters fit its symbol at the side it was built for only: the position
+    embedding is broadcast along the batch, not over the tokens, so a smaller input (one token at
+    16 px) is a shape error rather than a graph that runs (the tools infer --image-size from the
+    parameters; with a token-wide broadcast 16 px fit too)."""
+    from sample_fc.models.saved_model import infer_image_size, params_fit
+    symbol = get_symbol('vit_t', 64, 32)
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(1, 3, 32, 32))
+    args = {n: mx.nd.zeros(s) for n, s in zip(symbol.list_arguments(), arg_shapes) if n != 'data'}
+    aux = {n: mx.nd.zeros(s) for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)}
+    assert [side for side in (16, 32, 48, 64) if params_fit(symbol, args, aux, side)] == [32]
+    assert infer_image_size(symbol, args, aux) == 32
