@@ -13,11 +13,17 @@ Networks (arcface_torch's names; width, depth, drop path, its patch-masking rati
     vit_l_dp005_mask_005 768, 24, 0.05, 0.05
 Drop path is MXNet's Dropout with the mask shared over a sample's tokens and channels
 (axes (1, 2)): each sample's residual branch is dropped whole with its probability and the kept
-ones scaled by 1 / (1 - p), as timm's DropPath; nothing happens at inference. arcface_torch's
-random patch masking in training (mask_ratio > 0: a random 10% or 5% of each sample's tokens
-left out of the blocks and replaced by a learned mask token after the final LayerNorm) is not
-built yet: every network here trains as its `_mask0` form and has no mask token (1 x 1 x width,
-the one parameter of arcface_torch's that the networks here lack). Any image side the other
+ones scaled by 1 / (1 - p), as timm's DropPath; nothing happens at inference.
+Patch masking (arcface_torch's mask_ratio > 0): in training a share of each sample's tokens is
+left out of the blocks and replaced after the final LayerNorm by a learned mask token (1 x 1 x
+width). arcface_torch gathers the kept tokens into a shorter sequence; MXNet's shapes are fixed
+per graph, so here every token goes through the blocks and a left-out one is (a) no key of any
+attention (its score gets -1e9: softmax gives it weight 0 exactly) and (b) replaced by the mask
+token after the final LayerNorm. The kept tokens compute what they would alone: attention is
+the only op that mixes tokens. The keep mask is a Dropout of ones over (N, L, 1): drawn per
+token in training (each left out with probability mask_ratio, where arcface_torch leaves out
+exactly int(L * mask_ratio)), all ones at inference, where the graph is the unmasked one. The
+`_mask0` networks have no mask token (arcface_torch's file holds one, unused). Any image side the other
 networks take works (a multiple of 16; arcface_torch's 112 px uses 108 of them: 12 patches of 9).
 """
 import mxnet as mx
@@ -57,15 +63,22 @@ def linear(data, name, hidden, bias=True):
     return mx.sym.FullyConnected(data, num_hidden=hidden, no_bias=not bias, flatten=False, name=name)
 
 
-def attention(data, name, width, count):
-    """Multi-head self-attention of (N, L, width) tokens: qkv (no bias), softmax(q k^T / sqrt(d)) v,
-    the heads joined, then a Linear with bias (`<name>_proj`)."""
+LEFT_OUT_SCORE = -1e9      # a left-out token's attention score as a key: exp() of it is 0
+
+
+def attention(data, name, width, count, key_bias=None):
+    """Multi-head self-attention of (N, L, width) tokens: qkv (no bias), softmax(q k^T / sqrt(d)
+    + key_bias) v, the heads joined, then a Linear with bias (`<name>_proj`). key_bias: None, or
+    (N H, 1, L) added to every query's scores (patch masking's left-out keys)."""
     head = width // HEADS
     qkv = linear(data, name + '_qkv', 3 * width, bias=False)                      # (N, L, 3 W)
     qkv = mx.sym.transpose(mx.sym.reshape(qkv, (0, count, 3, HEADS, head)), (2, 0, 3, 1, 4))   # (3, N, H, L, d)
     q, k, v = (mx.sym.reshape(mx.sym.squeeze(part, axis=0), (-1, count, head))   # (N H, L, d)
                for part in mx.sym.split(qkv, num_outputs=3, axis=0))
-    weights = mx.sym.softmax(mx.sym.batch_dot(q, k, transpose_b=True) * (head ** -0.5), axis=-1)
+    scores = mx.sym.batch_dot(q, k, transpose_b=True) * (head ** -0.5)                # (N H, L, L)
+    if key_bias is not None:
+        scores = mx.sym.broadcast_add(scores, key_bias)
+    weights = mx.sym.softmax(scores, axis=-1)
     mixed = mx.sym.reshape(mx.sym.batch_dot(weights, v), (-1, HEADS, count, head))   # (N, H, L, d)
     mixed = mx.sym.reshape(mx.sym.transpose(mixed, (0, 2, 1, 3)), (0, count, width))
     return linear(mixed, name + '_proj', width)
@@ -77,15 +90,23 @@ def drop_path(branch, name, rate):
     return mx.sym.Dropout(branch, p=rate, axes=(1, 2), name=name) if rate > 0 else branch
 
 
-def block(data, name, width, count, rate):
+def block(data, name, width, count, rate, key_bias=None):
     """x + drop_path(attention(LN(x))); then x + drop_path(MLP(LN(x))), MLP = FC -> ReLU6 -> FC."""
-    body = data + drop_path(attention(layer_norm(data, name + '_norm1', width), name + '_attn', width, count),
-                            name + '_drop1', rate)
+    body = data + drop_path(attention(layer_norm(data, name + '_norm1', width), name + '_attn', width, count,
+                                      key_bias), name + '_drop1', rate)
     hidden = mx.sym.clip(linear(layer_norm(body, name + '_norm2', width), name + '_fc1', MLP_RATIO * width), 0.0, 6.0)
     return body + drop_path(linear(hidden, name + '_fc2', width), name + '_drop2', rate)
 
 
-def get_vit(embedding_size=512, image_size=112, dtype='float32', dropout=0.0, width=256, depth=12, drop_rate=0.1):
+def keep_mask(tokens_, ratio):
+    """(N, L, 1): 1 for a token the blocks see, 0 for one left out: a Dropout of ones (a fresh
+    draw per token in training, each left out with probability `ratio`; all ones at inference)."""
+    ones = mx.sym.ones_like(mx.sym.slice_axis(tokens_, axis=2, begin=0, end=1))
+    return mx.sym.Dropout(ones, p=ratio, name='patch_mask') > 0
+
+
+def get_vit(embedding_size=512, image_size=112, dtype='float32', dropout=0.0, width=256, depth=12, drop_rate=0.1,
+            mask_ratio=0.0):
     """The ViT symbol: input `data` (N, 3, image_size, image_size) raw RGB pixels, output
     `embeddings` (N, embedding_size). `dropout` must be 0 (arcface_torch's ViTs have none before
     the embedding); float32 only."""
@@ -103,10 +124,16 @@ def get_vit(embedding_size=512, image_size=112, dtype='float32', dropout=0.0, wi
     # broadcast along the batch only: an input of another size (fewer tokens) is a shape error,
     # not a position embedding spread over a single token (tools infer the side from the params)
     body = body + mx.sym.broadcast_like(position, body, lhs_axes=(0,), rhs_axes=(0,))
+    keep = keep_mask(body, mask_ratio) if mask_ratio > 0 else None
+    key_bias = None if keep is None else mx.sym.repeat(
+        mx.sym.transpose((keep - 1) * -LEFT_OUT_SCORE, (0, 2, 1)), repeats=HEADS, axis=0)   # (N H, 1, L)
     for index in range(depth):
         rate = drop_rate * index / (depth - 1) if depth > 1 else 0.0
-        body = block(body, 'block%d' % index, width, count, rate)
+        body = block(body, 'block%d' % index, width, count, rate, key_bias)
     body = layer_norm(body, 'norm', width)
+    if keep is not None:          # the left-out tokens become the mask token
+        mask_token = mx.sym.Variable('mask_token', shape=(1, 1, width), init=mx.init.Normal(0.02))
+        body = mx.sym.broadcast_mul(body, keep) + mx.sym.broadcast_mul(1 - keep, mask_token)
     body = mx.sym.FullyConnected(mx.sym.reshape(body, (0, -1)), num_hidden=width, no_bias=True, name='feature_fc')
     body = mx.sym.BatchNorm(body, eps=HEAD_BN_EPS, momentum=BN_MOMENTUM, fix_gamma=False, name='feature_bn')
     body = mx.sym.FullyConnected(body, num_hidden=int(embedding_size), no_bias=True, name='embedding_fc')
@@ -124,12 +151,13 @@ def arcface_torch_layers(name):
                   (ours + '_fc1', theirs + '.mlp.fc1', 'fc'), (ours + '_fc2', theirs + '.mlp.fc2', 'fc')]
     return found + [('norm', 'norm', 'layer_norm'), ('feature_fc', 'feature.0', 'fc_no_bias'),
                     ('feature_bn', 'feature.1', 'bn'), ('embedding_fc', 'feature.2', 'fc_no_bias'),
-                    ('embeddings', 'feature.3', 'bn'), ('mask_token', 'mask_token', 'unused')]
+                    ('embeddings', 'feature.3', 'bn'),
+                    ('mask_token', 'mask_token', 'parameter' if CONFIGS[name][3] > 0 else 'unused')]
 
 
 def _build(name, embedding_size, image_size, dtype, dropout):
-    width, depth, drop_rate, _ = CONFIGS[name]
-    return get_vit(embedding_size, image_size, dtype, dropout, width, depth, drop_rate)
+    width, depth, drop_rate, mask_ratio = CONFIGS[name]
+    return get_vit(embedding_size, image_size, dtype, dropout, width, depth, drop_rate, mask_ratio)
 
 
 NETWORKS = {name: Network(name, 'vit', config, _build, arcface_torch_layers, torch_init='vit_trunc_normal')

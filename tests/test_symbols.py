@@ -504,20 +504,23 @@ def vit_params(width, depth, tokens, num_features=512):
 
 @pytest.mark.parametrize('name', sorted(ARCFACE_TORCH_VIT))
 def test_vit_param_count_matches_arcface_torch(name):
-    """Test that each ViT at 112 px has arcface_torch's parameters less its mask token (not built:
-    symbols/vit.py), counted from the symbol, equal to the hand formula; and that every variant
-    of a width and depth is the same network."""
-    width, depth = symbols.network(name).shape[:2]
+    """Test that each ViT at 112 px has arcface_torch's parameters (those with patch masking: its
+    mask token; the _mask0 ones do not use it: less the mask token), counted from the symbol,
+    equal to the hand formula; and that every variant of a width and depth is the same network
+    but for the mask token."""
+    width, depth, _, mask_ratio = symbols.network(name).shape
     ours, tensors = count_params(get_symbol(name, 512, 112), 112), len(get_symbol(name, 512, 112).list_arguments()) - 1
-    assert ours == vit_params(width, depth, 144) == ARCFACE_TORCH_VIT[name][0] - width
-    assert tensors == ARCFACE_TORCH_VIT[name][1] - 1
+    unused = 0 if mask_ratio > 0 else 1
+    assert ours == vit_params(width, depth, 144) + width * (1 - unused) == ARCFACE_TORCH_VIT[name][0] - width * unused
+    assert tensors == ARCFACE_TORCH_VIT[name][1] - unused
     from symbols.cost import backbone_cost      # per image: 12 W^2 per token per block and the attention's 2 L^2 W
     tokens, heads_of_work = 144, 12 * 144 * width * width + 2 * 144 * 144 * width
     assert backbone_cost(get_symbol(name, 512, 112), 112).multiply_adds == \
         depth * heads_of_work + tokens * 243 * width + tokens * width * width + width * 512
     for other in symbols.NETWORKS:
         if other.startswith('vit') and symbols.network(other).shape[:2] == (width, depth):
-            assert get_symbol(other, 512, 112).list_arguments() == get_symbol(name, 512, 112).list_arguments()
+            masked = [n for n in get_symbol(name, 512, 112).list_arguments() if n != 'mask_token']
+            assert [n for n in get_symbol(other, 512, 112).list_arguments() if n != 'mask_token'] == masked
 
 
 def test_drop_path_drops_whole_samples_in_training_only():
@@ -547,3 +550,61 @@ def test_a_vits_parameters_fix_its_input_side():
     aux = {n: mx.nd.zeros(s) for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)}
     assert [side for side in (16, 32, 48, 64) if params_fit(symbol, args, aux, side)] == [32]
     assert infer_image_size(symbol, args, aux) == 32
+
+
+def _masking_vit(mask_ratio):
+    """A small ViT (width 16, depth 2, 32 px: 9 tokens, no drop path) with the given masking."""
+    from symbols.vit import get_vit
+    return get_vit(8, 32, width=16, depth=2, drop_rate=0.0, mask_ratio=mask_ratio)
+
+
+def _patch_flipped(pixels, sample, token):
+    """A copy of `pixels` with the 9 x 9 patch of token `token` of `sample` inverted."""
+    row, col = divmod(token, 3)
+    moved = pixels.copy()
+    moved[sample, :, row * 9:(row + 1) * 9, col * 9:(col + 1) * 9] *= -1
+    moved[sample, :, row * 9:(row + 1) * 9, col * 9:(col + 1) * 9] += 255
+    return moved
+
+
+def test_patch_masking_leaves_tokens_out_in_training_and_nothing_at_inference():
+    """Test arcface_torch's patch masking on a small ViT with random weights: in training (a graph
+    bound with gradients, as the module binds it) about mask_ratio of the tokens are left out (the
+    keep mask read from the graph); after the final LayerNorm a left-out token is the mask token
+    and a kept one is unchanged; inverting the pixels of a left-out patch changes no embedding
+    (it is no key of any attention), inverting a kept one does; at inference nothing is masked:
+    the embeddings are the unmasked network's with the same weights."""
+    symbol = _masking_vit(0.3)
+    internals = symbol.get_internals()
+    head_input = internals['feature_fc_output'].get_children()[0]           # the tokens, flattened
+    probe = mx.sym.Group([symbol, internals['patch_mask_output'], internals['norm_output'], head_input])
+    batch = 64
+    arg_shapes, _, aux_shapes = symbol.infer_shape(data=(batch, 3, 32, 32))
+    rng = np.random.default_rng(3)
+    args = {n: mx.nd.array(rng.normal(0, 0.3, s)) for n, s in zip(symbol.list_arguments(), arg_shapes) if n != 'data'}
+    aux = {n: mx.nd.array(rng.uniform(0.5, 2, s)) for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)}
+    pixels = rng.uniform(0, 255, (batch, 3, 32, 32)).astype(np.float32)
+
+    def run(graph, images, is_train):
+        mx.random.seed(11)                    # the same draw of the keep mask every time
+        weights = {n: v for n, v in args.items() if n in graph.list_arguments()}
+        grads = {n: mx.nd.zeros(v.shape) for n, v in weights.items()} if is_train else None
+        bound = graph.bind(mx.cpu(), dict(weights, data=mx.nd.array(images)), args_grad=grads,
+                           aux_states={k: v.copy() for k, v in aux.items()})
+        return [out.asnumpy() for out in bound.forward(is_train=is_train)]
+
+    embeddings, keep, normed, tokens = run(probe, pixels, True)
+    keep = keep[:, :, 0] > 0                                                # (N, 9)
+    assert 0.2 < 1 - keep.mean() < 0.4
+    tokens = tokens.reshape(batch, 9, 16)
+    token = args['mask_token'].asnumpy()[0, 0]
+    np.testing.assert_allclose(tokens[~keep], np.broadcast_to(token, tokens[~keep].shape), rtol=1e-6)
+    np.testing.assert_array_equal(tokens[keep], normed[keep])
+    assert np.abs(normed[~keep] - token).max() > 0.1                         # the LayerNorm's were others
+    sample = next(n for n in range(batch) if 0 < keep[n].sum() < 9)
+    left_out, kept = int(np.flatnonzero(~keep[sample])[0]), int(np.flatnonzero(keep[sample])[0])
+    np.testing.assert_array_equal(run(symbol, _patch_flipped(pixels, sample, left_out), True)[0][sample],
+                                  embeddings[sample])
+    assert np.abs(run(symbol, _patch_flipped(pixels, sample, kept), True)[0][sample] - embeddings[sample]).max() > 1e-3
+    np.testing.assert_allclose(run(symbol, pixels, False)[0], run(_masking_vit(0.0), pixels, False)[0],
+                               rtol=1e-5, atol=1e-6)

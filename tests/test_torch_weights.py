@@ -122,7 +122,7 @@ def test_a_pth_of_another_network_is_one_line(files):
     with pytest.raises(UsageError, match=r"mbf.pth does not hold arcface_torch's mbf_small: layers.0.layers.0.weight "
                                          r"has shape \(128, 3, 3, 3\), mbf_small needs \(64, 3, 3, 3\)"):
         load_model(str(files / "mbf.pth"), network="mbf_small")
-    with pytest.raises(UsageError, match=r"views.pth holds none of sample_fc's networks; closest: vit_t \(\d+ tensors "
+    with pytest.raises(UsageError, match=r"views.pth holds none of sample_fc's networks; closest: vit_t_dp005_mask0 \(\d+ tensors "
                                          r"differ, first patch_embed.proj.weight is missing\)"):      # the fewest tensors
         load_model(str(files / "views.pth"))
     with pytest.raises(UsageError, match=r"r50.pth does not hold arcface_torch's r100: layer2.4.bn1.weight is missing"):

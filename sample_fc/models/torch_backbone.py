@@ -18,8 +18,8 @@ Two folds make our network compute arcface_torch's from the same raw pixels (exa
   bias and the moving mean are multiplied by g, which at inference is the same function (a ViT's
   `embeddings` learns its scale, as arcface_torch's feature.3 does: nothing to fold).
 A ViT also has a LayerNorm kind (gamma, beta <- weight, bias), its position embedding (a bare
-parameter, `pos_embed` <- pos_embed) and arcface_torch's mask token, which is read and not used
-(symbols/vit.py builds no patch masking).
+parameter, `pos_embed` <- pos_embed) and arcface_torch's mask token (`mask_token`, for the
+networks with patch masking; the `_mask0` ones read it and have no use for it).
 """
 from dataclasses import dataclass
 
