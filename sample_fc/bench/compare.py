@@ -4,6 +4,7 @@
     .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--network mbf|r18|..|r200|vit_t|..]
         [--loss L] [--set key=value ...] [--np 2] [--only sample_fc|torch] [--seeds 0,1,2]
         [--runs 3] [--torch-data rec|memory] [--torch-clip 5] [--eval-every N] [--yardsticks asis,tuned]
+        [--torch-centers arcface_torch|bank]
 
 Both train the same recipe (the dataset preset's, with --network/--loss/--set, as
 `train.py --print-config` resolves it; default the demo, built on first use) for the same
@@ -88,6 +89,9 @@ def parse_args(argv):
                         "with --torch-np N")
     parser.add_argument("--torch-clip", type=float, default=5.0,
                         help="yardstick: backbone gradient-norm clip (0 = none; default 5 as arcface_torch)")
+    parser.add_argument("--torch-centers", choices=("arcface_torch", "bank"), default="arcface_torch",
+                        help="yardstick: the class centers in the backbone's optimizer (arcface_torch, default) or "
+                        "on SGD with momentum 0.9 at sample_fc's bank_lr and bank_wd (bank: its bank's recipe)")
     args = parser.parse_args(argv)
     if args.network is None and args.only != "sample_fc":
         args.network = "mbf"            # the yardstick has arcface_torch's networks only

@@ -10,7 +10,7 @@ import time
 
 from easydict import EasyDict
 
-from ..config import scaled_lr
+from ..config import bank_setting, scaled_lr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEED_SKIP_STEPS = 20      # samples/s is measured over the steps after these (start-up, first oneDNN primitives)
@@ -51,6 +51,7 @@ def yardstick_recipe(cfg, world, sample_ratio):
     return EasyDict(network=cfg.network, image_size=cfg.image_size, embedding_size=cfg.embedding_size,
                     classes=cfg.num_classes, global_batch=global_batch, steps=cfg.max_update,
                     lr=scaled_lr(cfg, global_batch), optimizer=cfg.optimizer,
+                    bank_lr=scaled_lr(cfg, global_batch, "bank"), bank_wd=bank_setting(cfg, "wd"),
                     weight_decay=cfg.wd, margins=(cfg.loss_m1, cfg.loss_m2, cfg.loss_m3),
                     scale=cfg.loss_s, sample_rate=float(sample_ratio), seed=cfg.seed)
 
@@ -161,14 +162,17 @@ def run_torch(args, cfg, tuned=False):
     head = PartialFC(CombinedMargin(recipe.scale, *recipe.margins), recipe.embedding_size, recipe.classes,
                      recipe.sample_rate)
     lrs = numbers["lrs"]
+    centers_sgd = (recipe.bank_lr / recipe.lr, recipe.bank_wd) if args.torch_centers == "bank" else None
     trainer = Trainer(backbone, head, recipe.lr, recipe.weight_decay, lr_at=lambda n: lrs[min(n, len(lrs)) - 1],
-                      clip_norm=args.torch_clip, optimizer=recipe.optimizer)
+                      clip_norm=args.torch_clip, optimizer=recipe.optimizer, centers_sgd=centers_sgd)
     # the loader last: its workers fork from this process while nothing else runs in it
     batches, close, data_layout = yardstick_batches(args, recipe, os.path.dirname(rec), memory=tuned)
     batches = channels_last_batches(batches) if tuned else batches
     print(f"{name}: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch}, {recipe.optimizer} "
           f"lr {recipe.lr:g} ({cfg.lr_schedule} schedule), wd {recipe.weight_decay:g} on every parameter, margins {recipe.margins} "
-          f"s {recipe.scale:g}, sample rate {recipe.sample_rate:g}, clip {args.torch_clip:g}", flush=True)
+          f"s {recipe.scale:g}, sample rate {recipe.sample_rate:g}, clip {args.torch_clip:g}"
+          + (f"; the centers on SGD at lr {recipe.bank_lr:g}, wd {recipe.bank_wd:g} (--torch-centers bank)"
+             if centers_sgd else ""), flush=True)
     print(f"{name} layout: 1 process, {torch.get_num_threads()} torch threads; {data_layout}"
           + ("; channels-last model and batches" if tuned else ""), flush=True)
     target = cfg.val_targets[0]

@@ -152,20 +152,31 @@ class Trainer:
     warm-up over warmup_steps, polynomial decay to total_steps). bench.compare passes
     sample_fc's recipe's schedule instead, so both sides train the same recipe. clip_norm: the
     backbone's gradient-norm clip (train_v2.py's 5; 0 = none). optimizer: "sgd" or "adamw"
-    (make_optimizer)."""
+    (make_optimizer). centers_sgd: None (the centers in that optimizer, as train_v2.py), or
+    (lr factor, weight decay): the centers on an SGD of their own with momentum 0.9 at lr_at(n)
+    times the factor, as sample_fc's bank trains them (bank_lr, bank_wd)."""
 
     def __init__(self, backbone, head, lr, weight_decay, warmup_steps=0, total_steps=10 ** 9, lr_at=None,
-                 clip_norm=CLIP_NORM, optimizer="sgd"):
+                 clip_norm=CLIP_NORM, optimizer="sgd", centers_sgd=None):
         self.backbone, self.head = backbone.train(), head.train()
         self.clip_norm = clip_norm          # 0: no clipping (train_v2.py always clips at 5)
-        self.optimizer = make_optimizer(backbone, head, lr, weight_decay, optimizer)
+        if centers_sgd is None:
+            self.optimizers, self.lr_factors = [make_optimizer(backbone, head, lr, weight_decay, optimizer)], [1.0]
+        else:
+            factor, centers_decay = centers_sgd
+            self.optimizers = [make_optimizer(backbone, nn.Module(), lr, weight_decay, optimizer),
+                               torch.optim.SGD(head.parameters(), lr=lr * factor, momentum=MOMENTUM,
+                                               weight_decay=centers_decay)]
+            self.lr_factors = [1.0, factor]
+        self.optimizer = self.optimizers[0]
         self.lr_at = lr_at or (lambda update: scheduled_lr(lr, update - 1, warmup_steps, total_steps))
         self.steps = 0
         self._set_lr(self.lr_at(1))
 
     def _set_lr(self, lr):
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for optimizer, factor in zip(self.optimizers, self.lr_factors):
+            for group in optimizer.param_groups:
+                group["lr"] = lr * factor
 
     def step(self, images, labels, mark=lambda stage: None):
         """One update; mark(stage) is called as each stage ends (forward, head, backward, clip,
@@ -181,8 +192,9 @@ class Trainer:
         if self.clip_norm:
             torch.nn.utils.clip_grad_norm_(self.backbone.parameters(), self.clip_norm)
         mark("clip")
-        self.optimizer.step()
-        self.optimizer.zero_grad()
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
         # the lr schedule steps after every update
         self.steps += 1
         self._set_lr(self.lr_at(self.steps + 1))
