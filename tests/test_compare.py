@@ -102,11 +102,17 @@ def test_speed_table_gives_each_runs_ratio_and_their_median():
 def test_yardstick_recipe_is_the_demo_presets_by_hand():
     """Test that the yardstick trains the demo's recipe as default.py sets it: mbf at 32 px,
     embedding 128, 200 classes, global batch 64 x 2 = 128, lr 0.8 x 128 / 512 = 0.2, wd 5e-4,
-    260 steps, CosFace (1, 0, 0.25) at s 32; with --loss arcface (1, 0.5, 0) at s 32."""
+    260 steps, CosFace (1, 0, 0.25) at s 32, SGD (the bank's lr and decay the same); with --loss
+    arcface (1, 0.5, 0) at s 32; a ViT on its recipe: AdamW at 1e-3 unscaled, decay 0.1, and the
+    demo's SGD lr scaled for the bank (--torch-centers bank)."""
     recipe = yardstick_recipe(EasyDict(get_config("demo", network="mbf")), 2, 1.0)
     assert recipe == {"network": "mbf", "image_size": 32, "embedding_size": 128, "classes": 200,
-                      "global_batch": 128, "steps": 260, "lr": pytest.approx(0.2), "weight_decay": 5e-4,
+                      "global_batch": 128, "steps": 260, "lr": pytest.approx(0.2), "optimizer": "sgd",
+                      "bank_lr": pytest.approx(0.2), "bank_wd": 5e-4, "weight_decay": 5e-4,
                       "margins": (1.0, 0.0, 0.25), "scale": 32.0, "sample_rate": 1.0, "seed": 0}
+    vit = yardstick_recipe(EasyDict(get_config("demo", network="vit_t")), 2, 1.0)
+    assert (vit.optimizer, vit.lr, vit.weight_decay, vit.bank_lr, vit.bank_wd) == \
+        ("adamw", 0.001, 0.1, pytest.approx(0.2), 5e-4)
     arcface = yardstick_recipe(EasyDict(get_config("demo", network="r50", loss="arcface")), 4, 0.5)
     assert (arcface.network, arcface.global_batch, arcface.lr) == ("r50", 256, pytest.approx(0.4))
     assert (arcface.margins, arcface.scale, arcface.sample_rate) == ((1.0, 0.5, 0.0), 32.0, 0.5)
@@ -128,7 +134,9 @@ def test_recipe_numbers_are_sample_fcs_schedule_and_resolved_ratio():
 
 @pytest.mark.parametrize("args,line", [
     (["--network", "mbf_small"], "compare: the yardstick has no network 'mbf_small'; arcface_torch's networks it "
-                                 "has: mbf, r18, r34, r50, r100, r200 (--network NAME)"),
+                                 "has: mbf, r18, r34, r50, r100, r200, vit_t, vit_t_dp005_mask0, vit_s, "
+                                 "vit_s_dp005_mask_0, vit_b, vit_b_dp005_mask_005, vit_l_dp005_mask_005 "
+                                 "(--network NAME)"),
     (["--network", "mbf", "--set", "loss_m2=0.3"], "compare: loss cosface: margins m1=1.0, m2=0.3, m3=0.25"),
     (["--network", "mbf", "--loss", "curricularface"], "compare: loss_margin=curricularface: arcface_torch's "
                                                        "CombinedMarginLoss has only the combined margin")])
