@@ -111,7 +111,8 @@ def _networks(out):
             shape = list(net(torch.zeros(2, 3, image_size, image_size)).shape)
             training = list(net.train()(torch.rand(2, 3, image_size, image_size)).shape)   # masking, drop path
         sizes[f"{name}/{image_size}"] = {"params": parameter_count(net), "entries": len(net.state_dict()),
-                                         "output": shape, "training_output": training}
+                                         "output": shape, "training_output": training,
+                                         "first_entries": list(net.state_dict())[:8]}
     (out / "networks.json").write_text(json.dumps(sizes))
 
 
@@ -368,12 +369,18 @@ def test_sgd_step_decays_every_trained_parameter_after_clipping(computed):
 def test_network_sizes_equal_arcface_torch(computed):
     """Test that mbf, r18, r50 and vit_t at 112 px have arcface_torch's parameter counts and state
     dict lengths (2,059,520 / 333, 24,025,600 / 187, 43,590,848 / 475, 19,137,792 / 150) and give
-    512 features in eval and in training mode (vit_t's patch masking and drop path), and that at
+    512 features in eval and in training mode (vit_t's patch masking and drop path), vit_t's
+    state dict in vit.py's order (what copy_state_in_order maps by), and that at
     32 px mbf's GDC kernel covers the 2x2 map (49 - 4 weights fewer per channel)."""
     sizes = json.loads((computed / "networks.json").read_text())
     for name, (params, entries) in ARCFACE_TORCH_SIZES.items():
         assert (sizes[f"{name}/112"]["params"], sizes[f"{name}/112"]["entries"]) == (params, entries)
         assert sizes[f"{name}/112"]["output"] == sizes[f"{name}/112"]["training_output"] == [2, 512]
+    # vit.py's order (a module's own parameters first, then its children as registered: Block's
+    # norm1, norm2, attn), which copy_state_in_order maps by
+    assert sizes["vit_t/112"]["first_entries"] == [
+        "pos_embed", "mask_token", "patch_embed.weight", "patch_embed.bias", "blocks.0.norm1.weight",
+        "blocks.0.norm1.bias", "blocks.0.norm2.weight", "blocks.0.norm2.bias"]
     assert sizes["mbf/32"]["params"] == 2059520 - 512 * (49 - 4)
     assert sizes["mbf/32"]["output"] == [2, 512]
 

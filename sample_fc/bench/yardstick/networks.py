@@ -201,13 +201,15 @@ class Attention(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """x + drop_path(attn(norm1(x))), then x + drop_path(mlp(norm2(x))); mlp: fc1 -> ReLU6 -> fc2."""
+    """x + drop_path(attn(norm1(x))), then x + drop_path(mlp(norm2(x))); mlp: fc1 -> ReLU6 -> fc2.
+    Registered as vit.py's Block registers them (norm1, norm2, attn, drop_path, mlp), so the state
+    dict's order is theirs (copy_state_in_order)."""
 
     def __init__(self, width, drop_path):
         super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(width), Attention(width)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = Attention(width)
         self.drop_path = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.ReLU6(), nn.Linear(4 * width, width))
 
     def forward(self, x):
