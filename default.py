@@ -10,7 +10,7 @@ the presets, command-line `key=value` overrides (sample_fc.config.apply_override
 resumed run's saved config (config_from_checkpoint) and check_config.
 
 `get_config` builds a fresh config each call: the declared defaults, then the network preset,
-then the dataset preset, then a ViT's training recipe (_VIT_RECIPE: AdamW; the dataset's SGD
+then the dataset preset, then a ViT's training recipe (_NETWORK_RECIPES: AdamW; the dataset's SGD
 recipe moves to the bank), then the loss preset when one is named (later presets win; only
 the demo dataset overlaps a network preset, shrinking the batch for CPU). Without a named
 loss the dataset's own recipe stands: the base's ArcFace, or the demo's CosFace m=0.25. A loss
@@ -186,7 +186,7 @@ _NETWORK_PRESETS = {
     },
 }
 # arcface_torch's Vision Transformers (symbols/vit.py: widths, depths, drop path); float32, no
-# dropout before the embedding (drop path inside). Their training recipe is _VIT_RECIPE below.
+# dropout before the embedding (drop path inside). Their training recipe: _NETWORK_RECIPES['vit'] below.
 _NETWORK_PRESETS.update({name: {
     'embedding_size': 512,               # arcface_torch's num_features
     'dropout': 0.0,                      # none before the embedding: drop path in the blocks
@@ -201,24 +201,23 @@ _NETWORK_PRESETS.update({name: {
 # the first tenth of the steps then the polynomial decay, and CosFace's margin 0.4 where the dataset
 # has no margin of its own (_VIT_MARGIN_LOSS). The bank keeps SGD with the dataset's lr and weight
 # decay (bank_lr, bank_wd; arcface_torch puts its centers under the same AdamW: docs/training.md).
-_VIT_RECIPE = {
+_NETWORK_RECIPES = {'vit': {
     'optimizer': 'adamw',                # torch.optim.AdamW, betas (0.9, 0.999), eps 1e-8
     'lr': 0.001,                         # arcface_torch's, as given
     'wd': 0.1,                           # arcface_torch's weight_decay
     'decay_all': True,                   # on every parameter (AdamW over model.parameters())
     'lr_schedule': 'poly',               # PolynomialLRWarmup after the warm-up
     'warmup_steps': '10%',               # the first tenth of the run (warmup_epoch = num_epoch // 10)
-}
+}}
 _VIT_MARGIN_LOSS = 'cosface'             # margin_list (1.0, 0.0, 0.4)
 VITS = tuple(name for name in _NETWORK_PRESETS if name.startswith('vit_'))
 
 
 def _apply_vit_recipe(cfg, dataset):
-    """_VIT_RECIPE on a config that has its dataset preset: the dataset's SGD lr and weight decay
-    move to the bank (bank_lr, bank_wd)."""
+    """The ViT recipe (_NETWORK_RECIPES) on a config that has its dataset preset: the dataset's
+    SGD lr and weight decay move to the bank (bank_lr, bank_wd)."""
     cfg.bank_lr, cfg.bank_wd = cfg.lr, cfg.wd              # the dataset's SGD recipe, for the centers
-    for key, value in _VIT_RECIPE.items():
-        cfg[key] = KEYS[key].accept(key, value)
+    _apply_preset(cfg, 'network recipe', 'vit', _NETWORK_RECIPES)
     if 'loss' not in _DATASET_PRESETS[dataset]:
         _apply_preset(cfg, 'loss', _VIT_MARGIN_LOSS, _LOSS_PRESETS)
         cfg.loss = _VIT_MARGIN_LOSS                           # recorded as a named loss preset is

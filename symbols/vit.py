@@ -98,10 +98,11 @@ def block(data, name, width, count, rate, key_bias=None):
     return body + drop_path(linear(hidden, name + '_fc2', width), name + '_drop2', rate)
 
 
-def keep_mask(tokens_, ratio):
-    """(N, L, 1): 1 for a token the blocks see, 0 for one left out: a Dropout of ones (a fresh
-    draw per token in training, each left out with probability `ratio`; all ones at inference)."""
-    ones = mx.sym.ones_like(mx.sym.slice_axis(tokens_, axis=2, begin=0, end=1))
+def keep_mask(body, ratio):
+    """(N, L, 1) of the (N, L, W) tokens `body`: 1 for a token the blocks see, 0 for one left out:
+    a Dropout of ones (a fresh draw per token in training, each left out with probability `ratio`;
+    all ones at inference)."""
+    ones = mx.sym.ones_like(mx.sym.slice_axis(body, axis=2, begin=0, end=1))
     return mx.sym.Dropout(ones, p=ratio, name='patch_mask') > 0
 
 

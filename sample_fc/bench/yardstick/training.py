@@ -102,9 +102,10 @@ OPTIMIZERS = ("sgd", "adamw")     # train_v2.py's cfg.optimizer
 
 
 def make_optimizer(backbone, head, lr, weight_decay, optimizer="sgd"):
-    """The optimizer as train_v2.py sets it up: two groups (backbone, centers), weight decay on all
-    of them; SGD with momentum 0.9, or AdamW (decoupled decay, torch's betas and eps)."""
-    groups = [{"params": backbone.parameters()}, {"params": head.parameters()}]
+    """The optimizer as train_v2.py sets it up: two groups (backbone, centers; head None: the
+    backbone's alone), weight decay on all of them; SGD with momentum 0.9, or AdamW (decoupled
+    decay, torch's betas and eps)."""
+    groups = [{"params": module.parameters()} for module in (backbone, head) if module is not None]
     if optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
     if optimizer != "sgd":
@@ -164,7 +165,7 @@ class Trainer:
             self.optimizers, self.lr_factors = [make_optimizer(backbone, head, lr, weight_decay, optimizer)], [1.0]
         else:
             factor, centers_decay = centers_sgd
-            self.optimizers = [make_optimizer(backbone, nn.Module(), lr, weight_decay, optimizer),
+            self.optimizers = [make_optimizer(backbone, None, lr, weight_decay, optimizer),
                                torch.optim.SGD(head.parameters(), lr=lr * factor, momentum=MOMENTUM,
                                                weight_decay=centers_decay)]
             self.lr_factors = [1.0, factor]
