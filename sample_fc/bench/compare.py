@@ -92,7 +92,17 @@ def parse_args(argv):
     parser.add_argument("--torch-centers", choices=("arcface_torch", "bank"), default="arcface_torch",
                         help="yardstick: the class centers in the backbone's optimizer (arcface_torch, default) or "
                         "on SGD with momentum 0.9 at sample_fc's bank_lr and bank_wd (bank: its bank's recipe)")
+    parser.add_argument("--arcface-torch", metavar="DIR", help="yardstick: train arcface_torch's own backbone, "
+                        "partial_fc_v2.py and losses.py, imported from DIR (a checkout's recognition/arcface_torch), "
+                        "instead of the yardstick's copies of them")
+    parser.add_argument("--results", metavar="FILE", help="append one JSON line per training to FILE: side, seed, "
+                        "run, the overrides, accuracy, losses, samples/s and the centers' norm and turn per step")
     args = parser.parse_args(argv)
+    if args.arcface_torch:
+        from .yardstick.upstream import missing_files
+        if missing_files(args.arcface_torch):
+            parser.error(f"--arcface-torch {args.arcface_torch} is not arcface_torch: no "
+                         f"{', '.join(missing_files(args.arcface_torch))}")
     if args.network is None and args.only != "sample_fc":
         args.network = "mbf"            # the yardstick has arcface_torch's networks only
     return args
@@ -143,8 +153,9 @@ def config(args):
 
 def run_sample_fc(args, models_root):
     """Train with horovodrun as a user would; return ([(step, loss)], {target: accuracy}, samples/s,
-    the accuracy curve of time_to_accuracy (with --eval-every, else [])) from the run's progress
-    records, events and status (the last verification: the final model's)."""
+    the accuracy curve of time_to_accuracy (with --eval-every, else []), [the centers' statistics
+    (run/center_probe.py) with their step]) from the run's progress records, events and status
+    (the last verification: the final model's)."""
     venv_bin = os.path.dirname(sys.executable)
     env = dict(os.environ)                # threads: train.py's own share of the cores (ranks.share_cores)
     command = [os.path.join(venv_bin, "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}", "--gloo",
@@ -173,7 +184,9 @@ def run_sample_fc(args, models_root):
     accuracy = verification.get("accuracy", {})
     curve = (time_to_accuracy.sample_fc_curve(models_root, next(iter(accuracy)), args.global_batch)
              if args.eval_every and accuracy else [])
-    return losses, accuracy, samples_per_s(records, SPEED_SKIP_STEPS), curve
+    centers = [{key: record[key] for key in ("step", "center_norm", "center_turn_deg")}
+               for record in records if "center_turn_deg" in record]
+    return losses, accuracy, samples_per_s(records, SPEED_SKIP_STEPS), curve, centers
 
 
 def samples_per_s(records, skip):
@@ -286,6 +299,20 @@ def train_both(args, order, curves, accuracies, speeds, accuracy_curves):
             release_freed_memory()
         for table, value in zip((curves, accuracies, speeds, accuracy_curves), result):
             table.setdefault(name, []).append(value)
+        if args.results:
+            append_result(args, name, result)
+
+
+def append_result(args, name, result):
+    """One JSON line of a training into args.results (the file bench.center_study summarises)."""
+    losses, accuracy, speed, _, centers = result
+    seed = next((int(kv.split("=", 1)[1]) for kv in reversed(args.overrides) if kv.startswith("seed=")), None)
+    line = {"side": name, "network": args.network, "overrides": args.overrides, "seed": seed,
+            "train_args": args.train_arg if name == "sample_fc" else None,
+            "arcface_torch": bool(args.arcface_torch) if name != "sample_fc" else None,
+            "np": args.np, "accuracy": accuracy, "losses": losses, "samples_per_s": speed, "centers": centers}
+    with open(args.results, "a") as out:
+        out.write(json.dumps(line) + "\n")
 
 
 def stop_on_sigterm(number, frame):

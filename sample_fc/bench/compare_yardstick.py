@@ -138,15 +138,17 @@ def rate_after(step_ends, skip, global_batch):
 
 
 def run_torch(args, cfg, tuned=False):
-    """Train the yardstick on cfg's recipe in this process; return ([(step, loss)], {target:
-    accuracy}, samples/s, accuracy curve) as run_sample_fc does. Verification (with --eval-every)
+    """Train the yardstick on cfg's recipe in this process (with args.arcface_torch: from
+    arcface_torch's own backbone and head modules in that directory); return ([(step, loss)],
+    {target: accuracy}, samples/s, accuracy curve, [center_probe statistics]) as run_sample_fc does. Verification (with --eval-every)
     stops the clock: step_ends hold training time only. `tuned`: as a skilled CPU user runs it
     (yardstick/tuned.py: channels-last model and batches, images in memory)."""
     import mxnet  # noqa: F401  (the .rec reader's; importing it leaves torch 1 thread: set them after)
     import torch
     from sample_fc.data.bin_format import load_bin
     from sample_fc.verification import score
-    from .yardstick import CombinedMargin, PartialFC, Trainer, build_network
+    from ..run.center_probe import center_motion, probe_rows
+    from .yardstick import CombinedMargin, PartialFC, Trainer, build_network, upstream
     from .yardstick.scoring import embed_pairs
     from .yardstick.tuned import channels_last, channels_last_batches
     numbers = recipe_numbers(cfg, args.np)
@@ -156,11 +158,16 @@ def run_torch(args, cfg, tuned=False):
         return run_torch_ddp(args, cfg, recipe, numbers["lrs"], rec)
     torch.set_num_threads(args.torch_threads)
     torch.manual_seed(recipe.seed)
-    backbone = build_network(recipe.network, recipe.image_size, recipe.embedding_size)
+    margin = CombinedMargin(recipe.scale, *recipe.margins)
+    if args.arcface_torch:                # their own backbone, PartialFC_V2 and CombinedMarginLoss
+        modules = upstream.load(args.arcface_torch)
+        backbone = upstream.build_network(modules, recipe.network, recipe.image_size, recipe.embedding_size)
+        head = upstream.partial_fc(modules, margin, recipe.embedding_size, recipe.classes, recipe.sample_rate)
+    else:
+        backbone = build_network(recipe.network, recipe.image_size, recipe.embedding_size)
+        head = PartialFC(margin, recipe.embedding_size, recipe.classes, recipe.sample_rate)
     backbone = channels_last(backbone) if tuned else backbone
     name = "tuned" if tuned else "yardstick"
-    head = PartialFC(CombinedMargin(recipe.scale, *recipe.margins), recipe.embedding_size, recipe.classes,
-                     recipe.sample_rate)
     lrs = numbers["lrs"]
     centers_sgd = (recipe.bank_lr / recipe.lr, recipe.bank_wd) if args.torch_centers == "bank" else None
     trainer = Trainer(backbone, head, recipe.lr, recipe.weight_decay, lr_at=lambda n: lrs[min(n, len(lrs)) - 1],
@@ -174,16 +181,21 @@ def run_torch(args, cfg, tuned=False):
           + (f"; the centers on SGD at lr {recipe.bank_lr:g}, wd {recipe.bank_wd:g} (--torch-centers bank)"
              if centers_sgd else ""), flush=True)
     print(f"{name} layout: 1 process, {torch.get_num_threads()} torch threads; {data_layout}"
-          + ("; channels-last model and batches" if tuned else ""), flush=True)
+          + ("; channels-last model and batches" if tuned else "")
+          + (f"; arcface_torch's own modules from {args.arcface_torch}" if args.arcface_torch else ""), flush=True)
     target = cfg.val_targets[0]
     images, issame = load_bin(os.path.join(os.path.dirname(rec), target + ".bin"), cfg.image_size)
-    losses, window, curve, paused = [], [], [], 0.0
+    losses, window, curve, paused, centers = [], [], [], 0.0, []
+    probe = torch.from_numpy(probe_rows(recipe.classes))       # center_probe's rows, as sample_fc reads them
     step_ends = [time.perf_counter()]
     for step in range(1, recipe.steps + 1):
+        before = head.weight.detach()[probe].numpy().copy() if step % cfg.frequent == 0 else None
         window.append(float(trainer.step(*next(batches))))
         step_ends.append(time.perf_counter() - paused)
         if step % cfg.frequent == 0 or step == recipe.steps:
             losses.append((step, sum(window) / len(window)))
+            if before is not None:
+                centers.append(dict(center_motion(before, head.weight.detach()[probe].numpy()), step=step))
             print(f"  {name} step {step}/{recipe.steps}  loss {losses[-1][1]:.4f}", flush=True)
             window = []
         if args.eval_every and (step % args.eval_every == 0 or step == recipe.steps):
@@ -195,7 +207,7 @@ def run_torch(args, cfg, tuned=False):
     speed = rate_after(step_ends, SPEED_SKIP_STEPS, recipe.global_batch)
     accuracy = curve[-1][2] if curve else score(embed_pairs(backbone, images), issame).accuracy
     print(f"  {name} {target} accuracy {accuracy:.4f}, {speed or 0:.1f} samples/s", flush=True)
-    return losses, {target: accuracy}, speed, curve
+    return losses, {target: accuracy}, speed, curve, centers
 
 
 def run_torch_ddp(args, cfg, recipe, lrs, rec):
@@ -214,4 +226,4 @@ def run_torch_ddp(args, cfg, recipe, lrs, rec):
     ends = sorted(set(range(cfg.frequent, recipe.steps + 1, cfg.frequent)) | {recipe.steps})
     losses = [(end, sum(every_step[start:end]) / (end - start)) for start, end in zip([0] + ends, ends)]
     print(f"  yardstick {target} accuracy {result['accuracy']:.4f} (rank 0's BatchNorm statistics)", flush=True)
-    return losses, {target: result["accuracy"]}, None, []
+    return losses, {target: result["accuracy"]}, None, [], []

@@ -26,13 +26,14 @@ class ProgressLogger:
     checkpoints, verification) grew by since the last line is not counted; the ETA counts it.
 
     The same scalars go to a tensorboardX SummaryWriter when one is given, and as a dict to
-    `record` (run_root.append_progress: the file programs read) when one is given.
+    `record` (run_root.append_progress: the file programs read) when one is given, with those
+    `extra(step)` returns (center_probe.CenterProbe.scalars: not on the console line).
     """
 
     def __init__(self, frequent, max_update, logger, writer=None, clip_grad_norm=0.0, record=None,
-                 paused=lambda: 0.0):
+                 paused=lambda: 0.0, extra=lambda step: {}):
         self.frequent, self.max_update, self.logger, self.writer = frequent, max_update, logger, writer
-        self.clip_grad_norm, self.record, self.paused = clip_grad_norm, record, paused
+        self.clip_grad_norm, self.record, self.paused, self.extra = clip_grad_norm, record, paused, extra
         self._reset(time.perf_counter())
 
     def _reset(self, now):
@@ -64,6 +65,7 @@ class ProgressLogger:
         scalars = {"loss": loss, "lr": info.lr, "samples_per_s": speed, "grad_norm": norm}
         if own_bank_lr:
             scalars["bank_lr"] = info.bank_lr
+        scalars.update(self.extra(info.step))
         if self.writer is not None:
             for name, value in scalars.items():
                 self.writer.add_scalar(name, value, info.step)

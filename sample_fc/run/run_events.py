@@ -16,6 +16,7 @@ from ..config import steps_of
 from . import run_root
 from .callbacks import (ChanceWatch, PeriodicCallback, ProgressLogger, VerificationRunner, append_event, chance_loss,
                         save_verification_pairs)
+from .center_probe import CenterProbe
 from .memory_plan import GB, peak_rss_bytes
 from .scalar_log import open_scalar_log
 from .stop import STOP_EXIT_BASE, signal_name
@@ -54,9 +55,10 @@ class RunEvents:
         if rank == 0:
             if cfg.not_learning_steps:
                 self.callbacks.append(self.chance_watch(cfg, module.partial_fc))
-            self.callbacks.insert(0, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
-                                                    self.record_progress,
-                                                    paused=lambda: self.paused_s))
+            probe = CenterProbe(module.partial_fc.bank, cfg.frequent)
+            self.callbacks[:0] = [probe, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
+                                                        self.record_progress, paused=lambda: self.paused_s,
+                                                        extra=probe.scalars)]
             self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
         if stop_signals is not None:
             stop_signals.on_abort(self.abort)

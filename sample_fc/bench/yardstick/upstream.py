@@ -57,14 +57,14 @@ def load(directory):
         lr_scheduler=_import("arcface_torch_lr_scheduler", os.path.join(directory, "lr_scheduler.py")))
 
 
-def build_network(modules, name, image_size):
-    """get_model(name, dropout=0.0, fp16=False, num_features=512), fitted to `image_size`."""
+def build_network(modules, name, image_size, embedding_size=EMBEDDING_SIZE):
+    """get_model(name, dropout=0.0, fp16=False, num_features=embedding_size), fitted to `image_size`."""
     side = final_side(image_size)
     iresnet_class = modules.backbones.iresnet.IResNet
     fixed_area = iresnet_class.fc_scale
     iresnet_class.fc_scale = side * side
     try:
-        model = modules.backbones.get_model(name, dropout=0.0, fp16=False, num_features=EMBEDDING_SIZE)
+        model = modules.backbones.get_model(name, dropout=0.0, fp16=False, num_features=embedding_size)
     finally:
         iresnet_class.fc_scale = fixed_area
     if name == "mbf" and side != 7:
@@ -73,6 +73,13 @@ def build_network(modules, name, image_size):
         nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
         gdc_block[0] = conv
     return model
+
+
+def partial_fc(modules, margin, embedding_size, num_classes, sample_rate):
+    """Their PartialFC_V2 (fp16 off) with their CombinedMarginLoss for `margin` (training.CombinedMargin's
+    values): head(embeddings, labels) -> the loss, its centers `weight`."""
+    loss = modules.losses.CombinedMarginLoss(margin.scale, margin.m1, margin.m2, margin.m3, margin.filter_threshold)
+    return modules.partial_fc_v2.PartialFC_V2(loss, embedding_size, num_classes, sample_rate, False)
 
 
 def copy_state_in_order(source, target):
@@ -105,10 +112,8 @@ class UpstreamTrainer:
 
     def __init__(self, modules, backbone, num_classes, sample_rate, margin, lr, weight_decay,
                  total_steps=10 ** 9):
-        m1, m2, m3 = margin.m1, margin.m2, margin.m3
-        loss = modules.losses.CombinedMarginLoss(margin.scale, m1, m2, m3, margin.filter_threshold)
         self.backbone = backbone.train()
-        self.head = modules.partial_fc_v2.PartialFC_V2(loss, EMBEDDING_SIZE, num_classes, sample_rate, False).train()
+        self.head = partial_fc(modules, margin, EMBEDDING_SIZE, num_classes, sample_rate).train()
         self.optimizer = torch.optim.SGD(
             params=[{"params": backbone.parameters()}, {"params": self.head.parameters()}],
             lr=lr, momentum=MOMENTUM, weight_decay=weight_decay)
