@@ -29,7 +29,7 @@ from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, ap
 from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               BANK_DTYPES, BANK_MOMENTA, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS, MOMENTUM_FORMS,
+                               BANK_DTYPES, BANK_MOMENTUM_WORDS, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS, MOMENTUM_FORMS,
                                OPTIMIZERS, TAIL_BNS, WANDB_MODES)
 
 
@@ -87,7 +87,7 @@ def _declare_keys():
     keys.context = Choice('auto', CONTEXTS)                             # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
     keys.bank_context = Choice('same', BANK_CONTEXTS)                   # memory bank device: same (as context) | cpu
     keys.bank_dtype = Choice('float32', BANK_DTYPES)                    # bank storage: float32 | float16 (half the bytes per class; math in float32, stochastic rounding on write) | int8 (8-bit codes and a float32 scale per 64 columns, stochastic rounding on write; the host kernel's: 544 bytes per class at D 512 with bank_momentum=none, 1088 with its momentum stored alike)
-    keys.bank_momentum = Choice('same', BANK_MOMENTA)                   # the bank's momentum: same (stored as the weights) | int8 (8-bit codes, a float32 scale per 64 columns, stochastic rounding on write) | none (no momentum for the
+    keys.bank_momentum = Choice('same', BANK_MOMENTUM_WORDS)                   # the bank's momentum: auto (none where a class comes back every 10 or more steps, C/B; else same: pfc/center_optimizer.py) | same (stored as the weights) | int8 (8-bit codes, a float32 scale per 64 columns, stochastic rounding on write) | none (no momentum for the
                                          # centers: plain SGD on them at lr / (1 - momentum), the step momentum builds up to; the backbone keeps its momentum; on the demo 1.0 point under float32 over five seeds; int8 +0.5 there, -0.24 on 5,000 glyph ids over three: BENCHMARKS.md). Bytes per identity at D 512, float32 / float16 bank: same 4096 / 2048, int8 2592 / 1568,
                                          # none 2048 / 1024. int8 and none need the bank in host memory (the host kernel: bank_context=cpu on GPUs, head_kernel auto or host)
     keys.head_kernel = Choice('auto', HEAD_KERNELS)                     # head step: auto (host for a CPU bank, else device) | host (NumPy BLAS) | device (MXNet ops)

@@ -242,7 +242,7 @@ def train(cfg, request, status, stop_signals=None):
     logger = builder.setup_logger(rank)
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
-    auto = builder.resolve_auto(cfg, world)          # sample_ratio=auto: the same number on every rank
+    auto = builder.resolve_auto(cfg, world)          # sample_ratio, bank_momentum=auto: the same on every rank
     models_root = request.models_root_for(cfg)
     # every rank checks the models root, config, data and checkpoint before anything is written
     run = on_every_rank(lambda: builder.open_run(cfg, models_root, request, dist.world(), logger), "setup.problems")
@@ -256,7 +256,7 @@ def train(cfg, request, status, stop_signals=None):
         start_run(run, status)
         if moved:
             logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
-        run.log_opening(auto)
+        run.log_opening(auto, builder.centers_line(cfg, world, auto))
     module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, run.pretrained)
     if run.resume_from:
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,

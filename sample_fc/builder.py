@@ -27,6 +27,7 @@ from .initializers import backbone_initializer, initial_params
 from .module import SampleDistributeModule
 from .optimizers import make_backbone_optimizer, schedule_of
 from .pfc.partial_fc import PartialFC, PartialFCOptions
+from .pfc.center_optimizer import center_optimizer
 from .pfc.sampling_regime import regime, safe_ratio
 from .models.saved_model import load_pretrained
 
@@ -180,17 +181,30 @@ def fill_from_property(cfg, explicit):
 
 
 def resolve_auto(cfg, world):
-    """sample_ratio=auto, now that the global batch is known: the smallest ratio whose q*K/B reaches
-    the measured safe level (sampling_regime.safe_ratio; 1.0 where none does), with
-    sample_wd_correction on from ratio 0.5 (where it measured as helping: BENCHMARKS.md). Changes
-    cfg in place (the run's config.json and checkpoints keep the number); returns the line to log,
-    or None when nothing was automatic."""
-    if cfg.sample_ratio != "auto":
-        return None
-    cfg.sample_ratio = safe_ratio(cfg.num_classes, cfg.batch_size * world)
-    cfg.sample_wd_correction = cfg.sample_wd_correction or 0.5 <= cfg.sample_ratio < 1.0
-    return (f"sample_ratio=auto: {cfg.sample_ratio:g} for {cfg.num_classes:,} classes and a global batch of "
-            f"{cfg.batch_size * world}" + (", with sample_wd_correction" if cfg.sample_wd_correction else ""))
+    """The config's `auto` words, now that the global batch is known. sample_ratio=auto: the
+    smallest ratio whose q*K/B reaches the measured safe level (sampling_regime.safe_ratio; 1.0
+    where none does), with sample_wd_correction on from ratio 0.5 (where it measured as helping:
+    BENCHMARKS.md); bank_momentum=auto: the centers' optimizer for the classes' visit gap
+    (pfc/center_optimizer.py). Changes cfg in place (the run's config.json and checkpoints keep
+    the values); returns {key: the line to log} for each key that was automatic."""
+    lines, global_batch = {}, cfg.batch_size * world
+    if cfg.sample_ratio == "auto":
+        cfg.sample_ratio = safe_ratio(cfg.num_classes, global_batch)
+        cfg.sample_wd_correction = cfg.sample_wd_correction or 0.5 <= cfg.sample_ratio < 1.0
+        lines["sample_ratio"] = (f"sample_ratio=auto: {cfg.sample_ratio:g} for {cfg.num_classes:,} classes and a global "
+                                 f"batch of {global_batch}" + (", with sample_wd_correction" if cfg.sample_wd_correction else ""))
+    if cfg.bank_momentum == "auto":
+        centers = center_optimizer("auto", cfg.momentum, cfg.num_classes, global_batch)
+        cfg.bank_momentum = centers.bank_momentum
+        lines["bank_momentum"] = centers.line()
+    return lines
+
+
+def centers_line(cfg, world, auto_lines):
+    """The start-up line of the centers' optimizer: bank_momentum=auto's, or the one of the
+    config's setting."""
+    return auto_lines.get("bank_momentum") or center_optimizer(cfg.bank_momentum, cfg.momentum, cfg.num_classes,
+                                                               cfg.batch_size * world).line()
 
 
 def check_world(cfg, world):

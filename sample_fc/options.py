@@ -16,6 +16,7 @@ OPTIMIZERS = ("sgd", "adamw")               # optimizers.make_backbone_optimizer
 OPTIMIZER_STATES = {"sgd": 1, "adamw": 2}   # arrays of state per backbone parameter (the memory plan)
 BANK_DTYPES = ("float32", "float16", "int8")  # memory_bank: how class centers (and a momentum stored alike) are stored
 BANK_MOMENTA = ("same", "int8", "none")     # memory_bank: the centers' momentum as the weights, 8-bit, or none
+BANK_MOMENTUM_WORDS = ("auto",) + BANK_MOMENTA   # the config's: auto is resolved at start (pfc/center_optimizer.py)
 EMBEDDING_SCALES = ("fixed", "learned")     # symbols.with_learned_embedding_scale: the embedding BatchNorm's gamma
 WANDB_MODES = ("off", "offline", "online")   # run/scalar_log.py: Weights & Biases off, files only, or synced
 TAIL_BNS = ("worker", "global")             # global_tail: the BatchNorms over samples only on each worker's batch or the global one

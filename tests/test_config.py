@@ -551,13 +551,13 @@ def test_bank_dtype_is_checked_and_fixed_on_resume():
 
 
 def test_bank_momentum_is_checked_fixed_on_resume_and_same_for_older_runs():
-    """Test that bank_momentum takes same, int8 or none only; that resuming a run with another
+    """Test that bank_momentum takes auto, same, int8 or none only; that resuming a run with another
     momentum storage is refused in one line naming both values (its shards hold that storage);
     and that a run saved before the key resumes with its momentum stored as the weights."""
     assert default.get_config().bank_momentum == 'same'
     for value in ('int8', 'none'):
         assert default.config_for_run(overrides=[f'bank_momentum={value}']).bank_momentum == value
-    with pytest.raises(ValueError, match="'bank_momentum' is 'int4'; expected one of: same, int8, none"):
+    with pytest.raises(ValueError, match="'bank_momentum' is 'int4'; expected one of: auto, same, int8, none"):
         default.config_for_run(overrides=['bank_momentum=int4'])
     saved = dict(_saved_run(), bank_momentum='int8')
     assert default.config_for_run(resumed=saved, overrides=['max_update=200']).bank_momentum == 'int8'

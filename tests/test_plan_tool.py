@@ -109,7 +109,9 @@ def test_a_hundred_million_identities_on_one_8_gpu_node_with_8_bit_centers(capsy
     code, out = run(node + ["--set", "bank_dtype=int8", "--set", "bank_momentum=none",
                             "--set", "sample_ratio_warmup_start=0.1"], capsys)
     assert code == 0 and re.search(r"^fits: [\d.]+ GB per worker of 64\.00 GB of host memory", out, re.M), out
-    bank = float(re.search(r"^  bank \(weights \+ momentum\)\s+([\d.]+) GB", out, re.M).group(1))
+    bank = float(re.search(r"^  bank \(weights, no momentum\)\s+([\d.]+) GB", out, re.M).group(1))
     assert bank == round(12_500_000 * (512 + 4 * 8) / 1e9, 2), out
+    assert re.search(r"^  bytes per identity\s+544$", out, re.M), out
+    assert "class centers: plain SGD at lr / (1 - 0.9), no momentum (bank_momentum=none as set" in out
     crossing = float(re.search(r"^  GPU <-> host per step\s+([\d.]+) MB", out, re.M).group(1))
     assert crossing == round(2 * 64 * 512 * 4 / 1e6, 2), out

@@ -81,14 +81,14 @@ def test_auto_is_the_smallest_safe_ratio(classes, world, batch):
     cfg = default.config_for_run('demo', None, None, [f"num_classes={classes}", f"batch_size={batch}",
                                                       "sample_ratio=auto"])
     assert cfg.sample_ratio == 'auto'
-    line = resolve_auto(cfg, world)
+    line = resolve_auto(cfg, world)["sample_ratio"]
     global_batch = world * batch
     want = min(1.0, math.ceil(100 * 35 * global_batch / classes) / 100)
     assert cfg.sample_ratio == want and f"sample_ratio=auto: {want:g}" in line
     assert want == 1.0 or want * classes / global_batch >= 35 > (want - 0.01) * classes / global_batch
     assert cfg.sample_wd_correction == (0.5 <= want < 1.0)
     default.check_config(cfg)
-    assert resolve_auto(cfg, world) is None            # a number stays as it is
+    assert "sample_ratio" not in resolve_auto(cfg, world)      # a number stays as it is
 
 
 def test_a_resumed_auto_run_keeps_its_ratio_and_auto_is_checked():

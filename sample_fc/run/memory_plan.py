@@ -57,6 +57,8 @@ class Plan:
     checkpoint: int             # one checkpoint, all workers
     allgather_per_step: int     # bytes each worker receives per step (embeddings + labels)
     host_gpu_per_step: int = 0  # bytes crossing between a worker's GPU and host memory per step (a bank on the host)
+    bank_row_bytes: int = 0     # bytes of one identity in the bank (row_storage.Storage.row_bytes)
+    bank_holds: str = "weights + momentum"   # what a row holds, in words
 
     @property
     def total(self):
@@ -72,12 +74,13 @@ class Plan:
 
     def lines(self):
         """The plan as lines for a person."""
-        rows = [("bank (weights + momentum)", self.bank), ("sampler", self.sampler),
+        rows = [(f"bank ({self.bank_holds})", self.bank), ("sampler", self.sampler),
                 ("head step temporaries", self.head), ("backbone (MXNet's plan)", self.backbone),
                 ("data (batches, val sets)", self.data),
                 ("runtime", self.runtime), ("total per worker", self.total)]
         out = [f"{name:<28}{value / GB:10.2f} GB" for name, value in rows]
         out += [f"{'classes per worker':<28}{self.num_local:>13,}",
+                f"{'bytes per identity':<28}{self.bank_row_bytes:>13,}",
                 f"{'rows sampled per step':<28}{self.sampled:>13,}",
                 f"{'allgather per step':<28}{self.allgather_per_step / 1e6:10.2f} MB"]
         if self.host_gpu_per_step:
@@ -101,7 +104,9 @@ def plan(num_classes, world, embedding_size, batch_size, sample_ratio, storage=S
                 bank=layer["bank"], sampler=layer["sampler"], head=layer["head"], backbone=backbone_bytes,
                 data=data_bytes, runtime=RUNTIME_BYTES,
                 checkpoint=checkpoint_bytes(backbone_params, num_classes, embedding_size, storage),
-                allgather_per_step=global_batch * (4 * embedding_size + 8))
+                allgather_per_step=global_batch * (4 * embedding_size + 8),
+                bank_row_bytes=storage.row_bytes(embedding_size),
+                bank_holds="weights, no momentum" if storage.momentum == "none" else "weights + momentum")
 
 
 def runs_host_kernel(cfg, bank_on_gpu):

@@ -35,18 +35,21 @@ class RunRecord:
         """This record with the run id all ranks took (rank 0's)."""
         return dataclasses.replace(self, run_id=run_id)
 
-    def log_opening(self, auto_line=None):
+    def log_opening(self, auto_lines=None, centers_line=None):
         """Rank 0's lines before the first step: memory plan, backbone cost, the automatic
-        sample ratio (`auto_line`) and the sampling regime (with its warning)."""
+        sample ratio (`auto_lines`, builder.resolve_auto's), the sampling regime (with its
+        warning) and the centers' optimizer (`centers_line`: builder.centers_line)."""
         cfg, logger = self.cfg, self.logger
         logger.info("memory plan: %s", self.plan.summary())
         logger.info("backbone %s at %d px: %.2fM parameters, %.3f G multiply-adds per image",
                     cfg.network, cfg.image_size, self.cost.params / 1e6, self.cost.multiply_adds / 1e9)
-        if auto_line:
-            logger.info(auto_line)
+        if (auto_lines or {}).get("sample_ratio"):
+            logger.info(auto_lines["sample_ratio"])
         logger.info(self.sampling.line())
         if self.sampling.warning():
             logger.warning(self.sampling.warning())
+        if centers_line:
+            logger.info(centers_line)
 
     def facts(self, attempt):
         """What the report shows of this job (events.jsonl's start event): world size, machine,

@@ -84,7 +84,7 @@ def main(argv=None):
         import default
         import symbols
         from ..run import memory_plan
-        from ..builder import check_world, fill_from_property, resolve_auto, target_paths
+        from ..builder import centers_line, check_world, fill_from_property, resolve_auto, target_paths
         from ..data.bin_format import read_bin
         from ..run.run_request import default_models_root
         from ..pfc.partial_fc import PartialFCOptions
@@ -120,8 +120,8 @@ def main(argv=None):
                  f"(planned at {cfg.sample_ratio_warmup_start}: its first steps sample the most)" if warmup else ""))
         sampling = regime(cfg.sample_ratio, cfg.num_classes, args.world, cfg.batch_size, cfg.embedding_size,
                           backbone_cost(symbol, cfg.image_size).multiply_adds)
-        if auto:
-            print(auto)
+        if auto.get("sample_ratio"):
+            print(auto["sample_ratio"])
         missing = sorted(set(cfg.val_targets) - set(found))
         print(f"verification: {images:,} images of {', '.join(found)} ({targets / 1e9:.2f} GB) planned"
               if found else "verification: none planned (no val_targets found beside the data here)")
@@ -130,6 +130,7 @@ def main(argv=None):
         print(sampling.line())
         if sampling.warning():
             print(f"warning: {sampling.warning()}")
+        print(centers_line(cfg, args.world, auto))
         for title, part in (("host memory, per worker", host), ("GPU memory, per worker", device)):
             if part is not None:
                 print(f"\n{title}:")

@@ -235,3 +235,29 @@ def test_not_learning_is_said_in_a_real_run(tiny_data, tmp_path):
     for quiet in ("learning", "unwatched"):
         assert "not learning" not in runs[tmp_path / quiet].output
         assert read_status(str(tmp_path / quiet)).get("warning") is None
+
+
+def test_the_centers_optimizer_follows_the_visit_gap(tmp_path):
+    """Test that bank_momentum=auto gives the centers no momentum when a class comes back every
+    10 steps or later (40 classes, a global batch of 4) and keeps it sooner (a global batch of 8):
+    config.json holds the choice, the checkpoint's shards store a momentum only for the second,
+    and the start-up log says once what the centers got and why."""
+    from sample_fc.bench.harness import run_job
+    from sample_fc.tools.demo_data import make_demo
+    make_demo(str(tmp_path / "set"), num_identities=40, images_per_identity=2, num_val_identities=4,
+              num_pairs=10, image_size=32, progress=False)
+    for batch, chosen, gap in ((2, "none", "10.0"), (4, "same", "5.0")):
+        root = tmp_path / f"batch{batch}"
+        result = run_job([sys.executable, str(REPO / "train.py"), "--dataset", "custom",
+                          "--set", f"rec={tmp_path / 'set' / 'train.rec'}", "--set", "bank_momentum=auto",
+                          "--set", "max_update=2", "--set", f"batch_size={batch}", "--set", "embedding_size=16",
+                          "--set", "ckpt_period=2", "--models-root", str(root)],
+                         num_proc=2, timeout_s=300, cwd=str(tmp_path), env=single_thread_env())
+        assert result.returncode == 0, per_rank_tail(result.output)
+        assert json.loads((root / "config.json").read_text())["bank_momentum"] == chosen
+        said = re.findall(r"class centers: (.*)", result.output)
+        assert len(said) == 1 and f"a class comes back every {gap} steps (C/B)" in said[0], said
+        assert said[0].startswith("plain SGD" if chosen == "none" else "SGD with momentum 0.9"), said
+        path = list_checkpoints(root)[-1][1]
+        names = {name for r in range(2) for name in read_shard_arrays(bank_shard_files(path, r))[1]}
+        assert ("momentum" in names) == (chosen == "same"), names
