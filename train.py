@@ -179,25 +179,44 @@ def main(argv=None):
     dist.init(stall_shutdown_s=cfg.collective_timeout_s,
               on_cpu=cfg.context == "cpu" or (cfg.context == "auto" and mx.context.num_gpus() == 0))
     status = RunStatus(request)          # rank 0 records in the run's status.json from start_run on
+    watchdog = StepWatchdog(cfg.step_timeout_s, dist.rank(),
+                            on_timeout=lambda line: fail(line, FAILURE_EXIT, status=status)).start()
     try:
-        return train(cfg, request, status, stop_signals)
+        return train(cfg, request, status, watchdog, stop_signals)
     except (NonFiniteError, CheckpointError) as error:     # every rank raises it at the same step
         fail(str(error), FAILURE_EXIT, print_it=dist.rank() == 0, status=status)
     except UsageError as error:          # found by this rank (its data reader); horovodrun stops the others
         fail(f"{error} (rank {dist.rank()})", USAGE_EXIT, status=status)
     except mx.base.MXNetError as error:
-        if dist.is_shutdown_error(error):
-            time.sleep(SHUTDOWN_GRACE_S)   # the launcher should see the causing rank's exit first
-            message = (f"Horovod shut the job down while rank {dist.rank()} waited in a collective: another "
-                       f"rank failed or stalled for more than collective_timeout_s={cfg.collective_timeout_s} s "
-                       f"(rank 0's 'Missing ranks' report names it)")
-            status.failed(message, is_cause=False)     # the cause is another rank's (its own line)
-            fail(message, FAILURE_EXIT)
+        if dist.is_silent_peer_error(error) or dist.is_shutdown_error(error):
+            lost_peer(error, cfg.collective_timeout_s, watchdog, status)
         status.failed(f"MXNetError: {mxnet_reason(error)}")
         raise
     except Exception as error:           # a bug or an unforeseen failure: its traceback follows
         status.failed(f"{type(error).__name__}: {error}")
         raise
+
+
+def lost_peer(error, limit_s, watchdog, status):
+    """End this rank in one line after a collective lost a peer (dist.is_silent_peer_error: Gloo
+    heard nothing from it for the limit; is_shutdown_error: Horovod shut the job down after
+    that, its stall check, or another rank's failure). The line names this rank's step and
+    stage, the rank it lost where that is known (the other of two; this one, when this process
+    itself did not run for the limit: watchdog.paused_s), and the key that rides out longer
+    pauses."""
+    rank, world, paused = dist.rank(), dist.size(), watchdog.paused_s()
+    raise_it = f"--set collective_timeout_s=N (now {limit_s}) rides out longer pauses"
+    if paused >= 0.5 * limit_s:
+        message = (f"rank {rank} did not run for {paused:.0f} s ({watchdog.where()}: stopped by a signal, swapped out "
+                   f"or starved of CPU), and its peers stop waiting after collective_timeout_s={limit_s} s; {raise_it}")
+        status.failed(message)
+        fail(message, FAILURE_EXIT)
+    time.sleep(SHUTDOWN_GRACE_S)         # the launcher should see the causing rank's exit first
+    other = f"rank {1 - rank}" if world == 2 else "another rank (Horovod's 'Missing ranks' report names one that stalled)"
+    message = (f"rank {rank} lost {other} in a collective ({watchdog.where()}): it failed, or sent nothing for "
+               f"collective_timeout_s={limit_s} s (stopped, swapped out, starved of CPU, or its node lost); {raise_it}")
+    status.failed(message, is_cause=False)     # the cause is another rank's (its own line)
+    fail(message, FAILURE_EXIT)
 
 
 def on_every_rank(work, name):
@@ -234,9 +253,10 @@ def start_run(run, status):
                     format_config(run.cfg))
 
 
-def train(cfg, request, status, stop_signals=None):
+def train(cfg, request, status, watchdog, stop_signals=None):
     """The training job on this rank, Horovod initialised, as `request` (RunRequest) asks;
-    rank 0 keeps the run's `status` (RunStatus); `stop_signals` (StopSignals) ask for a stop.
+    rank 0 keeps the run's `status` (RunStatus); `watchdog` (StepWatchdog, started) is told of
+    each stage, from the start's; `stop_signals` (StopSignals) ask for a stop.
     Returns the exit code: 0, or 128 + the signal's number after a stop."""
     rank, world = dist.rank(), dist.size()
     logger = builder.setup_logger(rank)
@@ -245,6 +265,7 @@ def train(cfg, request, status, stop_signals=None):
     auto = builder.resolve_auto(cfg, world)          # sample_ratio, bank_momentum=auto: the same on every rank
     models_root = request.models_root_for(cfg)
     # every rank checks the models root, config, data and checkpoint before anything is written
+    watchdog.stage("at start, checking the run")
     run = on_every_rank(lambda: builder.open_run(cfg, models_root, request, dist.world(), logger), "setup.problems")
     lock, moved = on_every_rank(lambda: take_root(models_root, request.start_over, request.lock_token)
                                 if rank == 0 else (None, None), "setup.root")      # rank 0 owns the root from here
@@ -257,12 +278,15 @@ def train(cfg, request, status, stop_signals=None):
         if moved:
             logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
         run.log_opening(auto, builder.centers_line(cfg, world, auto))
-    module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, run.pretrained)
+    watchdog.stage("at start, building the model and the bank's initial centers")
+    say = logger.info if rank == 0 else None
+    module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, run.pretrained,
+                                  initial_centers=not run.resume_from, say=say)   # a resume's bank: the checkpoint's
     if run.resume_from:
+        watchdog.stage("at start, reading the checkpoint")
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,
-                                             cfg.embedding_size)
+                                             cfg.embedding_size, say)
         logger.info("resumed from %s at step %d", run.resume_from, step)
-    watchdog = StepWatchdog(cfg.step_timeout_s, rank, on_timeout=lambda line: fail(line, FAILURE_EXIT, status=status)).start()
     events = RunEvents(run, module, watchdog, status, stop_signals)
     module.connect(stage_hook=watchdog.stage, requests=events.requests)
     if rank == 0:

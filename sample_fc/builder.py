@@ -12,7 +12,7 @@ import mxnet as mx
 import symbols
 from symbols.cost import backbone_cost
 
-from . import checkpoint, fused_ops
+from . import checkpoint, dist, fused_ops
 from .run import memory_plan, resume, run_root, scalar_log
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
@@ -28,6 +28,7 @@ from .module import SampleDistributeModule
 from .optimizers import make_backbone_optimizer, schedule_of
 from .pfc.partial_fc import PartialFC, PartialFCOptions
 from .pfc.center_optimizer import center_optimizer
+from .pfc.sampler import shard_range
 from .pfc.sampling_regime import regime, safe_ratio
 from .models.saved_model import load_pretrained
 
@@ -77,9 +78,11 @@ def build_symbol(cfg):
     return symbols.with_learned_embedding_scale(symbol) if cfg.embedding_scale == "learned" else symbol
 
 
-def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
+def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None, initial_centers=True, say=None):
     """The SampleDistributeModule of this rank, parameters initialised (or `pretrained`
-    (arg, aux) weights, with a fresh bank and optimizer) and equal on all ranks.
+    (arg, aux) weights, with a fresh bank and optimizer) and equal on all ranks. The bank's
+    initial centers are drawn with the ranks kept in step (dist.Pace; `say`: rank 0's progress
+    lines), or left at zero with `initial_centers` False (a checkpoint fills the bank next).
 
     The lrs (the backbone's, the bank's bank_lr) are given for a global batch of 512 and scaled
     by the real one (lr_scale_by_world); backbone and bank follow one schedule's shape, a pure
@@ -88,8 +91,13 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None):
     global_batch = cfg.batch_size * world
     lr, bank_lr = scaled_lr(cfg, global_batch), scaled_lr(cfg, global_batch, "bank")
     backbone_optimizer = make_backbone_optimizer(cfg, lr, schedule_of(cfg, lr))
+    pace = dist.Pace("the bank's initial centers", shard_range(cfg.num_classes, rank, world)[1], say) \
+        if initial_centers else None
     partial_fc = PartialFC.for_rank(cfg.num_classes, rank, world, cfg.embedding_size, bank_ctx,
-                                    PartialFCOptions.from_config(cfg), schedule_of(cfg, bank_lr))
+                                    PartialFCOptions.from_config(cfg), schedule_of(cfg, bank_lr),
+                                    initial_centers=initial_centers, progress=pace)
+    if pace is not None:
+        pace.finish()                # before the next collective: every rank holds all its meetings
     data_shape = (cfg.batch_size, 3, cfg.image_size, cfg.image_size)
     training_symbol = symbols.with_frozen_batchnorm(symbol) if cfg.bn_frozen else symbol
     tail = None

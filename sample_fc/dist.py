@@ -8,6 +8,7 @@ until Horovod's stall check or the job's timeout ends the run.
 import contextlib
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 # Pillow's JPEG decoder must be loaded before horovod.mxnet: Horovod loads its library
@@ -45,6 +46,9 @@ def init(stall_shutdown_s=None, on_cpu=False):
     Its check runs every tenth of that (STALL_CHECKS_PER_LIMIT): a stalled collective that
     Horovod had cached is first dropped from the cache at a check, then timed afresh, so the
     job ends within about the limit plus two checks (at half the limit it took 2-2.5x).
+    The same limit is Gloo's own (HOROVOD_GLOO_TIMEOUT_SECONDS, 30 s by default): how long
+    a rank waits for a peer that sends nothing at all, not even Horovod's negotiation (a
+    stopped, swapped or starved process; a lost node), and its rendezvous at start.
     on_cpu: the backbone trains on the CPU, so Horovod's background thread polls every
     CPU_CYCLE_TIME_MS instead of its 1 ms (CPU_CYCLE_TIME_MS above).
     Values given to horovodrun (--stall-check-*) or in the environment take precedence.
@@ -55,6 +59,7 @@ def init(stall_shutdown_s=None, on_cpu=False):
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
                               str(max(1, int(stall_shutdown_s) // STALL_CHECKS_PER_LIMIT)))
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall_shutdown_s)))
+        os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(int(stall_shutdown_s)))
     global _started
     if not hvd.is_initialized():
         with _alone_on_gloo():
@@ -88,6 +93,15 @@ def is_started():
 
 PEER_LOST = ("Horovod has been shut down", "Connection reset by peer", "Connection closed by peer",
              "Broken pipe")
+
+
+PEER_SILENT = ("Application timeout caused pair closure", "Timed out waiting")   # Gloo's timeout
+
+
+def is_silent_peer_error(error):
+    """Whether `error` (raised by a collective) is Gloo's timeout: a peer sent nothing for the
+    limit (init's stall_shutdown_s)."""
+    return any(text in str(error) for text in PEER_SILENT)
 
 
 def is_shutdown_error(error):
@@ -203,3 +217,48 @@ def allgather_object(obj, name):
 def barrier(name):
     """Return only when every rank has reached the barrier with the same name."""
     hvd.allreduce(mx.nd.zeros(1), op=hvd.Sum, name=f"barrier.{name}").wait_to_read()
+
+
+PACE_MEETINGS = 100        # Pace: the ranks meet after each hundredth of their work
+
+
+class Pace:
+    """Work every rank does at once (a bank's initial centers, reading a checkpoint), kept in
+    step: after each hundredth of its own work a rank meets the others in one small collective
+    (`barrier`), so no rank ever waits in a collective for longer than the slowest takes for a
+    hundredth of its work, where waiting at the end would cost the whole difference between
+    the ranks (minutes for a bank of tens of millions of rows; more than collective_timeout_s
+    ended such a start). Every rank holds exactly PACE_MEETINGS meetings, whatever its share.
+    `say(line)` (rank 0's log, or None) hears the progress every tenth once the work has taken
+    `say_after_s`.
+
+        pace = Pace("the bank's initial centers", rows_of_this_rank, say)
+        pace(rows)          # after each piece of work
+        pace.finish()       # the meetings not held yet (all of them for a rank with nothing to do)
+    """
+
+    def __init__(self, what, total, say=None, say_after_s=10.0, clock=time.monotonic):
+        self.what, self.total, self.say, self.say_after_s = what, total, say, say_after_s
+        self.clock = clock
+        self.done = self.met = 0
+        self.started = self.clock()
+
+    def __call__(self, amount):
+        """`amount` more of this rank's work is done: hold the meetings it has reached."""
+        self.done += amount
+        reached = PACE_MEETINGS if self.total <= 0 else min(PACE_MEETINGS, self.done * PACE_MEETINGS // self.total)
+        while self.met < reached:
+            self._meet()
+
+    def finish(self):
+        while self.met < PACE_MEETINGS:
+            self._meet()
+
+    def _meet(self):
+        self.met += 1
+        barrier(f"pace.{self.what}")
+        elapsed = self.clock() - self.started
+        if self.say and self.met % 10 == 0 and self.met < PACE_MEETINGS and elapsed >= self.say_after_s:
+            left = elapsed * (PACE_MEETINGS - self.met) / self.met
+            self.say(f"{self.what}: {self.met}% of {self.total:,} rows per worker (the slowest worker's pace), "
+                     f"{elapsed:.0f} s so far, about {left:.0f} s left")

@@ -12,7 +12,7 @@ from sample_fc.errors import UsageError
 from sample_fc.pfc.head import DeviceHead
 from sample_fc.pfc.host_head import HostHead
 from sample_fc.pfc.margin import CombinedMargin
-from sample_fc.pfc.memory_bank import MemoryBank, fill_initial_centers
+from sample_fc.pfc.memory_bank import INIT_BLOCK, MemoryBank, fill_initial_centers
 from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer
 from sample_fc.pfc.sampler import Sample
 
@@ -231,3 +231,26 @@ def test_the_head_benchs_row_traffic_reads_and_writes_rows_of_every_block(small_
     assert rows_traffic_ms(bank, np.array([39, 2, 8, 21, 35]), repeats=2, block_rows=2) >= 0
     for kept, now in zip(before, bank.to_numpy()):
         np.testing.assert_array_equal(now, kept)
+
+
+@pytest.mark.parametrize("storage", [Storage("float32", "same"), Storage("int8", "none")])
+def test_initial_centers_in_parallel_pieces_equal_one_thread_and_report_every_row(storage):
+    """Test that drawing a shard's initial centers 3 threads at a time gives the bank one thread
+    gives, bit for bit (float32 and 8-bit centers, a shard starting mid-block), that progress
+    hears every row once, in order on the calling thread, and that a bank left for a checkpoint
+    (initial_centers False) holds zeros and reports nothing."""
+    import threading
+    banks, heard = [], []
+    for threads in (1, 3):
+        rows_seen = []
+        main = threading.get_ident()
+        banks.append(MemoryBank(3 * INIT_BLOCK + 123, 8, mx.cpu(), class_start=INIT_BLOCK // 2, num_classes=10 ** 6,
+                                seed=5, storage=storage, threads=threads,
+                                progress=lambda rows: rows_seen.append((rows, threading.get_ident() == main))))
+        heard.append(rows_seen)
+    for one, three in zip(banks[0].to_numpy(), banks[1].to_numpy()):
+        np.testing.assert_array_equal(one, three)
+    assert sum(rows for rows, _ in heard[1]) == 3 * INIT_BLOCK + 123 and all(on_main for _, on_main in heard[1])
+    silent = []
+    empty = MemoryBank(1000, 8, mx.cpu(), storage=storage, initial_centers=False, progress=silent.append)
+    assert not np.any(empty.to_numpy()[0]) and silent == []

@@ -66,11 +66,22 @@ class SavedRows:
         return SavedRows(self.path, self.start + lo, self.start + max(lo, hi), self.header)
 
     def __array__(self, dtype=None):
-        width = self.shape[1]
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset + self.start * width * self.dtype.itemsize)
-            rows = np.fromfile(handle, dtype=self.dtype, count=len(self) * width).reshape(self.shape)
+        rows = np.empty(self.shape, dtype=self.dtype)
+        self.read_into(rows)
         return rows if dtype is None else rows.astype(dtype)
+
+    def read_into(self, out):
+        """Read the rows into `out` (a C-contiguous array of their shape and dtype), no copy between."""
+        if out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"cannot read {self.shape} {self.dtype} rows into {out.shape} {out.dtype}")
+        with open(self.path, "rb", buffering=0) as handle:
+            handle.seek(self.offset + self.start * self.shape[1] * self.dtype.itemsize)
+            view, done = memoryview(out).cast("B"), 0
+            while done < len(view):
+                got = handle.readinto(view[done:])
+                if not got:
+                    raise ValueError(f"{os.path.basename(self.path)} ended before its rows {self.start}-{self.stop}")
+                done += got
 
 
 def write_shard(bank, files):
@@ -149,36 +160,45 @@ def _check(bank, meta, where, keys):
                              f"{key}={mine[key]} (world size {bank.world_size}, rank {bank.rank})")
 
 
-def _copy_rows(bank, first_row, sources):
+def _copy_rows(bank, first_row, sources, progress=None):
     """Bank rows [first_row, first_row + n) of each row array = the n given rows of the saved
-    array of its name (`sources`: {name: rows}), CHUNK_ROWS at a time."""
+    array of its name (`sources`: {name: rows}), CHUNK_ROWS at a time, each chunk read straight
+    into the bank's host memory (a CPU bank: views taken once; a device bank: through a host
+    copy). `progress(rows)` is told of each chunk's rows copied."""
     count, targets = len(sources["weight"]), bank.row_arrays()
+    on_host = bank.ctx.device_type == "cpu"
+    views = bank.host_rows().views if on_host else None      # host_view waits for MXNet: once, not per chunk
     for lo in range(0, count, CHUNK_ROWS):
         hi = min(lo + CHUNK_ROWS, count)
         start = first_row + lo
         for block, positions, rows in bank.block_slices(np.arange(start, first_row + hi)):
             span = slice(rows[0], rows[-1] + 1)
-            for blocks, source in ((targets[name], sources[name]) for name in targets):
-                values = np.asarray(source[lo + positions.start:lo + positions.stop])
-                target = blocks[block]
-                if target.context.device_type == "cpu":
-                    host_view(target)[span] = values
-                else:
-                    target[span] = mx.nd.array(values, ctx=target.context, dtype=target.dtype)
+            for name in targets:
+                saved = sources[name][lo + positions.start:lo + positions.stop]
+                if not on_host:
+                    target = targets[name][block]
+                    target[span] = mx.nd.array(np.asarray(saved), ctx=target.context, dtype=target.dtype)
+                elif isinstance(saved, SavedRows):
+                    saved.read_into(views[name][block][span])
+                else:                            # format 1: loaded whole
+                    views[name][block][span] = np.asarray(saved)
+        if progress is not None:
+            progress(hi - lo)
 
 
-def restore_shard(bank, files):
+def restore_shard(bank, files, progress=None):
     """Fill `bank` from its own saved shard: the same classes, split, embedding size, dtype and
-    momentum storage."""
+    momentum storage. `progress(rows)` is told of the rows filled, chunk by chunk."""
     meta, arrays = read_shard_arrays(files)
     _check(bank, meta, files["meta"], ("num_classes", "class_start", "num_local", "embedding_size", "dtype",
                                        "momentum_storage"))
-    _copy_rows(bank, 0, arrays)
+    _copy_rows(bank, 0, arrays, progress)
 
 
-def restore_resharded(bank, all_files):
+def restore_resharded(bank, all_files, progress=None):
     """Fill `bank` from the shards of a run with any world size (`all_files`, one per old
-    rank): every class's center and momentum row lands in its new place."""
+    rank): every class's center and momentum row lands in its new place. `progress(rows)` is
+    told of the rows filled, chunk by chunk."""
     stop, covered = bank.class_start + bank.num_local, 0
     for files in all_files:
         meta, arrays = read_shard_arrays(files)
@@ -188,7 +208,7 @@ def restore_resharded(bank, all_files):
         if lo >= hi:
             continue
         _copy_rows(bank, lo - bank.class_start, {name: rows[lo - old_start:hi - old_start]
-                                                 for name, rows in arrays.items()})
+                                                 for name, rows in arrays.items()}, progress)
         covered += hi - lo
     if covered != bank.num_local:
         raise UsageError(f"the saved shards cover {covered} of rank {bank.rank}'s {bank.num_local} classes "

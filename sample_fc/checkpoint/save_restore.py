@@ -245,8 +245,9 @@ def compatible_state(checkpoint, num_classes, embedding_size):
     return state
 
 
-def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_size):
-    """Load a checkpoint into a built module (and data iterator); returns its step.
+def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_size, say=None):
+    """Load a checkpoint into a built module (and data iterator); returns its step. The bank's
+    rows are read with the ranks kept in step (dist.Pace; `say`: rank 0's progress lines).
 
     Same world size: everything continues exactly (bank shard, sampler RNG, data position,
     each rank's own BatchNorm statistics), bit for bit.
@@ -263,11 +264,14 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     module.set_params(arg_params, aux_params)
     load_optimizer_states(module, optimizer_path(checkpoint))
     module.set_num_update(step)
+    bank = module.partial_fc.bank
+    pace = dist.Pace("reading the checkpoint's class centers", bank.num_local, say)
     if old_world == dist.size():
-        restore_shard(module.partial_fc.bank, bank_shard_files(checkpoint, rank))
+        restore_shard(bank, bank_shard_files(checkpoint, rank), pace)
         module.partial_fc.sampler.load_state_dict(read_rank_state(checkpoint, rank)["sampler"])
     else:
-        restore_resharded(module.partial_fc.bank, [bank_shard_files(checkpoint, r) for r in range(old_world)])
+        restore_resharded(bank, [bank_shard_files(checkpoint, r) for r in range(old_world)], pace)
+    pace.finish()                         # before the next collective: every rank holds all its meetings
     first_rank = read_rank_state(checkpoint, 0)        # the margin's state is the same on every rank
     module.partial_fc.margin.target.load_state_dict(first_rank.get("margin", {}))
     data_iter.load_state_dict(data_state(first_rank["data"], old_world, data_iter.batch_size))

@@ -12,6 +12,8 @@ hands the heads its rows through row_storage (host_rows for the host kernel, dev
 device one).
 """
 import ctypes
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import mxnet as mx
 import numpy as np
@@ -45,29 +47,48 @@ def rows_per_block(embedding_size):
     return max(1, MAX_BLOCK_ELEMENTS // embedding_size)
 
 
-def fill_initial_centers(dest, class_start, seed):
+def in_pieces(work, pieces, threads=1, progress=None):
+    """work(piece) -> rows done, for every piece, `threads` at a time (NumPy's generators and the
+    int8 kernel leave the GIL, so pieces of rows run in parallel); `progress(rows)` is told of
+    each piece in order, on the calling thread (dist.Pace's collectives stay on it)."""
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    try:
+        for rows in (pool.map(work, pieces) if pool else map(work, pieces)):
+            if progress is not None:
+                progress(rows)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def fill_initial_centers(dest, class_start, seed, progress=None, threads=1):
     """Fill dest (num_local x D, NDArray or NumPy) with N(0, INIT_STD) centers.
 
     Generated in fixed blocks of classes, each seeded by (seed, block), so a class's
-    initial center does not depend on how the classes are split across ranks or row blocks;
-    written block by block so no second full-size copy is ever held. A NumPy destination (a
-    CPU bank's host view) gets whole blocks generated in place.
+    initial center does not depend on how the classes are split across ranks or row blocks
+    (nor on `threads`); written block by block so no second full-size copy is ever held. A
+    NumPy destination (a CPU bank's host view) gets whole blocks generated in place, `threads`
+    blocks at a time. `progress(rows)` is told of each block's rows.
     """
     num_local, embedding_size = dest.shape
     stop = class_start + num_local
     in_place = isinstance(dest, np.ndarray) and dest.dtype == np.float32
-    for block in range(class_start // INIT_BLOCK, (stop - 1) // INIT_BLOCK + 1):
+
+    def fill(block):
         block_start = block * INIT_BLOCK
         rng = np.random.default_rng([seed, block])
         lo, hi = max(class_start, block_start), min(stop, block_start + INIT_BLOCK)
         if in_place and hi - lo == INIT_BLOCK:
             values = rng.standard_normal(out=dest[lo - class_start:hi - class_start], dtype=np.float32)
             values *= INIT_STD
-            continue
-        values = rng.standard_normal((INIT_BLOCK, embedding_size), dtype=np.float32) * INIT_STD
-        dest[lo - class_start:hi - class_start] = values[lo - block_start:hi - block_start]
-        if isinstance(dest, mx.nd.NDArray):
-            dest.wait_to_read()      # bound the engine's queue of block copies (device banks)
+        else:
+            values = rng.standard_normal((INIT_BLOCK, embedding_size), dtype=np.float32) * INIT_STD
+            dest[lo - class_start:hi - class_start] = values[lo - block_start:hi - block_start]
+            if isinstance(dest, mx.nd.NDArray):
+                dest.wait_to_read()      # bound the engine's queue of block copies (device banks)
+        return hi - lo
+    in_pieces(fill, range(class_start // INIT_BLOCK, (stop - 1) // INIT_BLOCK + 1), threads if in_place else 1,
+              progress)
     return dest
 
 
@@ -75,10 +96,14 @@ class MemoryBank:
     """Class centers [class_start, class_start + num_local) and their momentum on `ctx`, in
     row blocks: block b holds local rows [starts[b], starts[b] + len(weights[b])) of `weights`,
     `momenta` (empty with momentum "none"; int8 codes with "int8") and `momentum_scales` (the
-    int8 codes' float32 scales, else empty), as `storage` (row_storage.Storage) says."""
+    int8 codes' float32 scales, else empty), as `storage` (row_storage.Storage) says.
+    The centers start at fill_initial_centers' values, or at zero with `initial_centers` False
+    (a bank a checkpoint fills next: drawing them is most of a large bank's start), `threads`
+    blocks at a time in host memory; `progress(rows)` is told of the rows drawn, block by block
+    (dist.Pace keeps ranks in step)."""
 
     def __init__(self, num_local, embedding_size, ctx, *, class_start=0, num_classes=None, rank=0,
-                 world_size=1, seed=0, storage=Storage()):
+                 world_size=1, seed=0, storage=Storage(), initial_centers=True, progress=None, threads=1):
         if num_local < 1:
             raise ValueError(f"num_local must be >= 1, got {num_local}")
         self.num_local, self.embedding_size = num_local, embedding_size
@@ -90,19 +115,20 @@ class MemoryBank:
         self.weights, self.weight_scales, self.momenta, self.momentum_scales = [], [], [], []
         if storage.weights == "int8" and ctx.device_type != "cpu":
             raise ValueError(f"a bank of {storage.describe()} lives in host memory (the host kernel's), not on {ctx}")
-        blocks = self._blocks_by_name()
+        blocks, drawn = self._blocks_by_name(), initial_centers and storage.weights != "int8"
+        progress = progress or (lambda rows: None)
         for start in self.starts:
             rows = min(step, num_local - start)
             for name, (kind, columns) in storage.arrays(embedding_size).items():
                 # float weights are drawn in place below; the rest start at 0 (codes 0 of scale 0 too)
-                drawn = name == "weight" and storage.weights != "int8"
-                blocks[name].append((mx.nd.empty if drawn else mx.nd.zeros)((rows, columns), ctx=ctx, dtype=kind))
-            if storage.weights != "int8":
+                empty = name == "weight" and drawn
+                blocks[name].append((mx.nd.empty if empty else mx.nd.zeros)((rows, columns), ctx=ctx, dtype=kind))
+            if drawn:
                 weight = self.weights[-1]
                 fill_initial_centers(host_view(weight) if ctx.device_type == "cpu" else weight,
-                                     class_start + start, seed)
-        if storage.weights == "int8":
-            self._encode_initial_centers()
+                                     class_start + start, seed, progress, threads)
+        if initial_centers and storage.weights == "int8":
+            self._encode_initial_centers(progress, threads)
 
     @staticmethod
     def bytes_needed(num_local, embedding_size, storage=Storage()):
@@ -110,25 +136,33 @@ class MemoryBank:
         return num_local * storage.row_bytes(embedding_size)
 
     @classmethod
-    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0, storage=Storage()):
+    def for_rank(cls, num_classes, rank, world_size, embedding_size, ctx, seed=0, storage=Storage(),
+                 initial_centers=True, progress=None, threads=1):
         """The bank of `rank` in a balanced split of `num_classes` over `world_size` ranks."""
         class_start, num_local = shard_range(num_classes, rank, world_size)
         return cls(num_local, embedding_size, ctx, class_start=class_start, num_classes=num_classes,
-                   rank=rank, world_size=world_size, seed=seed, storage=storage)
+                   rank=rank, world_size=world_size, seed=seed, storage=storage,
+                   initial_centers=initial_centers, progress=progress, threads=threads)
 
     def _blocks_by_name(self):
         return {"weight": self.weights, "weight_scale": self.weight_scales, "momentum": self.momenta,
                 "momentum_scale": self.momentum_scales}
 
-    def _encode_initial_centers(self):
+    def _encode_initial_centers(self, progress, threads=1):
         """8-bit weights: the initial centers (fill_initial_centers' float32 values) written as the
-        stored rows are, with update INITIAL_UPDATE's rounding noise, INIT_BLOCK rows at a time."""
+        stored rows are, with update INITIAL_UPDATE's rounding noise, INIT_BLOCK rows at a time,
+        `threads` pieces at once (each its own float32 buffer)."""
         rows, key = self.host_rows(), rounding_key(self.seed, INITIAL_UPDATE, WEIGHT_STREAM)
-        values = np.empty((min(INIT_BLOCK, self.num_local), self.embedding_size), dtype=np.float32)
-        for lo in range(0, self.num_local, INIT_BLOCK):
+        buffers = threading.local()
+
+        def encode(lo):
             hi = min(lo + INIT_BLOCK, self.num_local)
-            fill_initial_centers(values[:hi - lo], self.class_start + lo, self.seed)
-            rows.put_weights(np.arange(lo, hi), values[:hi - lo], key)
+            if not hasattr(buffers, "values"):
+                buffers.values = np.empty((min(INIT_BLOCK, self.num_local), self.embedding_size), dtype=np.float32)
+            values = fill_initial_centers(buffers.values[:hi - lo], self.class_start + lo, self.seed)
+            rows.put_weights(np.arange(lo, hi), values, key)
+            return hi - lo
+        in_pieces(encode, range(0, self.num_local, INIT_BLOCK), threads, progress)
 
     def row_arrays(self):
         """{name: row blocks} of every array this shard stores (Storage.arrays' names)."""

@@ -120,10 +120,12 @@ class PartialFC:
 
     @classmethod
     def for_rank(cls, num_classes, rank, world, embedding_size, ctx, options, lr_schedule, collectives=dist,
-                 threads=None):
-        """The layer of `rank` of `world`: its balanced shard of `num_classes` centers on `ctx`."""
+                 threads=None, initial_centers=True, progress=None):
+        """The layer of `rank` of `world`: its balanced shard of `num_classes` centers on `ctx`
+        (their initial values drawn, or zeros for a checkpoint to fill: MemoryBank)."""
         bank = MemoryBank.for_rank(num_classes, rank, world, embedding_size, ctx, seed=options.seed,
-                                   storage=Storage.of(options))
+                                   storage=Storage.of(options), initial_centers=initial_centers, progress=progress,
+                                   threads=threads or default_threads(dist.local_size()))
         return cls(bank, options, lr_schedule, collectives, threads)
 
     @property

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import uuid
 
 
 def horovodrun_main():
@@ -33,7 +35,31 @@ def horovodrun_main():
                          int(restart_options["--min-workers"]))
     from horovod.runner.launch import run_commandline
     sys.argv[0:] = ["horovodrun"] + args
-    return run_commandline()
+    return saying_why_it_failed(run_commandline)
+
+
+def saying_why_it_failed(run_job):
+    """run_job() (horovodrun in this process; returns or exits with the job's code), the run
+    told where to say where it lives (run_root.RUN_FILE_ENV, this attempt's id); when the job
+    fails after its run started, the launcher's last line is the reason rank 0 recorded in the
+    run's status.json, so the console says why even when no rank could (a rank killed, a native
+    crash, a launcher that stopped forwarding output). A mistake (exit 2) was said before
+    anything started; a stop on a signal is said by the run."""
+    from . import run_root
+    from .restart import failure_cause, read_run
+    from ..errors import USAGE_EXIT
+    with tempfile.TemporaryDirectory(prefix="sample_fc-launch-") as folder:
+        run_file, attempt = os.path.join(folder, "run.json"), f"1-{uuid.uuid4().hex[:8]}"
+        os.environ.update({run_root.RUN_FILE_ENV: run_file, run_root.ATTEMPT_ENV: attempt})
+        try:
+            code = run_job()
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        root, _, _, status = read_run(run_file, attempt)
+        if code and code != USAGE_EXIT and root and (status or {}).get("state") != "stopped":
+            print(f"horovodrun.sh: the job failed: {failure_cause(code, status)[0]} (the run: {root})",
+                  file=sys.stderr, flush=True)
+        return code
 
 
 def with_chosen_layout(args):

@@ -12,6 +12,10 @@ max(min_auto_s, 10 x the median step time of the next 10 steps). Either way it i
 only after the first `warmup_steps` steps (start-up, first MXNet graph builds). A long
 legitimate stage (a checkpoint, a verification) calls progress() when it ends, so the next
 step is timed from there.
+
+Its thread wakes every few seconds; a wake-up that comes much later than asked means this
+process did not run in between (stopped by a signal, swapped out, starved of CPU): `paused_s`
+says for how long, which a rank whose peers gave up on it names in its error line.
 """
 import contextlib
 import os
@@ -35,12 +39,13 @@ class StepWatchdog:
         self.fixed = timeout_s > 0
         self.clock, self.exit_code = clock, exit_code
         self.on_timeout = on_timeout or self._end_process
-        self.step, self.stage_name, self.steps_seen = 0, "start", 0
+        self.step, self.stage_name, self.steps_seen = 0, "at start", 0
         self.last_progress = clock()
         self._durations = []
         self._stop = threading.Event()
         self._poll_s = poll_s
         self._thread = None
+        self._tick, self._longest_pause = clock(), 0.0
 
     # ---- what the training loop reports ----------------------------------------------
     def stage(self, name):
@@ -58,6 +63,18 @@ class StepWatchdog:
             if len(self._durations) == AUTO_STEPS:
                 self.timeout_s = max(self.min_auto_s, AUTO_FACTOR * statistics.median(self._durations))
 
+    def where(self):
+        """What this rank is doing, in words (its error lines name it)."""
+        if self.stage_name.startswith("at start"):
+            return self.stage_name
+        return f"step {self.step + 1}, stage {self.stage_name}"
+
+    def paused_s(self):
+        """The longest time this process did not run while the watchdog watched (0 when its
+        thread always woke about when it asked), counting a pause still going on as seen now."""
+        current = self.clock() - self._tick - self._interval()
+        return max(self._longest_pause, current if self._thread is not None else 0.0, 0.0)
+
     def progress(self):
         """Something legitimate and long just completed (e.g. a checkpoint): restart the clock."""
         self.last_progress = self.clock()
@@ -70,7 +87,7 @@ class StepWatchdog:
         if not armed or idle <= self.timeout_s:
             return None
         return (f"rank {self.rank} made no progress for {idle:.0f} s (step_timeout_s={self.timeout_s:.0f}) "
-                f"in step {self.step + 1}, stage {self.stage_name}: ending the job")
+                f"in {self.where()}: ending the job")
 
     def start(self):
         self._thread = threading.Thread(target=self._watch, name="StepWatchdog", daemon=True)
@@ -80,8 +97,15 @@ class StepWatchdog:
     def stop(self):
         self._stop.set()
 
+    def _interval(self):
+        return self._poll_s or min(5.0, max(0.5, (self.timeout_s or 60) / 10))
+
     def _watch(self):
-        while not self._stop.wait(self._poll_s or min(5.0, max(0.5, (self.timeout_s or 60) / 10))):
+        self._tick = self.clock()
+        while not self._stop.wait(self._interval()):
+            now = self.clock()
+            self._longest_pause = max(self._longest_pause, now - self._tick - self._interval())
+            self._tick = now
             message = self.expired()
             if message:
                 self.on_timeout(message)

@@ -37,3 +37,20 @@ def test_gradients_are_summed_over_ranks_then_clipped_to_the_global_norm(horovod
     assert len(lines) == 2, per_rank_tail(result.output)
     scales = {float(l.rsplit("scale=", 1)[1]) for l in lines}
     assert (scales == {1.0}) == (clip in (0.0, 1000.0)), lines
+
+
+@pytest.mark.parametrize("work", ["uneven", "none"])
+def test_pace_keeps_uneven_ranks_in_step(horovod_job, work):
+    """Test that dist.Pace makes every rank hold its 100 meetings whatever its share of the work
+    (none at all on one rank too), and that a fast rank waits in each meeting only for a
+    hundredth of the slow rank's work (10 ms here; under 0.25 s on a loaded machine), where waiting once at the end
+    would cost it the whole second; its progress is said every tenth (nine lines, 10% to 90%)."""
+    import json
+    result = horovod_job("pace_uneven.py", work, timeout_s=120)
+    assert result.returncode == 0, per_rank_tail(result.output)
+    found = {r["rank"]: r for r in (json.loads(l.split("PACE ", 1)[1]) for l in result.output.splitlines()
+                                    if "PACE {" in l)}
+    assert sorted(found) == [0, 1] and all(r["meetings"] == 100 for r in found.values()), found
+    if work == "uneven":
+        assert found[0]["longest_wait_s"] < 0.25 and found[0]["total_wait_s"] > 0.5, found[0]
+        assert [line.split("%")[0].rsplit(" ", 1)[1] for line in found[0]["said"]] == [str(p) for p in range(10, 100, 10)]

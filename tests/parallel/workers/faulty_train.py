@@ -6,18 +6,21 @@ nan (NaN in RANK's batch at update STEP), kill_in_save (SIGKILL on RANK right af
 its bank shard for checkpoint STEP), enospc_in_save (RANK's bank shard write for checkpoint STEP
 fails with "No space left on device"), small_disk (the models root's file system reports
 STEP bytes free on every rank), slow_stop_save (RANK's bank shard write of the checkpoint a
-stop asked for by a signal takes STEP seconds more).
+stop asked for by a signal takes STEP seconds more), pauseS (RANK's whole process stopped by
+SIGSTOP for S seconds, then SIGCONT from a child it started: at update STEP, or with STEP -1
+at start, as its model and bank are built).
 """
 import errno
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import train  # noqa: E402
-from sample_fc import dist  # noqa: E402
+from sample_fc import builder, dist  # noqa: E402
 from sample_fc.checkpoint import save_restore  # noqa: E402
 from sample_fc.module import SampleDistributeModule  # noqa: E402
 
@@ -28,7 +31,17 @@ injected = []
 FORWARD_FAULTS = ("raise", "sigkill", "hang", "nan")
 
 
+def pause(seconds):
+    """Stop this whole process for `seconds` (SIGSTOP), woken by a child's SIGCONT."""
+    subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"])
+    print(f"INJECTING a {seconds:g} s pause (SIGSTOP) on rank {on_rank} (unix time {time.time():.3f})", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def faulty_forward(self, data_batch):
+    if kind.startswith("pause") and dist.rank() == on_rank and self.num_update == step and not injected:
+        injected.append(kind)
+        pause(float(kind[len("pause"):]))
     if kind in FORWARD_FAULTS and dist.rank() == on_rank and self.num_update == step and not injected:
         injected.append(kind)
         print(f"INJECTING {kind} on rank {on_rank} at update {step} (unix time {time.time():.3f})", flush=True)
@@ -62,6 +75,14 @@ def faulty_save(bank, files):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def paused_build_module(*args, **kwargs):
+    if kind.startswith("pause") and step == -1 and dist.rank() == on_rank:
+        pause(float(kind[len("pause"):]))
+    return original_build_module(*args, **kwargs)
+
+
+original_build_module = builder.build_module
+builder.build_module = paused_build_module
 SampleDistributeModule.forward_backbone = faulty_forward
 save_restore.write_shard = faulty_save
 if kind == "small_disk":
