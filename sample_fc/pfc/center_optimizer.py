@@ -11,9 +11,10 @@ momentum has been measured against none on real images (MEASURED), the gap decid
 from dataclasses import dataclass
 
 MOMENTUM_UNTIL_GAP = 10.0       # visit gaps (C/B) below this keep the centers' momentum
-MEASURED = (                    # (C/B, none against momentum 0.9 at ratio 1.0, 1,000 steps)
+MEASURED = (                    # (C/B, none against momentum 0.9 at ratio 1.0, 1,000 steps; BENCHMARKS.md)
     (1.6, "-1.0 point on the demo's 200 synthetic identities (five seeds)"),
-    (39.1, "+3.1 points on 5,000 glyph identities (three seeds)"),
+    (39.1, "+3.0 points on 5,000 glyph identities (three seeds)"),
+    (156.2, "+1.5 points on 20,000 glyph identities (one seed)"),
 )
 
 
