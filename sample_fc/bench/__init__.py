@@ -5,7 +5,7 @@
     jobs     bounded worker processes, the data loader case, the end-to-end train.py run
     report   machine facts, memory model, Markdown tables, targets
 
-Beside it: compare (sample_fc against the yardstick: compare_yardstick its side,
-time_to_accuracy), step_breakdown, memory (the memory plan against train.py's measured peaks),
+Beside it: compare (sample_fc against the yardstick or arcface_torch's own modules:
+compare_yardstick its side, time_to_accuracy; center_study its results as one table), step_breakdown, memory (the memory plan against train.py's measured peaks),
 yardstick/ (arcface_torch's step), glyphs (real-image data).
 """

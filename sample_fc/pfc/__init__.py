@@ -12,6 +12,7 @@ tools/ or bench/ (a shard on disk is checkpoint/bank_shard.py's).
                          read as float32 and written back: the one module that knows the formats
     rounding.py, momentum_codec.py, _half_rows.c    float16 stochastic rounding, 8-bit momentum
     sampling_regime.py   q*K/B: how often a center is drawn per visit of its class; the safe ratio
+    center_optimizer.py  the centers' optimizer (momentum or none) by C/B, and the line that says it
     global_tail.py       tail_bn=global: the backbone's last layers (its BatchNorms over samples only)
                          run on the gathered global batch beside the head, on every worker
 """

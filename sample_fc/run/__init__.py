@@ -6,8 +6,9 @@ restarts, resume, its layout on a CPU node, and what it will need (memory, GPUs)
     run_record.py    the record of an opened run (builder.open_run), taken whole
     run_events.py    per-step events: progress lines, verification, checkpoints, stop requests
     callbacks.py     the progress line, verification and the not-learning watch
+    center_probe.py  how the class centers move: their mean norm and turn per step, in the progress records
     stop.py          stop signals: every rank ends the same step, checkpoints, exits
-    watchdog.py      a rank with no finished step for too long ends the job
+    watchdog.py      a rank with no finished step for too long ends the job; what it is doing; its pauses
     restart.py       the restart supervisor (--max-restarts)
     resume.py        which checkpoint a run resumes from
     launch.py        the launcher behind `python -m sample_fc.launch` (./horovodrun.sh)
