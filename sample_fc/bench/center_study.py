@@ -70,8 +70,15 @@ def main(argv=None):
     parser.add_argument("results", nargs="+", help="bench.compare --results files")
     parser.add_argument("--steps", default="50,500,1000", help="steps at which to show the centers' norm and turn")
     args = parser.parse_args(argv)
-    steps = [int(step) for step in args.steps.split(",")]
-    print("\n".join(table(read_results(args.results), steps)))
+    try:
+        steps = [int(step) for step in args.steps.split(",")]
+    except ValueError:
+        parser.error(f"--steps {args.steps!r} is not a comma-separated list of step numbers, e.g. 50,500,1000")
+    try:
+        results = read_results(args.results)
+    except (OSError, ValueError) as error:
+        parser.error(f"cannot read the results: {error} (bench.compare --results FILE writes them)")
+    print("\n".join(table(results, steps)))
     return 0
 
 
