@@ -63,6 +63,13 @@ NOT_RUN = {
         "needs the CJK fonts (scripts/install_glyph_fonts.sh); tests/test_glyphs.py builds a set with DejaVu",
     ".venv/bin/python -m sample_fc.tools.ijb --model models/emore_r100 --root IJB_release/IJBC --out ijbc_r100":
         "needs the IJB-C release; tests/test_ijb.py runs the tool on an IJB-format set it generates",
+    "./horovodrun.sh -np 2 --dataset synthetic_1m --network mbf --set num_classes=100000000 --set embedding_size=128 "
+    "--set bank_dtype=int8 --set bank_momentum=none --set batch_size=16 --set sample_ratio=auto --set max_update=2 "
+    "--set ckpt_period=2 --models-root models/100m":
+        "100M identities: 20 GB of memory, 41 GB of checkpoints and 7 minutes (BENCHMARKS.md 'Scale' records the "
+        "run); tests/parallel/test_world_size.py trains, resumes and re-splits the same way at a small size",
+    "./horovodrun.sh -np 2 --resume models/100m --set max_update=4": "resumes the 100M run above",
+    "./horovodrun.sh -np 1 --resume models/100m --set max_update=6": "re-splits the 100M run above to one worker",
 }
 
 
