@@ -67,7 +67,7 @@ NOT_RUN = {
     "--set bank_dtype=int8 --set bank_momentum=none --set batch_size=16 --set sample_ratio=auto --set max_update=2 "
     "--set ckpt_period=2 --models-root models/100m":
         "100M identities: 20 GB of memory, 41 GB of checkpoints and 7 minutes (BENCHMARKS.md 'Scale' records the "
-        "run); tests/parallel/test_world_size.py trains, resumes and re-splits the same way at a small size",
+        "run); tests/parallel/test_train.py resumes and re-splits a run (two workers to one and back) at a small size",
     "./horovodrun.sh -np 2 --resume models/100m --set max_update=4": "resumes the 100M run above",
     "./horovodrun.sh -np 1 --resume models/100m --set max_update=6": "re-splits the 100M run above to one worker",
 }
