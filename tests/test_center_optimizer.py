@@ -30,11 +30,11 @@ def test_auto_keeps_momentum_only_while_classes_come_back_soon(classes, world, b
 @pytest.mark.parametrize("word,starts", [("same", "SGD with momentum 0.9 ("), ("int8", "SGD with momentum 0.9 (8-bit)"),
                                          ("none", "plain SGD")])
 def test_a_set_word_is_said_as_set(word, starts):
-    """Test that a bank_momentum given by hand is kept whatever the gap, and said as set."""
+    """Test that a bank_momentum other than auto is kept whatever the gap, and said as it is."""
     found = center_optimizer(word, 0.9, 20000, 128)
     assert found.bank_momentum == word and not found.automatic
     assert found.line().startswith("class centers: " + starts)
-    assert f"bank_momentum={word} as set; a class comes back every 156.2 steps" in found.line()
+    assert f"bank_momentum={word}; a class comes back every 156.2 steps" in found.line()
 
 
 def test_a_resumed_run_keeps_its_centers_optimizer():

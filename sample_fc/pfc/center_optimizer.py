@@ -44,7 +44,7 @@ class CenterOptimizer:
             what = f"SGD with momentum {self.momentum:g}" + (" (8-bit)" if self.bank_momentum == "int8" else "")
         nearest = min(MEASURED, key=lambda point: abs(point[0] - self.gap))
         why = (f"bank_momentum=auto: a class comes back every {self.gap:.1f} steps (C/B), momentum is kept below "
-               f"{MOMENTUM_UNTIL_GAP:g}" if self.automatic else f"bank_momentum={self.bank_momentum} as set; "
+               f"{MOMENTUM_UNTIL_GAP:g}" if self.automatic else f"bank_momentum={self.bank_momentum}; "
                f"a class comes back every {self.gap:.1f} steps (C/B)")
         return (f"class centers: {what} ({why}; none against momentum measured {nearest[1]} at C/B "
                 f"{nearest[0]:g}, docs/training.md 'The centers' optimizer')")
