@@ -188,7 +188,7 @@ def main(argv=None):
     except UsageError as error:          # found by this rank (its data reader); horovodrun stops the others
         fail(f"{error} (rank {dist.rank()})", USAGE_EXIT, status=status)
     except mx.base.MXNetError as error:
-        if dist.is_silent_peer_error(error) or dist.is_shutdown_error(error):
+        if dist.is_shutdown_error(error):
             lost_peer(error, cfg.collective_timeout_s, watchdog, status)
         status.failed(f"MXNetError: {mxnet_reason(error)}")
         raise
@@ -198,9 +198,9 @@ def main(argv=None):
 
 
 def lost_peer(error, limit_s, watchdog, status):
-    """End this rank in one line after a collective lost a peer (dist.is_silent_peer_error: Gloo
-    heard nothing from it for the limit; is_shutdown_error: Horovod shut the job down after
-    that, its stall check, or another rank's failure). The line names this rank's step and
+    """End this rank in one line after a collective lost a peer (dist.is_shutdown_error: Gloo
+    heard nothing from it for the limit, or Horovod shut the job down after that, its stall
+    check, or another rank's failure). The line names this rank's step and
     stage, the rank it lost where that is known (the other of two; this one, when this process
     itself did not run for the limit: watchdog.paused_s), and the key that rides out longer
     pauses."""

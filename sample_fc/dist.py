@@ -92,22 +92,14 @@ def is_started():
 
 
 PEER_LOST = ("Horovod has been shut down", "Connection reset by peer", "Connection closed by peer",
-             "Broken pipe")
-
-
-PEER_SILENT = ("Application timeout caused pair closure", "Timed out waiting")   # Gloo's timeout
-
-
-def is_silent_peer_error(error):
-    """Whether `error` (raised by a collective) is Gloo's timeout: a peer sent nothing for the
-    limit (init's stall_shutdown_s)."""
-    return any(text in str(error) for text in PEER_SILENT)
+             "Broken pipe", "Application timeout caused pair closure", "Timed out waiting")
 
 
 def is_shutdown_error(error):
     """Whether `error` (raised by a collective) means the job is ending around this rank:
-    Horovod shut down (a rank failed, or the stall inspector gave up on one; see init), or
-    Gloo lost the connection to a rank that exited."""
+    Horovod shut down (a rank failed, or the stall inspector gave up on one; see init), Gloo
+    lost the connection to a rank that exited, or Gloo's own timeout: a peer sent nothing for
+    the limit (init's stall_shutdown_s)."""
     return any(text in str(error) for text in PEER_LOST)
 
 

@@ -116,7 +116,6 @@ class MemoryBank:
         if storage.weights == "int8" and ctx.device_type != "cpu":
             raise ValueError(f"a bank of {storage.describe()} lives in host memory (the host kernel's), not on {ctx}")
         blocks, drawn = self._blocks_by_name(), initial_centers and storage.weights != "int8"
-        progress = progress or (lambda rows: None)
         for start in self.starts:
             rows = min(step, num_local - start)
             for name, (kind, columns) in storage.arrays(embedding_size).items():
