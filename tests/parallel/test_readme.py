@@ -168,11 +168,17 @@ def train_args(words):
 
 def parses_as_training(words):
     """Parse train.py's part of a command line with train.py's own parser and build its config
-    (argparse exits on an unknown option, which fails the calling test)."""
+    (argparse exits on an unknown option, which fails the calling test); a --resume line takes
+    its config from the checkpoint, so only its overrides are checked, against the defaults'
+    keys."""
     sys.path.insert(0, str(REPO))
     import train
     args = train.make_parser().parse_args(train_args(words))
-    assert train.default.get_config(args.dataset, args.network, args.loss)
+    if args.resume:
+        assert not args.dataset, "--resume takes the run's dataset from its checkpoint"
+        train.default.config_for_run(None, None, None, args.overrides, train.default.get_config(), note=None)
+    else:
+        assert train.default.get_config(args.dataset, args.network, args.loss)
     return args
 
 
