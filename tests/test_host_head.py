@@ -67,6 +67,38 @@ def test_host_head_step_matches_numpy(monkeypatch, threads, form):
     np.testing.assert_array_equal(momentum[untouched], momentum0[untouched])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_both_kernels_step_a_bank_without_momentum_as_numpy_plain_sgd(dtype):
+    """Test that a bank stored without momentum (bank_momentum=none, as `auto` picks for many
+    classes, on any device) takes, under either kernel, the NumPy head's loss and gradients and
+    plain SGD at lr / (1 - momentum) on its sampled rows (float16: within its rounding), rows not
+    sampled bit-identical, and that no momentum array exists to write."""
+    from sample_fc.pfc.head import DeviceHead
+    from sample_fc.pfc.row_storage import Storage
+    rng = np.random.default_rng(4)
+    index, target = np.array([0, 3, 4, 8, 11, 15]), np.array([2, 0, 5, -1, 2])
+    embeddings = rng.standard_normal((5, 6)).astype(np.float32)
+    optimizer = MemoryBankSGDOptimizer(lambda step: 0.02, momentum=0.9, wd=0.01)
+    tolerance = 1e-5 if dtype == "float32" else 2e-3
+    for kernel in (HostHead, DeviceHead):
+        bank = MemoryBank(16, 6, mx.cpu(), seed=5, storage=Storage(dtype, "none"))
+        weight0 = bank.to_numpy()[0].astype(np.float64)
+        head = kernel(bank, optimizer, allreduce_max=_identity, allreduce_sum=_identity)
+        loss, grad_x = head.forward_backward(mx.nd.array(embeddings), Sample(index, target), 5,
+                                             CombinedMargin(*MARGINS))
+        head.update(1)
+        want_loss, want_x, want_w = ref.head_loss_grads(embeddings.astype(np.float64), weight0[index], target,
+                                                        *MARGINS)
+        ref.assert_close(loss.asnumpy(), [want_loss], 1e-5)
+        ref.assert_close(grad_x.asnumpy(), want_x, 1e-5)
+        weight = bank.to_numpy()[0]
+        step = 0.02 / (1 - 0.9) * (want_w + 0.01 * weight0[index])
+        ref.assert_close(weight[index] - weight0[index], -step, tolerance, err_msg=kernel.__name__)
+        untouched = np.setdiff1d(np.arange(16), index)
+        np.testing.assert_array_equal(weight[untouched], weight0[untouched])
+        assert bank.momenta == [] and not bank.to_numpy()[1].any()
+
+
 def test_host_head_with_logit_offsets_matches_numpy():
     """Test that the host kernel adds the sampled-softmax offsets to the logits: loss, d/d
     embeddings and the updated rows equal the float64 NumPy head given the same offsets."""

@@ -214,7 +214,7 @@ def test_storage_is_one_value_read_back_from_what_a_shard_and_a_config_say(weigh
     assert Storage.from_meta(bank.metadata()) == storage
     assert Storage.from_meta({"bank_dtype": weights, "bank_momentum": momentum}) == storage
     assert Storage.from_meta({"dtype": weights}) == Storage(weights, "same")
-    assert storage.device_readable == (momentum == "same")
+    assert storage.device_readable == (momentum in ("same", "none"))
     for bad in ({"weights": "int4"}, {"momentum": "int4"}):
         with pytest.raises(ValueError, match="int4"):
             Storage(**bad)

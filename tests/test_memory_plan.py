@@ -77,9 +77,9 @@ def test_a_plan_that_does_not_fit_is_one_line_naming_needed_and_available():
 def test_ways_out_put_the_batch_first_when_the_backbone_dominates_and_offer_the_host_bank():
     """Test that when the backbone is the largest term the smaller batch comes first, naming the
     backbone's GB, halved until it fits; and that a GPU bank is offered on the host with the GPU
-    and host GB it gives."""
-    def replan(world=8, batch_size=128, bank_dtype="float32", bank_on_gpu=True):
-        whole = memory_plan.plan(400_000, world, 512, batch_size, 0.1, Storage(bank_dtype),
+    and host GB it gives, and the centers without momentum (which a GPU bank runs too) with its GB."""
+    def replan(world=8, batch_size=128, bank_dtype="float32", bank_momentum="same", bank_on_gpu=True):
+        whole = memory_plan.plan(400_000, world, 512, batch_size, 0.1, Storage(bank_dtype, bank_momentum),
                                  backbone_bytes=4 * (3 * 65_000_000 + 2 * batch_size * 48_000_000),
                                  backbone_params=65_000_000, host_kernel=False)
         on_gpu = dict(bank=whole.bank, sampler=whole.sampler, head=whole.head) if bank_on_gpu else dict(bank=0, sampler=0, head=0)
@@ -97,6 +97,10 @@ def test_ways_out_put_the_batch_first_when_the_backbone_dominates_and_offer_the_
     host, device = replan(bank_on_gpu=False)
     assert (f"the bank on the host, bank_context=cpu (GPU memory {device.total / 1e9:.1f} GB per worker, still over; "
             f"host memory then holds {host.total / 1e9:.1f} GB per worker)") in ways
+    without = replan(bank_momentum="none")[1]
+    assert without.bank == current.bank / 2
+    assert f"bank_momentum=none, no momentum for the centers ({without.total / 1e9:.1f} GB per worker, still over)" in ways
+    assert not any("bank_momentum=int8" in way or "bank_dtype=int8" in way for way in ways)     # the host kernel's
 
 
 def test_the_bank_counts_its_momentum_as_stored_and_int8_is_a_way_out_for_float16():

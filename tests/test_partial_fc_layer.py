@@ -143,25 +143,32 @@ def test_kernel_choice():
                            collectives=_OneProcess, threads=1)
 
 
-def test_int8_and_no_momentum_banks_need_the_host_kernel():
+def test_int8_momentum_needs_the_host_kernel_and_no_momentum_runs_on_both():
     """Test that a layer with bank_momentum int8 or none builds its bank that way and runs on the
-    host kernel (auto or host), and that a bank on a GPU or head_kernel=device is refused in one
-    line naming the setting and the fix, before anything is allocated."""
+    host kernel (auto or host); that int8 momentum on a GPU bank or with head_kernel=device is
+    refused in one line naming the setting and the fix, before anything is allocated; and that
+    a bank without momentum (what `auto` picks for many classes) runs on the device kernel too,
+    a GPU bank's included."""
     for storage in ("int8", "none"):
         assert uses_host_kernel("auto", "cpu", Storage("float16", storage))
         assert uses_host_kernel("host", "cpu", Storage("float32", storage))
-        with pytest.raises(UsageError, match=f"bank_momentum={storage} needs the bank in host memory .* bank is on "
-                                             f"the GPU: set bank_context=cpu, or bank_momentum=same"):
-            uses_host_kernel("auto", "gpu", Storage("float16", storage))
-        with pytest.raises(UsageError, match=f"bank_momentum={storage} runs on the host kernel only, and this run "
-                                             f"has head_kernel=device: set head_kernel=auto, or bank_momentum=same"):
-            uses_host_kernel("device", "cpu", Storage("float32", storage))
         layer = PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(bank_momentum=storage), lambda step: 0.1,
                                    collectives=_OneProcess, threads=1)
         assert type(layer.head) is HostHead and layer.bank.storage.momentum == storage
-        with pytest.raises(UsageError, match="runs on the host kernel only"):
-            PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(bank_momentum=storage, head_kernel="device"),
+    with pytest.raises(UsageError, match="bank_momentum=int8 needs the bank in host memory .* bank is on "
+                                         r"the GPU: set bank_context=cpu, or bank_momentum=same \(or none\)"):
+        uses_host_kernel("auto", "gpu", Storage("float16", "int8"))
+    with pytest.raises(UsageError, match="bank_momentum=int8 runs on the host kernel only, and this run "
+                                         r"has head_kernel=device: set head_kernel=auto, or bank_momentum=same \(or none\)"):
+        uses_host_kernel("device", "cpu", Storage("float32", "int8"))
+    with pytest.raises(UsageError, match="runs on the host kernel only"):
+        PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(bank_momentum="int8", head_kernel="device"),
+                           lambda step: 0.1, collectives=_OneProcess, threads=1)
+    assert not uses_host_kernel("auto", "gpu", Storage("float16", "none"))
+    assert not uses_host_kernel("device", "cpu", Storage("float32", "none"))
+    layer = PartialFC.for_rank(4, 0, 1, 2, mx.cpu(), PartialFCOptions(bank_momentum="none", head_kernel="device"),
                                lambda step: 0.1, collectives=_OneProcess, threads=1)
+    assert type(layer.head) is DeviceHead and layer.bank.momenta == []
 
 
 def test_memory_bytes_count_the_momentum_as_stored():

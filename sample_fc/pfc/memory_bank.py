@@ -178,6 +178,8 @@ class MemoryBank:
     def momentum(self):
         """The shard's momentum as one NDArray (a shard of one block, momentum stored as the weights)."""
         self._check_device_readable()
+        if not self.momenta:
+            raise ValueError("this shard stores no momentum (bank_momentum=none)")
         return self._only(self.momenta)
 
     def _check_device_readable(self):
@@ -221,25 +223,29 @@ class MemoryBank:
         return mx.nd.array(index, ctx=self.ctx, dtype="int64")
 
     def get(self, index):
-        """(weight rows, momentum rows) for a sorted int64 index (NumPy), as copies (momentum
-        stored as the weights only: the device kernel's path)."""
+        """(weight rows, momentum rows) for a sorted int64 index (NumPy), as copies; the momentum
+        None in a bank without it (the device kernel's path: momentum stored as the weights or none)."""
         self._check_device_readable()
         index = np.asarray(index)
+        arrays = [self.weights] + ([self.momenta] if self.momenta else [])
         if len(self.weights) == 1:
             where = self.index_array(index)
-            return mx.nd.take(self.weights[0], where), mx.nd.take(self.momenta[0], where)
-        parts = [(mx.nd.take(self.weights[b], self.index_array(rows)), mx.nd.take(self.momenta[b], self.index_array(rows)))
-                 for b, _, rows in self.block_slices(index)]
-        return (mx.nd.concat(*[w for w, _ in parts], dim=0), mx.nd.concat(*[m for _, m in parts], dim=0))
+            rows = [mx.nd.take(blocks[0], where) for blocks in arrays]
+        else:
+            found = self.block_slices(index)
+            rows = [mx.nd.concat(*[mx.nd.take(blocks[b], self.index_array(local)) for b, _, local in found], dim=0)
+                    for blocks in arrays]
+        return rows[0], (rows[1] if self.momenta else None)
 
     def set(self, index, weight, momentum):
-        """Write rows `index` (sorted, NumPy) of weight and momentum; other rows are untouched
-        (momentum stored as the weights only)."""
+        """Write rows `index` (sorted, NumPy) of weight and momentum (None in a bank without it);
+        other rows are untouched (momentum stored as the weights or none)."""
         self._check_device_readable()
         for b, positions, rows in self.block_slices(np.asarray(index)):
             where = self.index_array(rows)
             self.weights[b][where] = weight[positions.start:positions.stop]
-            self.momenta[b][where] = momentum[positions.start:positions.stop]
+            if momentum is not None:
+                self.momenta[b][where] = momentum[positions.start:positions.stop]
 
     def metadata(self):
         return {"num_classes": self.num_classes, "world_size": self.world_size, "rank": self.rank,

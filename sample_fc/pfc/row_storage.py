@@ -80,8 +80,8 @@ class Storage:
     @property
     def device_readable(self):
         """Whether the device kernel (MXNet operators on the bank's context) reads and writes
-        it: weights as floats, momentum as the weights. Every format is the host kernel's."""
-        return self.weights != "int8" and self.momentum == "same"
+        it: weights as floats, momentum as the weights or none. Every format is the host kernel's."""
+        return self.weights != "int8" and self.momentum in ("same", "none")
 
     @property
     def rounds(self):
@@ -95,7 +95,7 @@ class Storage:
 
     def device_readable_instead(self):
         """The setting that would make it the device kernel's too (for an error's way out)."""
-        return "bank_dtype=float16 (or float32)" if self.weights == "int8" else "bank_momentum=same"
+        return "bank_dtype=float16 (or float32)" if self.weights == "int8" else "bank_momentum=same (or none)"
 
     def describe(self):
         """The config's words for what makes it the host kernel's alone (bank_momentum=int8), or
@@ -204,8 +204,8 @@ class HostRows:
 
 class DeviceRows:
     """A bank's rows for the device kernel, on the bank's context: float32 copies of the sampled
-    weight and momentum rows, written back as stored (float16: rounded on the host). The momentum
-    must be stored as the weights (int8 and none are the host kernel's)."""
+    weight and momentum rows (None without momentum), written back as stored (float16: rounded on
+    the host). The momentum must be stored as the weights or not at all (int8 is the host kernel's)."""
 
     def __init__(self, bank):
         if not bank.storage.device_readable:
@@ -213,15 +213,16 @@ class DeviceRows:
         self.bank = bank
 
     def take(self, index):
-        """(weight rows, momentum rows) of `index` (sorted, NumPy) as float32 NDArrays."""
-        return tuple(rows.astype("float32", copy=False) for rows in self.bank.get(index))
+        """(weight rows, momentum rows or None) of `index` (sorted, NumPy) as float32 NDArrays."""
+        return tuple(None if rows is None else rows.astype("float32", copy=False) for rows in self.bank.get(index))
 
     def put(self, index, weight, momentum, num_update):
-        """Rows `index` = float32 `weight`, `momentum` (NDArrays); a float16 bank gets them
-        stochastically rounded with update `num_update`'s noise."""
+        """Rows `index` = float32 `weight`, `momentum` (NDArrays; None without momentum); a float16
+        bank gets them stochastically rounded with update `num_update`'s noise."""
         if self.bank.storage.weights == "float16":
             classes = np.asarray(index) + self.bank.class_start
             weight, momentum = (
+                None if rows is None else
                 mx.nd.array(round_rows(rows.asnumpy(), classes, rounding_key(self.bank.seed, num_update, stream)),
                             ctx=rows.context, dtype="float16")
                 for stream, rows in ((WEIGHT_STREAM, weight), (MOMENTUM_STREAM, momentum)))

@@ -198,7 +198,7 @@ def ways_out(replan, part, share, world, batch_size, num_classes, storage, bank_
              ratios=None):
     """The changes that bring one worker's plan within `share` bytes, each a phrase with the GB
     per worker it gives: more workers (-np doubled until it fits), bank_dtype=float16 (a float32
-    bank), bank_momentum=int8 (a float16 bank with its momentum as the weights) and 8-bit centers
+    bank), bank_momentum=none (momentum stored as the weights; either kernel), bank_momentum=int8 (a float16 bank with its momentum as the weights) and 8-bit centers
     (bank_dtype=int8, bank_momentum=none: a float bank), both run by the host kernel (`host_kernel`,
     the bank in host memory); the sampling warm-up started at the ratio itself (`ratios`: (the
     sample ratio, the plan's peak ratio), when the warm-up's start is larger),
@@ -224,6 +224,8 @@ def ways_out(replan, part, share, world, batch_size, num_classes, storage, bank_
             ways.append(f"more workers: -np {workers} ({gb(fewer)})")
     if storage.weights == "float32":
         ways.append(f"bank_dtype=float16, half the bank ({gb(replan(bank_dtype='float16')[part])})")
+    if storage.momentum == "same":
+        ways.append(f"bank_momentum=none, no momentum for the centers ({gb(replan(bank_momentum='none')[part])})")
     if storage == Storage("float16", "same") and host_kernel and not bank_on_gpu:
         ways.append(f"bank_momentum=int8, 8-bit momentum ({gb(replan(bank_momentum='int8')[part])})")
     if storage.weights != "int8" and host_kernel and not bank_on_gpu:
