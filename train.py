@@ -30,6 +30,7 @@ from sample_fc.run import layout, resume, run_root
 from sample_fc.checkpoint import CheckpointError
 from sample_fc.config import format_config, save_config
 from sample_fc.data.demo import ensure_demo
+from sample_fc.experiment_file import read_experiment
 from sample_fc.errors import ERROR_PREFIX, FAILURE_EXIT, USAGE_EXIT, UsageError, mxnet_reason
 from sample_fc.module import NonFiniteError
 from sample_fc.ranks import launcher_rank
@@ -86,8 +87,11 @@ def make_parser():
                              "default: the dataset's recipe")
     parser.add_argument("--models-root", default=None,
                         help="output dir (default: models/<dataset>_<network>; with --resume, that run's)")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="an experiment file: `key = value` lines (what --set takes; dataset, network "
+                             "and loss choose presets), applied before the command line's own options")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key (repeatable); see default.py")
+                        help="override a config key (repeatable; after --config's lines); see default.py")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="continue a run: a checkpoint dir, or a models root (its newest sound "
                              "checkpoint); the run keeps its config (see default.RESUME_MUTABLE)")
@@ -116,9 +120,13 @@ def say(line):
 
 
 def read_request(args):
-    """The job's RunRequest: the command line and the restart supervisor's environment, read
-    once; an automatic restart continues its run from the root's newest checkpoint of it."""
-    request = RunRequest.read(args)
+    """The job's RunRequest: the command line (its --config file merged into `args`) and the
+    restart supervisor's environment, read once; an automatic restart continues its run from
+    the root's newest checkpoint of it."""
+    experiment = read_experiment(args.config) if args.config else None
+    if experiment:
+        experiment.merged_into(args)
+    request = RunRequest.read(args, experiment=experiment)
     if request.auto_resume:                          # restarted by restart.py
         typed = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         request = request.restarted(request.models_root_for(typed))
@@ -275,6 +283,9 @@ def train(cfg, request, status, watchdog, stop_signals=None):
     if rank == 0:
         last_checkpoint_s = (run_root.read_status(models_root) or {}).get("checkpoint_seconds")
         start_run(run, status)
+        if request.experiment:
+            kept = run_root.keep_experiment(models_root, request.experiment, run.resumed_at)
+            logger.info("--config %s: kept as %s", request.experiment.path, kept)
         if moved:
             logger.info("--start-over: the run that was in %s is now in %s", models_root, moved)
         run.log_opening(auto, builder.centers_line(cfg, world, auto))

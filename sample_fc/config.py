@@ -350,9 +350,13 @@ def json_text(payload):
 
 
 def write_json(path, payload):
-    """Write payload as JSON (sorted keys, indent 2) to path atomically: a temporary file in
-    the same directory, synced, then os.replace. The directory must exist."""
-    text = json_text(payload)                   # fails before touching disk
+    """Write payload as JSON (sorted keys, indent 2) to path atomically (write_text)."""
+    write_text(path, json_text(payload))        # the text fails before touching disk
+
+
+def write_text(path, text):
+    """Write `text` to path atomically: a temporary file in the same directory, synced, then
+    os.replace. The directory must exist."""
     path = os.fspath(path)
     directory, base = os.path.split(os.path.abspath(path))
     tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")

@@ -31,11 +31,13 @@ class RunRequest:
     lock_token: str = ""                # LOCK_TOKEN_ENV: the token of the root's lock the supervisor holds for us
     run_file: Optional[str] = None      # RUN_FILE_ENV: where rank 0 tells the supervisor its root and run id
     attempt: Optional[str] = None       # ATTEMPT_ENV: the supervisor's id of this attempt (into status.json)
+    experiment: Optional[object] = None  # --config: experiment_file.ExperimentFile (kept in the root at start)
 
     @classmethod
-    def read(cls, args, environ=None):
-        """The request of train.py's parsed command line `args` and the supervisor's environment
-        (`environ`, default os.environ). UsageError for --start-over with --resume."""
+    def read(cls, args, environ=None, experiment=None):
+        """The request of train.py's parsed command line `args` (with its --config file's
+        `experiment` merged in) and the supervisor's environment (`environ`, default os.environ).
+        UsageError for --start-over with --resume."""
         environ = os.environ if environ is None else environ
         if args.start_over and args.resume:
             raise UsageError("--start-over begins a new run; --resume continues one: give one of them")
@@ -44,7 +46,7 @@ class RunRequest:
                    supervisor_run_id=environ.get(run_root.RUN_ID_ENV) or None,
                    lock_token=environ.get(run_root.LOCK_TOKEN_ENV, ""),
                    run_file=environ.get(run_root.RUN_FILE_ENV) or None,
-                   attempt=environ.get(run_root.ATTEMPT_ENV) or None)
+                   attempt=environ.get(run_root.ATTEMPT_ENV) or None, experiment=experiment)
 
     def models_root_for(self, cfg):
         """--models-root; else, resuming, that run's own root; else models/<dataset>_<network>."""

@@ -9,6 +9,8 @@
                              (stopped: on purpose, not restarted), the error line when it failed (and
                              error_is_cause: false when rank 0 only saw another rank's failure
                              shut the job down), the restart supervisor's attempt id.
+    <root>/experiment.cfg    a copy of the --config file the run started from (experiment_file.py);
+                             a resume given --config keeps its own as experiment.step-<N>.cfg
     <root>/progress.jsonl    one JSON line per progress line of the log (rank 0): step, loss, lr,
                              samples/s, gradient norm. restart.py, bench and the tests read these
                              two files; nothing parses log lines for progress.
@@ -25,12 +27,13 @@ import os
 import socket
 import uuid
 
-from ..config import write_json
+from ..config import write_json, write_text
 from ..errors import UsageError
 
 STATUS_FILE = "status.json"
 PROGRESS_FILE = "progress.jsonl"
 EVENTS_FILE = "events.jsonl"          # one JSON line per event of the run (rank 0: callbacks.append_event)
+EXPERIMENT_FILE = "experiment.cfg"    # the --config file a new run started from (a resume's: experiment.step-N.cfg)
 VERIFICATION_DIR = "verification"     # <target>.npz: the latest verification's pairs (callbacks)
 STATES = ("running", "failed", "stopped", "done")
 # What a restart supervisor (restart.py) tells the job it starts, through the environment:
@@ -246,3 +249,30 @@ def move_aside(models_root):
         target = f"{base}-{n}"
     os.rename(models_root, target)
     return target
+
+
+def experiment_copy_path(models_root, resumed_at=None):
+    """Where a run keeps its --config file: EXPERIMENT_FILE for a new run, experiment.step-<N>.cfg
+    for one resumed at step N (the first run's copy stays)."""
+    name = EXPERIMENT_FILE if resumed_at is None else f"experiment.step-{resumed_at}.cfg"
+    return os.path.join(models_root, name)
+
+
+def keep_experiment(models_root, experiment, resumed_at=None):
+    """Rank 0: a copy of the run's --config file (experiment_file.ExperimentFile) in its root,
+    with the path it came from on its first line; returns the copy's path."""
+    path = experiment_copy_path(models_root, resumed_at)
+    write_text(path, f"# from --config {os.path.abspath(experiment.path)}\n{experiment.text}")
+    return path
+
+
+def experiment_copies(models_root):
+    """[(file name, path)] of the --config copies a root holds: the first run's, then each
+    resume's by step."""
+    import re
+    found = []
+    for name in os.listdir(models_root) if os.path.isdir(models_root) else ():
+        matched = re.fullmatch(r"experiment(?:\.step-(\d+))?\.cfg", name)
+        if matched:
+            found.append((-1 if matched.group(1) is None else int(matched.group(1)), name))
+    return [(name, os.path.join(models_root, name)) for _, name in sorted(found)]

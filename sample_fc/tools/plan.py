@@ -30,11 +30,13 @@ from . import cli
 
 def make_parser():
     parser = cli.make_parser("sample_fc.tools.plan", __doc__)
-    parser.add_argument("--dataset", default="demo", help="dataset preset (default demo)")
+    parser.add_argument("--dataset", default=None, help="dataset preset (default demo)")
     parser.add_argument("--network", default=None, help="network preset (default: the dataset's)")
     parser.add_argument("--loss", default=None, help="loss preset (default: the dataset's recipe)")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="an experiment file of `key = value` lines, as train.py --config")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key (repeatable), as train.py --set")
+                        help="override a config key (repeatable, after --config's lines), as train.py --set")
     parser.add_argument("-np", "--num-proc", dest="world", type=int, required=True, help="workers in all")
     parser.add_argument("--workers-per-node", type=int, default=None,
                         help="workers sharing one node's memory (default: all of them)")
@@ -91,6 +93,9 @@ def main(argv=None):
         from ..pfc.sampling_regime import regime
         from symbols.cost import backbone_cost
         from ..pfc.host_head import default_threads
+        from ..experiment_file import read_experiment
+        if args.config:
+            read_experiment(args.config).merged_into(args)
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         explicit = default.overridden_keys(args.overrides)
         for note in fill_from_property(cfg, explicit):      # as train.py: the set's own classes and size

@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from ..run.run_root import EVENTS_FILE, PROGRESS_FILE, STATUS_FILE, VERIFICATION_DIR
+from ..run.run_root import EVENTS_FILE, PROGRESS_FILE, STATUS_FILE, VERIFICATION_DIR, experiment_copies
 from . import cli, plots
 from .report_page import html_page
+
+MAX_EXPERIMENT_CHARS = 20_000    # of a kept --config file shown in the report
 
 # (progress key, title, y label, smoothed)
 QUANTITIES = [("loss", "loss", "loss", True), ("samples_per_s", "training speed (global samples/s)", "samples/s", True),
@@ -51,6 +53,7 @@ class Run:
     progress: list = field(default_factory=list)      # progress.jsonl's records, oldest first
     events: list = field(default_factory=list)        # events.jsonl's records
     pairs: dict = field(default_factory=dict)         # {target: (step, distances, issame)}
+    experiments: list = field(default_factory=list)   # [(file name, text)]: the --config copies (run_root)
 
     def of(self, kind):
         return [e for e in self.events if e["event"] == kind]
@@ -144,6 +147,12 @@ def read_run(root, name, complain):
     run.progress = read_records(files[2], ("step", "loss"), complain)
     run.events = read_records(files[3], ("step", "event", "time"), complain)
     run.pairs = read_pairs(root)
+    for name, path in experiment_copies(root):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                run.experiments.append((name, f.read(MAX_EXPERIMENT_CHARS)))
+        except OSError as error:
+            complain(f"{path}: cannot read it ({error.strerror}); the report leaves it out")
     return run
 
 

@@ -146,6 +146,8 @@ def run_section(run):
         if changes:
             parts.append(_table(["key", "this run", "preset"], [[text(k), text(repr(v)), text(repr(p))]
                                                                 for k, v, p in changes]))
+    for name, content in run.experiments:
+        parts.append(f"<h3>--config file, kept as {html.escape(name)}</h3><pre>{html.escape(content)}</pre>")
     marks = [e for e in run.events if e["event"] not in ("verification", "start")] + [e for e in run.of("start")]
     if marks:
         rows = [[text(e["step"]), text(e["event"]), text(_when(e["time"])),

@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import REPO, per_rank_tail, run_train, run_trains_together
+from conftest import REPO, TINY_TRAIN, per_rank_tail, run_train, run_trains_together
 from sample_fc.checkpoint import bank_shard_files, list_checkpoints, model_prefix
 from sample_fc.run.run_root import read_progress, read_status
 from sample_fc.bench.harness import single_thread_env
@@ -261,3 +261,37 @@ def test_the_centers_optimizer_follows_the_visit_gap(tmp_path):
         path = list_checkpoints(root)[-1][1]
         names = {name for r in range(2) for name in read_shard_arrays(bank_shard_files(path, r))[1]}
         assert ("momentum" in names) == (chosen == "same"), names
+
+
+def test_an_experiment_file_trains_as_its_set_lines_would(tiny_data, tmp_path):
+    """Test that `train.py --config FILE` under horovodrun trains from a 3-line file with the
+    config `--set` gives for the same lines (config.json against --print-config), keeps the file
+    in the models root and shows it in the report, and that a wrong key in it ends train.py in
+    one line naming the file and line, before anything is written."""
+    lines = ["max_update = 4", "ckpt_period = 4   # one checkpoint", "bank_momentum = none"]
+    experiment = tmp_path / "exp.cfg"
+    experiment.write_text("\n".join(lines) + "\n")
+    root = tmp_path / "run"
+    train(root, tiny_data, "--config", experiment)
+    as_set = [word for line in lines for word in ("--set", line.split("#")[0].replace(" ", ""))]
+    printed = subprocess.run([sys.executable, str(REPO / "train.py"), "--set", f"rec={tiny_data}", *TINY_TRAIN,
+                              *as_set, "--print-config"], capture_output=True, text=True, timeout=120,
+                             cwd=str(REPO), env=single_thread_env())
+    assert printed.returncode == 0, printed.stderr
+    saved = json.loads((root / "config.json").read_text())
+    saved.pop("run_id")
+    assert saved == json.loads(printed.stdout) and saved["bank_momentum"] == "none"
+    assert list_checkpoints(root)[-1][0] == 4
+    kept = (root / "experiment.cfg").read_text()
+    assert kept == f"# from --config {experiment}\n" + experiment.read_text()
+    report = subprocess.run([sys.executable, "-m", "sample_fc.tools.report", str(root), "--out", str(tmp_path / "rep")],
+                            capture_output=True, text=True, timeout=300, cwd=str(REPO), env=single_thread_env())
+    assert report.returncode == 0, report.stderr
+    assert "ckpt_period = 4   # one checkpoint" in (tmp_path / "rep" / "report.html").read_text()
+    experiment.write_text("max_update = 4\nlr_stepz = [2]\n")
+    bad = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", str(experiment), "--models-root",
+                          str(tmp_path / "bad")], capture_output=True, text=True, timeout=120, cwd=str(REPO),
+                         env=single_thread_env())
+    assert bad.returncode == 2 and not (tmp_path / "bad").exists()
+    assert bad.stderr.strip().splitlines()[-1].startswith(
+        f"train.py: error: --config {experiment}, line 2: unknown config key 'lr_stepz'; did you mean 'lr_steps'?")
