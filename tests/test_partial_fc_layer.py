@@ -1,5 +1,6 @@
 """Tests for sample_fc.pfc.partial_fc: the options record, the sample it hands the kernels, its bytes."""
 import dataclasses
+import json
 import math
 
 import mxnet as mx
@@ -79,7 +80,7 @@ def test_a_step_of_the_layer_equals_the_numpy_head(kernel):
                                head_kernel=kernel, seed=3)
     layer = PartialFC.for_rank(20, 0, 1, 5, mx.cpu(), options, lambda step: 0.1, collectives=_OneProcess,
                                threads=1)
-    assert layer.margin(3).m2 == 0.25 and layer.margin(6).m2 == 0.5
+    assert layer.margin_schedule(3).m2 == 0.25 and layer.margin_schedule(6).m2 == 0.5
     weight0, momentum0 = (array.copy() for array in layer.bank.to_numpy())
     embeddings = np.random.default_rng(0).standard_normal((6, 5)).astype(np.float32)
     labels = np.array([0, 4, 4, 11, 19, 2])
@@ -181,3 +182,33 @@ def test_memory_bytes_count_the_momentum_as_stored():
     assert same["bank"] == 1000 * 2 * 4 * 100 and int8["bank"] == 1000 * (4 * 100 + 100 + 4 * 2)
     assert none["bank"] == 1000 * 2 * 100
     assert int8["head"] == same["head"] + 4 * 1000 * 100 == none["head"]
+
+
+def test_the_layer_state_door_carries_the_sampler_and_the_margin():
+    """Test that PartialFC.state_dict after two CurricularFace steps, JSON round-tripped and loaded
+    into a fresh layer, gives the next step's sample and running mean t of the first layer; that a
+    state without the sampler (a resume on another split) leaves the fresh layer's sampler as it
+    was while taking the margin's; and that a state without a margin (an older checkpoint) loads."""
+    options = PartialFCOptions(sample_ratio=0.3, loss_margin="curricularface", loss_m2=0.5, loss_s=8.0, seed=4,
+                               margin_warmup_steps=0)
+
+    def layer():
+        return PartialFC.for_rank(40, 0, 1, 5, mx.cpu(), options, lambda step: 0.1, collectives=_OneProcess, threads=1)
+    first, rng = layer(), np.random.default_rng(2)
+    batches = [rng.integers(0, 40, 6) for _ in range(3)]
+    for step in (1, 2):
+        first.forward_backward(mx.nd.array(rng.standard_normal((6, 5)).astype(np.float32)), batches[step - 1], step)
+        first.update(step)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert set(state) == {"sampler", "margin"} and state["margin"]["t"] != 0.0
+    second, fresh = layer(), layer()
+    second.load_state_dict(state)
+    assert second.margin_schedule.target.state.t == first.margin_schedule.target.state.t
+    following = first.sampler(batches[2], 3).index
+    np.testing.assert_array_equal(second.sampler(batches[2], 3).index, following)
+    fresh.load_state_dict({"margin": state["margin"]})
+    unmoved = fresh.sampler(batches[2], 3).index
+    np.testing.assert_array_equal(unmoved, layer().sampler(batches[2], 3).index)
+    assert not np.array_equal(unmoved, following)
+    assert fresh.margin_schedule.target.state.t == first.margin_schedule.target.state.t
+    layer().load_state_dict({})

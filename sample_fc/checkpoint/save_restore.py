@@ -206,8 +206,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
         mx.nd.save(aux, module.get_params()[1])
         sums = {**_shard_checksums(shard), **_read_back(aux)}
         sums[os.path.basename(own_state)] = checksums.write_json(
-            own_state, {"sampler": module.partial_fc.sampler.state_dict(), "data": data_iter.state_dict(),
-                        "margin": module.partial_fc.margin.target.state_dict()})
+            own_state, {**module.partial_fc.state_dict(), "data": data_iter.state_dict()})
         if rank == 0:
             mx.model.save_checkpoint(model_prefix(partial), step, symbol, arg_params, aux_params,
                                      remove_amp_cast=False)
@@ -266,13 +265,14 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     module.set_num_update(step)
     bank = module.partial_fc.bank
     pace = dist.Pace("reading the checkpoint's class centers", bank.num_local, say)
+    first_rank = read_rank_state(checkpoint, 0)        # the margin's state is the same on every rank
+    layer_state = {"margin": first_rank.get("margin", {})}
     if old_world == dist.size():
         restore_shard(bank, bank_shard_files(checkpoint, rank), pace)
-        module.partial_fc.sampler.load_state_dict(read_rank_state(checkpoint, rank)["sampler"])
+        layer_state["sampler"] = read_rank_state(checkpoint, rank)["sampler"]    # this rank's own RNG
     else:
         restore_resharded(bank, [bank_shard_files(checkpoint, r) for r in range(old_world)], pace)
     pace.finish()                         # before the next collective: every rank holds all its meetings
-    first_rank = read_rank_state(checkpoint, 0)        # the margin's state is the same on every rank
-    module.partial_fc.margin.target.load_state_dict(first_rank.get("margin", {}))
+    module.partial_fc.load_state_dict(layer_state)
     data_iter.load_state_dict(data_state(first_rank["data"], old_world, data_iter.batch_size))
     return step

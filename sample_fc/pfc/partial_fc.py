@@ -111,9 +111,9 @@ class PartialFC:
             bank, options.sample_ratio, seed=options.seed, warmup_steps=options.sample_ratio_warmup_steps,
             warmup_start=options.sample_ratio_warmup_start, logit_correction=options.sample_correction,
             decay_correction=options.sample_wd_correction)
-        self.margin = MarginWarmup(make_margin(options.loss_margin, options.loss_m1, options.loss_m2, options.loss_m3,
-                                               options.loss_s),
-                                   options.margin_warmup_steps)      # update number -> this step's margin
+        self.margin_schedule = MarginWarmup(make_margin(options.loss_margin, options.loss_m1, options.loss_m2,
+                                                        options.loss_m3, options.loss_s),
+                                            options.margin_warmup_steps)      # update number -> its margin
         self.optimizer = MemoryBankSGDOptimizer(lr_schedule, options.momentum, options.wd, options.momentum_form)
         self._stage_hook = no_stage
         self.head = make_head(options.head_kernel, bank, self.optimizer, collectives, self.stage, threads)
@@ -127,6 +127,20 @@ class PartialFC:
                                    storage=Storage.of(options), initial_centers=initial_centers, progress=progress,
                                    threads=threads or default_threads(dist.local_size()))
         return cls(bank, options, lr_schedule, collectives, threads)
+
+    def state_dict(self):
+        """The layer's state beside its bank's rows (which a checkpoint keeps as files of `bank`):
+        this rank's sampler (its RNG) and the margin's (CurricularFace's running mean; the same
+        on every rank). JSON-able."""
+        return {"sampler": self.sampler.state_dict(), "margin": self.margin_schedule.target.state_dict()}
+
+    def load_state_dict(self, state):
+        """Continue from a state_dict's parts present in `state`: a resume on another split has
+        no sampler of this rank's own to take (the margin's is every rank's), and a checkpoint
+        from before the margin had a state holds none."""
+        if "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+        self.margin_schedule.target.load_state_dict(state.get("margin", {}))
 
     @property
     def ctx(self):
@@ -148,7 +162,7 @@ class PartialFC:
         Returns (global mean loss (1,) NDArray, d loss / d embeddings (B, D), this rank's part)."""
         with self.stage("sample"):
             sample = self.sampler(labels, num_update)
-        return self.head.forward_backward(embeddings, sample, len(labels), self.margin(num_update))
+        return self.head.forward_backward(embeddings, sample, len(labels), self.margin_schedule(num_update))
 
     def update(self, num_update):
         """10. SGD-momentum on the sampled rows of the last forward_backward only."""

@@ -72,7 +72,7 @@ class RunEvents:
                     options.sample_ratio_warmup_steps)
         scored = (cfg.num_classes if options.sample_correction or options.sample_ratio >= 1.0
                   else math.ceil(options.sample_ratio * cfg.num_classes))
-        return ChanceWatch(chance_loss(scored, partial_fc.margin(start + 1)), start, self.say_not_learning,
+        return ChanceWatch(chance_loss(scored, partial_fc.margin_schedule(start + 1)), start, self.say_not_learning,
                            window=cfg.not_learning_steps)
 
     def requests(self):
