@@ -2,13 +2,16 @@
 an exact softmax across workers. It imports nothing of run/, models/, checkpoint/, data/,
 tools/ or bench/ (a shard on disk is checkpoint/bank_shard.py's).
 
-    partial_fc.py        PartialFC (bank + sampler + head + the bank's optimizer), PartialFCOptions
+    partial_fc.py        PartialFC (bank + sampler + head + the bank's optimizer), PartialFCOptions;
+                         its state door (state_dict: the sampler's RNG, the margin's running mean)
     bank_optimizer.py    MemoryBankSGDOptimizer: SGD-momentum on the sampled rows (both kernels apply it)
     sampler.py           which centers a step scores: the batch's positives plus random negatives
-    margin.py, softmax.py    the combined margin and the distributed softmax, as pure functions
+    margin.py            the margins (ArcFace / CosFace combined; CurricularFace, whose running mean
+                         of target cosines is the layer's state) and their warm-up schedule
+    softmax.py           the distributed softmax, as pure functions
     head.py, host_head.py    the head step: MXNet ops (device) or NumPy BLAS (host); one protocol
     memory_bank.py       a rank's shard of centers and their momentum, in row blocks
-    row_storage.py       how rows are stored (float32 / float16; momentum the same, int8 or none),
+    row_storage.py       how rows are stored (float32 / float16 / int8; momentum the same, int8 or none),
                          read as float32 and written back: the one module that knows the formats
     rounding.py, momentum_codec.py, _half_rows.c    float16 stochastic rounding, 8-bit momentum
     sampling_regime.py   q*K/B: how often a center is drawn per visit of its class; the safe ratio
