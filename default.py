@@ -7,7 +7,8 @@
 Flag, Int, Real, Text, Choice, ListOf, with its range and any words it takes besides its
 values, e.g. sample_ratio=auto). Every reader of a value converts and checks through it:
 the presets, command-line `key=value` overrides (sample_fc.config.apply_overrides), a
-resumed run's saved config (config_from_checkpoint) and check_config.
+resumed run's saved config (config_from_checkpoint) and check_config. The table
+comments each key in one line; docs/training.md, "Key reference", explains each in its order.
 
 `get_config` builds a fresh config each call: the declared defaults, then the network preset,
 then the dataset preset, then a ViT's training recipe (_NETWORK_RECIPES: AdamW; the dataset's SGD
@@ -29,8 +30,8 @@ from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, ap
 from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
-                               BANK_DTYPES, BANK_MOMENTUM_WORDS, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS, MOMENTUM_FORMS,
-                               OPTIMIZERS, TAIL_BNS, WANDB_MODES)
+                               BANK_DTYPES, BANK_MOMENTUM_WORDS, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS,
+                               MOMENTUM_FORMS, OPTIMIZERS, TAIL_BNS, WANDB_MODES)
 
 
 def _target_name(name):
@@ -46,90 +47,87 @@ def _declare_keys():
 
     # ---- data -------------------------------------------------------------------
     keys.dataset = Choice('demo', DATASETS)                             # dataset preset name, one of DATASETS
-    keys.rec = Text('data/demo/train.rec')                              # path to train.rec; train.idx and property sit next to it
+    keys.rec = Text('data/demo/train.rec')                              # path to train.rec; train.idx, property beside
     keys.num_classes = Int(200, lo=0, hi=2 ** 40)                       # number of identities C (must be >= world size)
-    keys.image_size = Int(112, lo=16, hi=1024, multiple=16)             # square input side in pixels (images are 112x112 aligned faces)
-    keys.num_images = Int(0, lo=0, hi=2 ** 48)                          # number of training images; informational only, 0 = unknown
-    keys.val_targets = ListOf(['demo_val'], Text(''), check=_target_name)  # verification sets, <name>.bin looked up next to rec
-    keys.data_threads = Int(2, lo=1, hi=256)                            # decoding threads per worker for the RecordIO iterator
-    keys.synthetic = Flag(False)                                        # True: random images and labels instead of reading rec
-    keys.aug_downscale = Real(0.0, lo=0, hi=1)                          # probability of shrinking an image to a random 0.5-1 of its side and back (low resolution; 0 = off)
-    keys.aug_blur = Real(0.0, lo=0, hi=1)                               # probability of a Gaussian blur of radius 0.5-1.5 px (0 = off)
-    keys.aug_color_jitter = Real(0.0, lo=0, hi=1)                       # probability of scaling brightness, contrast and saturation by 0.8-1.2 each (0 = off)
-    keys.aug_grayscale = Real(0.0, lo=0, hi=1)                          # probability of converting an image to gray (0 = off)
+    keys.image_size = Int(112, lo=16, hi=1024, multiple=16)             # square input side in pixels
+    keys.num_images = Int(0, lo=0, hi=2 ** 48)                          # training images; informational, 0 = unknown
+    keys.val_targets = ListOf(['demo_val'], Text(''), check=_target_name)  # verification sets: NAME.bin beside rec
+    keys.data_threads = Int(2, lo=1, hi=256)                            # decoding threads per worker (RecordIO)
+    keys.synthetic = Flag(False)                                        # True: random images and labels, no rec
+    keys.aug_downscale = Real(0.0, lo=0, hi=1)                          # P(downscale to 0.5-1 of the side); 0 = off
+    keys.aug_blur = Real(0.0, lo=0, hi=1)                               # P(Gaussian blur, radius 0.5-1.5 px); 0 = off
+    keys.aug_color_jitter = Real(0.0, lo=0, hi=1)                       # P(brightness/contrast/saturation x0.8-1.2)
+    keys.aug_grayscale = Real(0.0, lo=0, hi=1)                          # probability of a gray image (0 = off)
 
     # ---- network ----------------------------------------------------------------
-    keys.network = Choice('mbf', NETWORKS)                              # backbone preset name, one of NETWORKS (symbols/; the demo's is mbf_small)
+    keys.network = Choice('mbf', NETWORKS)                              # backbone preset name, one of NETWORKS
     keys.embedding_size = Int(512, lo=1, hi=65536)                      # embedding dimension D produced by the backbone
     keys.dropout = Real(0.0, lo=0, hi=1, hi_open=True)                  # dropout before the embedding layer (0 = off)
     keys.fp16 = Flag(False)                                             # mixed precision for the backbone (GPU only)
-    keys.embedding_scale = Choice('fixed', EMBEDDING_SCALES)            # the embedding BatchNorm's scale gamma: fixed at 1 (insightface's IResNets, this package's networks) | learned (arcface_torch's MobileFaceNet: its features BatchNorm1d)
-    keys.bn_frozen = Flag(False)                                        # True: every BatchNorm normalises with its moving statistics in training too and keeps them (fine-tuning a trained backbone); a step then does not depend on how the global batch is split over workers
-    keys.tail_bn = Choice('worker', TAIL_BNS)                           # BatchNorms over samples only (mbf: the GDC's and the embedding's; IResNets: the embedding's): global = over the global batch (the layers from the first of them run on the gathered batch on every worker: an exact synchronised BatchNorm, no extra collective; sample_fc/pfc/global_tail.py) | worker = over each worker's batch (arcface_torch's DDP)
-    keys.backbone_init = Choice('arcface_torch', BACKBONE_INITS)        # arcface_torch: as its networks start (mbf: conv/FC weights normal, std sqrt(2/fan_out); r*: convs normal(0, 0.1)) | pytorch: U(+-1/sqrt(fan_in)), PyTorch's default | xavier: MXNet Xavier magnitude 2 (sample_fc/initializers.py)
+    keys.embedding_scale = Choice('fixed', EMBEDDING_SCALES)            # embedding BatchNorm's gamma: fixed | learned
+    keys.bn_frozen = Flag(False)                                        # True: BatchNorms use and keep moving stats
+    keys.tail_bn = Choice('worker', TAIL_BNS)                           # BNs over samples only: worker | global batch
+    keys.backbone_init = Choice('arcface_torch', BACKBONE_INITS)        # init: arcface_torch | pytorch | xavier
 
     # ---- loss: combined margin cos(m1*theta + m2) - m3, times s -------------------
     keys.loss = Choice('arcface', LOSSES)                               # margin preset name, one of LOSSES
-    keys.loss_margin = Choice('combined', MARGINS)                      # combined: the target logit s (cos(m1 theta + m2) - m3), the others s cos | curricularface: the target s cos(theta + m2), each hard negative (cos > cos(theta_y + m2)) s c (t + c), t a running mean of the target cosines (sample_fc/pfc/margin.py)
-    keys.loss_s = Real(64.0, lo=0, lo_open=True, hi=1e4)                # scale s applied to the cosine logits (the dataset's: loss presets keep it)
-    keys.loss_m1 = Real(1.0, lo=0, lo_open=True, hi=100)                # multiplicative angular margin m1 (SphereFace); 1 = off
+    keys.loss_margin = Choice('combined', MARGINS)                      # target logit: combined | curricularface
+    keys.loss_s = Real(64.0, lo=0, lo_open=True, hi=1e4)                # scale s of the cosine logits (the dataset's)
+    keys.loss_m1 = Real(1.0, lo=0, lo_open=True, hi=100)                # multiplicative angular margin m1; 1 = off
     keys.loss_m2 = Real(0.5, lo=0, hi=100)                              # additive angular margin m2 (ArcFace), radians
     keys.loss_m3 = Real(0.0, lo=0, hi=100)                              # additive cosine margin m3 (CosFace)
-    keys.margin_warmup_steps = Int(0, lo=0, hi=2 ** 40)                 # grow m2, m3 (and m1) linearly from 0 over this many steps (0 = full margin from the start)
+    keys.margin_warmup_steps = Int(0, lo=0, hi=2 ** 40)                 # margin grows from 0 over N steps (0 = off)
 
     # ---- Partial FC ---------------------------------------------------------------
-    keys.sample_ratio = Real(1.0, lo=0, lo_open=True, hi=1, words=('auto',))  # fraction of each rank's centers scored per step, in (0, 1]; or auto: the smallest ratio whose q*K/B
-                                         # (draws of a center per visit of its class) reaches 35, where sampling matched ratio 1.0 (1.0 if none does; docs/sampling.md, "When to sample")
-    keys.sample_ratio_warmup_steps = Int(200, lo=0, hi=2 ** 40)         # score more centers first: the ratio goes linearly from sample_ratio_warmup_start at step 1 to sample_ratio at this step + 1 (0 = sample_ratio throughout; no effect at ratio 1). At ratio 0.1, 1000 steps, 5000 ids: 0.8475 held-out with it, 0.8170 without (BENCHMARKS.md)
-    keys.sample_ratio_warmup_start = Real(1.0, lo=0, lo_open=True, hi=1)  # the ratio at step 1 of that warm-up, in (0, 1] (the memory plan holds the larger of it and sample_ratio)
-    keys.sample_correction = Flag(True)                                 # sampled-softmax correction: each sampled negative's logit + log(1/q), q its chance to be drawn, so the sample's softmax and loss estimate the full one's (no effect at ratio 1; no extra GEMM or collective). Held-out accuracy unchanged within one seed's spread, TAR@FAR=1e-3 up in each pair measured (BENCHMARKS.md)
-    keys.sample_wd_correction = Flag(False)                             # weight-decay correction: each sampled negative's bank row decays with wd / q in the update, not only wd in the 1 in 1/q updates it is drawn in (no effect at ratio 1; no extra GEMM or collective). 1000 steps, 5000 ids, 10k held-out pairs: at ratio 0.5 it closes the gap to ratio 1 (0.8721 vs 0.8644, four seeds); at ratio 0.1 it does not help (-0.4 +- 0.8 points over five seeds, a higher loss), so it is off by default (BENCHMARKS.md)
-    keys.context = Choice('auto', CONTEXTS)                             # backbone device: auto (gpu if mxnet sees one) | cpu | gpu
+    keys.sample_ratio = Real(1.0, lo=0, lo_open=True, hi=1, words=('auto',))  # fraction of centers scored, or auto
+    keys.sample_ratio_warmup_steps = Int(200, lo=0, hi=2 ** 40)         # sampling warm-up length in steps (0 = off)
+    keys.sample_ratio_warmup_start = Real(1.0, lo=0, lo_open=True, hi=1)  # the sampling warm-up's ratio at step 1
+    keys.sample_correction = Flag(True)                                 # sampled-softmax correction: logit + log(1/q)
+    keys.sample_wd_correction = Flag(False)                             # weight-decay correction: wd / q on samples
+    keys.context = Choice('auto', CONTEXTS)                             # backbone device: auto | cpu | gpu
     keys.bank_context = Choice('same', BANK_CONTEXTS)                   # memory bank device: same (as context) | cpu
-    keys.bank_dtype = Choice('float32', BANK_DTYPES)                    # bank storage: float32 | float16 (half the bytes per class; math in float32, stochastic rounding on write) | int8 (8-bit codes and a float32 scale per 64 columns, stochastic rounding on write; the host kernel's: 544 bytes per class at D 512 with bank_momentum=none, 1088 with its momentum stored alike)
-    keys.bank_momentum = Choice('same', BANK_MOMENTUM_WORDS)                   # the bank's momentum: auto (none where a class comes back every 10 or more steps, C/B; else same: pfc/center_optimizer.py) | same (stored as the weights) | int8 (8-bit codes, a float32 scale per 64 columns, stochastic rounding on write) | none (no momentum for the
-                                         # centers: plain SGD on them at lr / (1 - momentum), the step momentum builds up to; the backbone keeps its momentum; on the demo 1.0 point under float32 over five seeds; int8 +0.5 there, -0.24 on 5,000 glyph ids over three: BENCHMARKS.md). Bytes per identity at D 512, float32 / float16 bank: same 4096 / 2048, int8 2592 / 1568,
-                                         # none 2048 / 1024. int8 needs the bank in host memory (the host kernel: bank_context=cpu on GPUs, head_kernel auto or host); none runs on either kernel
-    keys.head_kernel = Choice('auto', HEAD_KERNELS)                     # head step: auto (host for a CPU bank, else device) | host (NumPy BLAS) | device (MXNet ops)
-    keys.allgather = Choice('native', ALLGATHERS)                       # embedding gather: native (hvd.allgather) | allreduce (zero-padded sum)
+    keys.bank_dtype = Choice('float32', BANK_DTYPES)                    # bank storage: float32 | float16 | int8
+    keys.bank_momentum = Choice('same', BANK_MOMENTUM_WORDS)            # bank's momentum: auto | same | int8 | none
+    keys.head_kernel = Choice('auto', HEAD_KERNELS)                     # head step: auto | host (NumPy BLAS) | device
+    keys.allgather = Choice('native', ALLGATHERS)                       # embedding gather: native | allreduce
 
     # ---- optimisation -------------------------------------------------------------
-    keys.batch_size = Int(128, lo=1, hi=2 ** 20)                        # images per worker per step; global batch = batch_size * world size
-    keys.lr = Real(0.1, lo=0, lo_open=True, hi=1e6)                     # the backbone's lr: SGD's for a global batch of 512, scaled linearly by global batch / 512; AdamW's as given
-    keys.lr_scale_by_world = Flag(True)                                 # True: apply that linear scaling to SGD's lrs (backbone with optimizer=sgd, bank_lr); AdamW's lr is used as given; False: every lr as given
-    keys.momentum = Real(0.9, lo=0, hi=1, hi_open=True)                 # SGD momentum: the backbone's (optimizer=sgd) and the memory bank's
-    keys.momentum_form = Choice('pytorch', MOMENTUM_FORMS)              # SGD momentum form, backbone and bank: pytorch: momentum of gradients, lr applied per step (no overshoot at lr drops) | mxnet: of lr-scaled steps
-    keys.wd = Real(5e-4, lo=0, hi=1)                                    # weight decay, backbone (not on biases and BN betas) and memory bank (unless bank_wd); AdamW's decoupled: w -= lr wd w
-    keys.optimizer = Choice('sgd', OPTIMIZERS)                          # the backbone's optimizer: sgd (momentum, momentum_form) | adamw (torch.optim.AdamW: weight decay wd decoupled from the gradient, adamw_beta1/2, adamw_eps; arcface_torch's ViT recipe). The bank's is SGD either way (bank_lr, bank_wd)
-    keys.adamw_beta1 = Real(0.9, lo=0, hi=1, hi_open=True)              # AdamW's decay of the gradients' mean (torch's default)
-    keys.adamw_beta2 = Real(0.999, lo=0, hi=1, hi_open=True)            # AdamW's decay of the squared gradients' mean (torch's default)
-    keys.adamw_eps = Real(1e-8, lo=0, lo_open=True, hi=1)               # AdamW's epsilon beside the root of the squares' mean (torch's default)
-    keys.bank_lr = Real('same', lo=0, lo_open=True, hi=1e6, words=('same',))  # the bank's SGD lr for a global batch of 512, scaled as lr is, on lr's schedule: same = lr (a backbone on AdamW keeps an SGD lr here)
+    keys.batch_size = Int(128, lo=1, hi=2 ** 20)                        # images per worker per step
+    keys.lr = Real(0.1, lo=0, lo_open=True, hi=1e6)                     # backbone lr (SGD's per global batch of 512)
+    keys.lr_scale_by_world = Flag(True)                                 # True: scale SGD lrs by global batch / 512
+    keys.momentum = Real(0.9, lo=0, hi=1, hi_open=True)                 # SGD momentum, backbone and bank
+    keys.momentum_form = Choice('pytorch', MOMENTUM_FORMS)              # SGD momentum form: pytorch | mxnet
+    keys.wd = Real(5e-4, lo=0, hi=1)                                    # weight decay, backbone and bank
+    keys.optimizer = Choice('sgd', OPTIMIZERS)                          # backbone optimizer: sgd | adamw (bank: SGD)
+    keys.adamw_beta1 = Real(0.9, lo=0, hi=1, hi_open=True)              # AdamW's decay of the gradients' mean
+    keys.adamw_beta2 = Real(0.999, lo=0, hi=1, hi_open=True)            # AdamW's decay of the squared gradients' mean
+    keys.adamw_eps = Real(1e-8, lo=0, lo_open=True, hi=1)               # AdamW's epsilon (denominator)
+    keys.bank_lr = Real('same', lo=0, lo_open=True, hi=1e6, words=('same',))  # the bank's SGD lr, per 512; same = lr
     keys.bank_wd = Real('same', lo=0, hi=1, words=('same',))            # the bank's weight decay: same = wd
-    keys.decay_all = Flag(False)                                        # True: weight decay on every backbone parameter, biases and BN betas too (arcface_torch's SGD over model.parameters()); False: weights, BN gammas and PReLU slopes only (MXNet's rule)
-    keys.clip_grad_norm = Real(5.0, lo=0, hi=1e12)                      # scale the backbone's summed gradients to at most this global L2 norm (0 = off)
-    keys.lr_schedule = Choice('step', LR_SCHEDULES)                     # after the warm-up: step (x lr_factor at lr_steps) | poly ((1-t)^2) | cosine; t from 0 to 1 at max_update
-    keys.warmup_steps = Int(0, lo=0, hi=2 ** 40, share=True)            # linear lr warm-up from 0 over this many steps (0 = none), or over a share of max_update: N% (the ViTs' 10%)
-    keys.lr_steps = ListOf([100000, 160000, 220000], Int(1, lo=1, hi=2 ** 40), increasing=True)  # steps at which lr is multiplied by lr_factor (increasing)
+    keys.decay_all = Flag(False)                                        # True: decay biases and BN betas too
+    keys.clip_grad_norm = Real(5.0, lo=0, hi=1e12)                      # max global L2 norm of backbone grads; 0 = off
+    keys.lr_schedule = Choice('step', LR_SCHEDULES)                     # after the warm-up: step | poly | cosine
+    keys.warmup_steps = Int(0, lo=0, hi=2 ** 40, share=True)            # linear lr warm-up: N steps or N% (0 = none)
+    keys.lr_steps = ListOf([100000, 160000, 220000], Int(1, lo=1, hi=2 ** 40), increasing=True)  # steps: lr x lr_factor
     keys.lr_factor = Real(0.1, lo=0, hi=1e6)                            # lr decay factor at each of lr_steps
-    keys.max_update = Int(240000, lo=1, hi=2 ** 40)                     # total training steps; the loop stops after this one
+    keys.max_update = Int(240000, lo=1, hi=2 ** 40)                     # total training steps
 
     # ---- run control --------------------------------------------------------------
-    keys.seed = Int(0, lo=0, hi=2 ** 31 - 1)                            # random seed: data order (shared by all ranks), sampler (offset by rank), init
+    keys.seed = Int(0, lo=0, hi=2 ** 31 - 1)                            # random seed: data order, sampler, init
     keys.frequent = Int(20, lo=1, hi=2 ** 40)                           # log speed and loss every N steps
-    keys.verify_period = Int(2000, lo=0, hi=2 ** 40)                    # run verification on val_targets every N steps (0 = never; and at the end)
-    keys.ckpt_period = Int(10000, lo=1, hi=2 ** 40)                     # save a checkpoint every N steps (and at the end)
-    keys.ckpt_keep = Int(3, lo=1, hi=10 ** 6)                           # keep the N most recent checkpoints, delete older ones
-    keys.ckpt_minutes = Real(30.0, lo=0, hi=10 ** 6)                    # also save when the newest checkpoint is older than this (0 = off): a SIGKILL loses at most that
-    keys.stop_signals = ListOf(['SIGTERM', 'SIGINT', 'SIGUSR1'], Text(''), check=signal_number)  # these stop the run cleanly: every rank ends the same step, checkpoint, exit 128+signal
-    keys.stop_grace_s = Real(25.0, lo=0, lo_open=True, hi=3600)         # a stop taking longer (or a second signal) ends the job at once; below SLURM's/Kubernetes' 30 s
-    keys.tensorboard = Flag(True)                                       # write tensorboardX event files to <models root>/tensorboard (rank 0)
-    keys.wandb = Choice('off', WANDB_MODES)                             # Weights & Biases (rank 0, the same scalars as TensorBoard): off | offline (files in <models root>/wandb; `wandb sync` them later) | online (needs `wandb login`); pip install wandb
-    keys.wandb_project = Text('sample_fc')                              # the W&B project of wandb=offline|online; each job is one W&B run, grouped by the run id
-    keys.max_nonfinite_steps = Int(5, lo=1, hi=2 ** 40)                 # stop with an error after N consecutive steps with NaN/Inf loss
-    keys.not_learning_steps = Int(200, lo=0, hi=2 ** 40)                # warn once when the loss has sat near chance with a small gradient for N steps after the warm-ups (0 = never)
-    keys.collective_timeout_s = Int(60, lo=1, hi=10 ** 6)               # stall limit: ranks waiting this long in a collective others miss end the job
-    keys.step_timeout_s = Int(0, lo=0, hi=10 ** 7)                      # a rank with no finished step for this long ends the job (0 = max(300 s, 10x median step))
+    keys.verify_period = Int(2000, lo=0, hi=2 ** 40)                    # verify every N steps (0 = only at the end)
+    keys.ckpt_period = Int(10000, lo=1, hi=2 ** 40)                     # checkpoint every N steps (and at the end)
+    keys.ckpt_keep = Int(3, lo=1, hi=10 ** 6)                           # keep the N newest checkpoints
+    keys.ckpt_minutes = Real(30.0, lo=0, hi=10 ** 6)                    # save if newest is older than N min; 0 = off
+    keys.stop_signals = ListOf(['SIGTERM', 'SIGINT', 'SIGUSR1'], Text(''), check=signal_number)  # clean-stop signals
+    keys.stop_grace_s = Real(25.0, lo=0, lo_open=True, hi=3600)         # a stop's time limit in seconds
+    keys.tensorboard = Flag(True)                                       # TensorBoard event files (rank 0)
+    keys.wandb = Choice('off', WANDB_MODES)                             # Weights & Biases: off | offline | online
+    keys.wandb_project = Text('sample_fc')                              # the W&B project (wandb=offline|online)
+    keys.max_nonfinite_steps = Int(5, lo=1, hi=2 ** 40)                 # stop after N NaN/Inf-loss steps in a row
+    keys.not_learning_steps = Int(200, lo=0, hi=2 ** 40)                # warn if not learning for N steps (0 = never)
+    keys.collective_timeout_s = Int(60, lo=1, hi=10 ** 6)               # collective stall limit in seconds
+    keys.step_timeout_s = Int(0, lo=0, hi=10 ** 7)                      # step watchdog limit in seconds (0 = auto)
     return vars(keys)
 
 
@@ -251,26 +249,33 @@ _DATASET_PRESETS = {
         'warmup_steps': 0,               # no warm-up
         'data_threads': 1,               # 32 px JPEGs decode at ~3000/s per thread; leave the cores to training
         'lr_steps': [180, 230],          # decay twice near the end
-        'max_update': 260,               # ~4 min on 2 CPU workers with mbf_small (~4 epochs): held-out 0.9217 (0.9133 with backbone_init=pytorch, seeds 1-5: 0.913 mean; 400 steps, decay at 280, 350: 0.9233)
+        'max_update': 260,               # ~4 min on 2 CPU workers with mbf_small (~4 epochs): held-out 0.9217
+                                         # (0.9133 with backbone_init=pytorch, seeds 1-5: 0.913 mean; 400 steps,
+                                         # decay at 280, 350: 0.9233)
         'frequent': 20,                  # log often
         'verify_period': 130,            # verify halfway and at the end
         'ckpt_period': 130,              # checkpoint halfway and at the end
     },
-    'custom': {                          # your own set: --dataset custom --set rec=DIR/train.rec (tools.pack writes one)
+    'custom': {                          # your own set: --dataset custom --set rec=DIR/train.rec
+                                         # (tools.pack writes one)
         'rec': '',                       # required: the set's train.rec (train.idx and property beside it)
         'num_classes': 0,                # from the set's property file (train.py reads it), unless --set
-        'val_targets': [],               # none: --set 'val_targets=["NAME"]' for NAME.bin beside train.rec (tools.make_bin)
+        'val_targets': [],               # none: --set 'val_targets=["NAME"]' for NAME.bin beside train.rec
+                                         # (tools.make_bin)
         'loss': 'cosface',               # the demo's small-set recipe: CosFace ...
         'loss_s': 32.0,                  # ... at s=32 (5,000 classes learned at it) ...
         'loss_m2': 0.0,                  # ... no angular margin ...
         'loss_m3': 0.25,                 # ... and a cosine margin of 0.25
         'embedding_size': 128,           # small head for a small set (512 for faces at scale)
         'batch_size': 64,                # per worker
-        'lr': 0.1,                       # ... at the base's lr, not the demo's 0.8: on 5,000 real-image classes lr 0.8 sat at chance
-                                         # (0.52 held-out at step 400) where 0.1 learned (0.80; BENCHMARKS.md, "A recipe for your own set")
-        'sample_ratio': 'auto',          # the smallest ratio where sampling matched ratio 1.0 (docs/sampling.md, "When to sample")
+        'lr': 0.1,                       # ... at the base's lr, not the demo's 0.8: on 5,000 real-image classes lr 0.8
+                                         # sat at chance (0.52 held-out at step 400) where 0.1 learned (0.80;
+                                         # BENCHMARKS.md, "A recipe for your own set")
+        'sample_ratio': 'auto',          # the smallest ratio where sampling matched ratio 1.0 (docs/sampling.md,
+                                         # "When to sample")
         'warmup_steps': 0,               # no lr warm-up (it did not help: BENCHMARKS.md)
-        'max_update': 1000,              # set it for your set: 1000 steps x 128 images is ~2 epochs of 5,000 x 12 images
+        'max_update': 1000,              # set it for your set: 1000 steps x 128 images is ~2 epochs of 5,000 x 12
+                                         # images
         'lr_steps': [700, 900],          # x0.1 at 70% and 90% of max_update: move them with it
         'frequent': 50,                  # log every 50 steps
         'verify_period': 500,            # verify (val_targets) halfway and at the end
@@ -429,8 +434,9 @@ RESUME_MUTABLE = ('max_update', 'lr_steps', 'lr_factor', 'warmup_steps', 'freque
                   'ckpt_period', 'ckpt_keep', 'ckpt_minutes', 'stop_signals', 'stop_grace_s', 'tensorboard',
                   'wandb', 'wandb_project',
                   'val_targets', 'data_threads',
-                  'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'not_learning_steps', 'context', 'bank_context',
-                  'head_kernel', 'allgather', 'bn_frozen', 'aug_downscale', 'aug_blur', 'aug_color_jitter', 'aug_grayscale')
+                  'collective_timeout_s', 'step_timeout_s', 'max_nonfinite_steps', 'not_learning_steps', 'context',
+                  'bank_context', 'head_kernel', 'allgather', 'bn_frozen', 'aug_downscale', 'aug_blur',
+                  'aug_color_jitter', 'aug_grayscale')
 
 # Keys added after runs were saved without them, with the value that behaves as those runs
 # did (a run resumed from such a checkpoint goes on as it trained; the preset default
@@ -439,7 +445,8 @@ VALUE_BEFORE_KEY = {'clip_grad_norm': 0.0, 'backbone_init': 'xavier', 'momentum_
                     'sample_ratio_warmup_steps': 0,    # runs saved before the sampling warm-up sample as they did
                     'sample_correction': False,        # and before the sampled-softmax correction, uncorrected
                     'sample_wd_correction': False,     # and before the weight-decay correction, decayed with wd
-                    'bank_momentum': 'same',           # and before bank_momentum, with the momentum stored as the weights
+                    'bank_momentum': 'same',           # and before bank_momentum, with the momentum stored as the
+                                                       # weights
                     'optimizer': 'sgd',                # and before AdamW (ViTs then trained with SGD), with SGD
                     'bank_lr': 'same', 'bank_wd': 'same'}  # and before the bank's own lr and decay, with the backbone's
 
@@ -557,4 +564,5 @@ def check_config(cfg, data=True):
         _fail('loss_m1' if cfg.loss_m1 != 1.0 else 'loss_m3', cfg.loss_m1 if cfg.loss_m1 != 1.0 else cfg.loss_m3,
               "1.0 and 0.0 with loss_margin=curricularface (its margin is loss_m2)")
     if cfg.lr_schedule != 'step' and steps_of(cfg.warmup_steps, cfg.max_update) >= cfg.max_update:
-        _fail('warmup_steps', cfg.warmup_steps, f"fewer than max_update={cfg.max_update} for lr_schedule={cfg.lr_schedule}")
+        _fail('warmup_steps', cfg.warmup_steps,
+              f"fewer than max_update={cfg.max_update} for lr_schedule={cfg.lr_schedule}")

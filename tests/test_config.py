@@ -271,6 +271,17 @@ def test_comment_checker_catches_a_missing_comment():
     assert sorted(bad) == [('wd', 4), ('wd', 6)]
 
 
+def test_the_key_reference_names_every_key_in_order():
+    """Test that docs/training.md's "Key reference" has one list item per config key, in the
+    order of default.py's table, so a key added without its entry (or out of order) fails."""
+    text = (REPO / 'docs' / 'training.md').read_text()
+    assert '\n## Key reference\n' in text
+    section = text.split('\n## Key reference\n', 1)[1].split('\n## ', 1)[0]
+    documented = re.findall(r'^- `(\w+)`', section, flags=re.M)
+    assert documented == list(default.KEYS)
+    assert len(documented) == len(set(documented))
+
+
 def test_importing_default_does_not_import_mxnet():
     """Test that importing default.py and building a config loads neither mxnet nor horovod."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import default; "
