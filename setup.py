@@ -22,7 +22,8 @@ def mxnet_ops_extension():
     arch = ["-march=x86-64-v2"] if platform.machine() in ("x86_64", "AMD64") else []
     return [Extension("sample_fc._mx_ops", ["sample_fc/_mx_ops.cc", lib_api], optional=True, language="c++",
                       include_dirs=[os.path.join(mxnet_dir, "include"), os.path.join(mxnet_dir, "include", "mxnet")],
-                      extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-fno-trapping-math", "-fno-gnu-unique"] + arch,
+                      extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-fno-trapping-math",
+                                          "-fno-gnu-unique"] + arch,
                       extra_link_args=["-fopenmp", "-Wl,-Bsymbolic"])]
 
 

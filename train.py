@@ -220,7 +220,8 @@ def lost_peer(error, limit_s, watchdog, status):
         status.failed(message)
         fail(message, FAILURE_EXIT)
     time.sleep(SHUTDOWN_GRACE_S)         # the launcher should see the causing rank's exit first
-    other = f"rank {1 - rank}" if world == 2 else "another rank (Horovod's 'Missing ranks' report names one that stalled)"
+    other = (f"rank {1 - rank}" if world == 2
+             else "another rank (Horovod's 'Missing ranks' report names one that stalled)")
     message = (f"rank {rank} lost {other} in a collective ({watchdog.where()}): it failed, or sent nothing for "
                f"collective_timeout_s={limit_s} s (stopped, swapped out, starved of CPU, or its node lost); {raise_it}")
     status.failed(message, is_cause=False)     # the cause is another rank's (its own line)

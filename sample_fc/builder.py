@@ -106,7 +106,8 @@ def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None, initi
         tail = GlobalTail(tail_symbol, cut_shape, cfg.batch_size * world, ctx, cut_dtype)
     # the same math, faster
     training_symbol = fused_ops.fuse(training_symbol, data_shape) if ctx.device_type == "cpu" else training_symbol
-    module = SampleDistributeModule(training_symbol, partial_fc, backbone_optimizer, context=ctx, batch_size=cfg.batch_size,
+    module = SampleDistributeModule(training_symbol, partial_fc, backbone_optimizer, context=ctx,
+                                    batch_size=cfg.batch_size,
                                     data_shape=(3, cfg.image_size, cfg.image_size), allgather=cfg.allgather,
                                     max_nonfinite_steps=cfg.max_nonfinite_steps, tail=tail, seed=cfg.seed)
     initializer = backbone_initializer(cfg.backbone_init, cfg.network)
@@ -199,8 +200,9 @@ def resolve_auto(cfg, world):
     if cfg.sample_ratio == "auto":
         cfg.sample_ratio = safe_ratio(cfg.num_classes, global_batch)
         cfg.sample_wd_correction = cfg.sample_wd_correction or 0.5 <= cfg.sample_ratio < 1.0
-        lines["sample_ratio"] = (f"sample_ratio=auto: {cfg.sample_ratio:g} for {cfg.num_classes:,} classes and a global "
-                                 f"batch of {global_batch}" + (", with sample_wd_correction" if cfg.sample_wd_correction else ""))
+        lines["sample_ratio"] = (f"sample_ratio=auto: {cfg.sample_ratio:g} for {cfg.num_classes:,} classes and a "
+                                 f"global batch of {global_batch}"
+                                 + (", with sample_wd_correction" if cfg.sample_wd_correction else ""))
     if cfg.bank_momentum == "auto":
         centers = center_optimizer("auto", cfg.momentum, cfg.num_classes, global_batch)
         cfg.bank_momentum = centers.bank_momentum
@@ -248,7 +250,8 @@ def open_run(cfg, models_root, request, world, logger):
         split_tail(symbol, (cfg.batch_size, 3, cfg.image_size, cfg.image_size))
     targets = load_targets(cfg, logger)
     plan, _ = memory_plan.check_memory(cfg, world.size, symbol, ctx, bank_ctx, world.local_size,
-                                       target_bytes(targets), lambda device_id: mx.context.gpu_memory_info(device_id)[0])
+                                       target_bytes(targets),
+                                       lambda device_id: mx.context.gpu_memory_info(device_id)[0])
     resume_from, state = resume.choose(resume_path, symbol, cfg.image_size, cfg.network, warn,
                                        request.continued_run) if resume_path else (None, {})
     checkpoint.check_space(models_root, plan.checkpoint)

@@ -10,9 +10,9 @@ run's differences from its presets, one `key = value` per line:
 
 A line says what `--set key=value` says, with the same declared types and one-line errors (the
 file and line in front); `dataset`, `network` and `loss` choose presets as the options of those
-names do; a value may stand in quotes. The command line wins: its --dataset/--network/--loss over the file's, its --set after
-the file's lines. Blank lines and `#` comments are skipped; a key given twice is refused. A run
-keeps a copy of the file in its models root (run_root.EXPERIMENT_FILE).
+names do; a value may stand in quotes. The command line wins: its --dataset/--network/--loss over
+the file's, its --set after the file's lines. Blank lines and `#` comments are skipped; a key given
+twice is refused. A run keeps a copy of the file in its models root (run_root.EXPERIMENT_FILE).
 """
 import os
 from dataclasses import dataclass

@@ -70,7 +70,8 @@ def available():
         if reason:
             logging.getLogger(__name__).warning(
                 "sample_fc's fused CPU operators are not available (%s): PReLU runs as four MXNet "
-                "operators and mbf's grouped stem conv as MXNet's, an mbf step on the CPU about twice as slow (re-run scripts/bootstrap.sh, or "
+                "operators and mbf's grouped stem conv as MXNet's, an mbf step on the CPU about twice as slow "
+                "(re-run scripts/bootstrap.sh, or "
                 "pip install -e . with a C++ compiler)", reason)
         _library["loaded"] = reason is None
     return _library["loaded"]

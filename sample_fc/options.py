@@ -19,7 +19,8 @@ BANK_MOMENTA = ("same", "int8", "none")     # memory_bank: the centers' momentum
 BANK_MOMENTUM_WORDS = ("auto",) + BANK_MOMENTA   # the config's: auto is resolved at start (pfc/center_optimizer.py)
 EMBEDDING_SCALES = ("fixed", "learned")     # symbols.with_learned_embedding_scale: the embedding BatchNorm's gamma
 WANDB_MODES = ("off", "offline", "online")   # run/scalar_log.py: Weights & Biases off, files only, or synced
-TAIL_BNS = ("worker", "global")             # global_tail: the BatchNorms over samples only on each worker's batch or the global one
+TAIL_BNS = ("worker", "global")             # global_tail: the BatchNorms over samples only on each worker's batch
+                                            # or the global one
 
 
 def check_momentum_form(momentum_form):

@@ -119,7 +119,8 @@ def _conv_bn_layers(ours, theirs, act=True):
 
 
 def _inverted_residual_layers(ours, theirs):
-    return (_conv_bn_layers(ours + '_expand', theirs + '.layers.0') + _conv_bn_layers(ours + '_dw', theirs + '.layers.1')
+    return (_conv_bn_layers(ours + '_expand', theirs + '.layers.0')
+            + _conv_bn_layers(ours + '_dw', theirs + '.layers.1')
             + _conv_bn_layers(ours + '_project', theirs + '.layers.2', act=False))
 
 

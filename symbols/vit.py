@@ -147,8 +147,10 @@ def arcface_torch_layers(name):
     found = [('patch_embed', 'patch_embed.proj', 'conv_bias'), ('pos_embed', 'pos_embed', 'parameter')]
     for index in range(depth):
         ours, theirs = 'block%d' % index, 'blocks.%d' % index
-        found += [(ours + '_norm1', theirs + '.norm1', 'layer_norm'), (ours + '_attn_qkv', theirs + '.attn.qkv', 'fc_no_bias'),
-                  (ours + '_attn_proj', theirs + '.attn.proj', 'fc'), (ours + '_norm2', theirs + '.norm2', 'layer_norm'),
+        found += [(ours + '_norm1', theirs + '.norm1', 'layer_norm'),
+                  (ours + '_attn_qkv', theirs + '.attn.qkv', 'fc_no_bias'),
+                  (ours + '_attn_proj', theirs + '.attn.proj', 'fc'),
+                  (ours + '_norm2', theirs + '.norm2', 'layer_norm'),
                   (ours + '_fc1', theirs + '.mlp.fc1', 'fc'), (ours + '_fc2', theirs + '.mlp.fc2', 'fc')]
     return found + [('norm', 'norm', 'layer_norm'), ('feature_fc', 'feature.0', 'fc_no_bias'),
                     ('feature_bn', 'feature.1', 'bn'), ('embedding_fc', 'feature.2', 'fc_no_bias'),

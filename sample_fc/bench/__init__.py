@@ -6,6 +6,6 @@
     report   machine facts, memory model, Markdown tables, targets
 
 Beside it: compare (sample_fc against the yardstick or arcface_torch's own modules:
-compare_yardstick its side, time_to_accuracy; center_study its results as one table), step_breakdown, memory (the memory plan against train.py's measured peaks),
-yardstick/ (arcface_torch's step), glyphs (real-image data).
+compare_yardstick its side, time_to_accuracy; center_study its results as one table), step_breakdown,
+memory (the memory plan against train.py's measured peaks), yardstick/ (arcface_torch's step), glyphs (real-image data).
 """

@@ -25,7 +25,8 @@ from ..pfc.sampler import class_center_sample, num_sample_for, shard_range
 from ..run.memory_plan import peak_rss_bytes
 
 STAGES = ("forward", "allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "finite_check",
-          "reducescatter", "backbone_backward", "gradient_sum", "bank_update", "backbone_update")   # module.step's, in order
+          "reducescatter", "backbone_backward", "gradient_sum", "bank_update",
+          "backbone_update")   # module.step's, in order
 BOUND_BLOCK_ROWS = 512      # rows per take + put block of the rows-traffic bound
 EMBEDDING_POOL = 4          # distinct embedding batches cycled through (labels differ every step)
 
@@ -227,7 +228,8 @@ def schedule_case(classes, ratio, batch_size, embedding_size, warmup_steps, afte
     steps = []
     for batch in batches:
         seconds = _timed_step(module, batch)
-        steps.append({"update": module.num_update, "ratio": sampler.schedule(module.num_update) if sampler.schedule else ratio,
+        steps.append({"update": module.num_update,
+                      "ratio": sampler.schedule(module.num_update) if sampler.schedule else ratio,
                       "num_sampled": sampled[-1], "ms": seconds * 1e3})
     return {"rank": rank, "world": world, "classes": classes, "ratio": ratio, "batch_per_rank": batch_size,
             "embedding_size": embedding_size, "warmup_steps": warmup_steps,

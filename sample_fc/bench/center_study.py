@@ -61,12 +61,14 @@ def table(results, steps):
         for step in steps:
             norm, turn = curve_at(found, "center_norm", step), curve_at(found, "center_turn_deg", step)
             curves.append(f"{norm:.2f} / {turn:.3f} deg" if norm is not None else "-")
-        lines.append(f"| {data} | {arm} | {per_seed} | {statistics.mean(accuracies):.4f} | " + " | ".join(curves) + " |")
+        lines.append(f"| {data} | {arm} | {per_seed} | {statistics.mean(accuracies):.4f} | "
+                     + " | ".join(curves) + " |")
     return lines
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.center_study", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.center_study",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="bench.compare --results files")
     parser.add_argument("--steps", default="50,500,1000", help="steps at which to show the centers' norm and turn")
     args = parser.parse_args(argv)

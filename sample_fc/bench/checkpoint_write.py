@@ -96,7 +96,8 @@ def main(argv=None):
     try:
         timed_write(write_shard_unsummed, bank, os.path.join(scratch, "warm-up"))   # first write: not counted
         for repeat in range(args.repeats):          # alternately, so the disk's state favours neither
-            times["without checksums"].append(timed_write(write_shard_unsummed, bank, os.path.join(scratch, f"plain{repeat}")))
+            times["without checksums"].append(timed_write(write_shard_unsummed, bank,
+                                                          os.path.join(scratch, f"plain{repeat}")))
             times["with checksums"].append(timed_write(write_shard, bank, os.path.join(scratch, f"summed{repeat}")))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -340,7 +340,8 @@ def main(argv=None):
         try:
             import torch
         except ImportError:
-            sys.exit("compare: PyTorch is not installed; run `scripts/test.sh -k yardstick` once (the test script installs torch 2.13.0, CPU build, and its pinned dependencies: requirements-test.txt)")
+            sys.exit("compare: PyTorch is not installed; run `scripts/test.sh -k yardstick` once (the test script "
+                     "installs torch 2.13.0, CPU build, and its pinned dependencies: requirements-test.txt)")
         args.torch_threads = torch.get_num_threads()      # torch's default, before mxnet is imported here
         refusal = yardstick_refusal(cfg)
         if refusal:

@@ -140,9 +140,9 @@ def rate_after(step_ends, skip, global_batch):
 def run_torch(args, cfg, tuned=False):
     """Train the yardstick on cfg's recipe in this process (with args.arcface_torch: from
     arcface_torch's own backbone and head modules in that directory); return ([(step, loss)],
-    {target: accuracy}, samples/s, accuracy curve, [center_probe statistics]) as run_sample_fc does. Verification (with --eval-every)
-    stops the clock: step_ends hold training time only. `tuned`: as a skilled CPU user runs it
-    (yardstick/tuned.py: channels-last model and batches, images in memory)."""
+    {target: accuracy}, samples/s, accuracy curve, [center_probe statistics]) as run_sample_fc does.
+    Verification (with --eval-every) stops the clock: step_ends hold training time only. `tuned`:
+    as a skilled CPU user runs it (yardstick/tuned.py: channels-last model and batches, images in memory)."""
     import mxnet  # noqa: F401  (the .rec reader's; importing it leaves torch 1 thread: set them after)
     import torch
     from sample_fc.data.bin_format import load_bin
@@ -176,7 +176,8 @@ def run_torch(args, cfg, tuned=False):
     batches, close, data_layout = yardstick_batches(args, recipe, os.path.dirname(rec), memory=tuned)
     batches = channels_last_batches(batches) if tuned else batches
     print(f"{name}: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch}, {recipe.optimizer} "
-          f"lr {recipe.lr:g} ({cfg.lr_schedule} schedule), wd {recipe.weight_decay:g} on every parameter, margins {recipe.margins} "
+          f"lr {recipe.lr:g} ({cfg.lr_schedule} schedule), wd {recipe.weight_decay:g} on every parameter, "
+          f"margins {recipe.margins} "
           f"s {recipe.scale:g}, sample rate {recipe.sample_rate:g}, clip {args.torch_clip:g}"
           + (f"; the centers on SGD at lr {recipe.bank_lr:g}, wd {recipe.bank_wd:g} (--torch-centers bank)"
              if centers_sgd else ""), flush=True)
@@ -218,7 +219,8 @@ def run_torch_ddp(args, cfg, recipe, lrs, rec):
     threads = max(1, args.torch_threads // args.torch_np)
     print(f"yardstick: {recipe.network} {recipe.image_size} px, global batch {recipe.global_batch} as "
           f"{args.torch_np} DDP processes x {recipe.global_batch // args.torch_np} images x {threads} torch threads, "
-          f"lr {recipe.lr:g}, wd {recipe.weight_decay:g} on every parameter, margins {recipe.margins} s {recipe.scale:g}",
+          f"lr {recipe.lr:g}, wd {recipe.weight_decay:g} on every parameter, "
+          f"margins {recipe.margins} s {recipe.scale:g}",
           flush=True)
     result = run_ddp(recipe, lrs, os.path.dirname(rec), args.torch_np, threads,
                      os.path.join(os.path.dirname(rec), target + ".bin"))

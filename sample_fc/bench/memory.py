@@ -36,7 +36,8 @@ BANKS = {"float32": {}, "float16": {"bank_dtype": "float16"},
          "float16+int8": {"bank_dtype": "float16", "bank_momentum": "int8"}}
 # network, image size, batch per worker, workers, bank, classes[, verification pairs]: the docs' table
 FULL = tuple((network, size, batch, world, "float32", 1000)
-             for network, size, single, double in (("mbf_small", 32, (16, 64, 128), (64,)), ("mbf", 32, (16, 64, 128), (64,)),
+             for network, size, single, double in (("mbf_small", 32, (16, 64, 128), (64,)),
+                                                   ("mbf", 32, (16, 64, 128), (64,)),
                                                    ("r50", 32, (16, 64), (16,)), ("r100", 32, (16, 64), (16,)),
                                                    ("mbf_small", 112, (16,), (64,)), ("mbf", 112, (16, 128), (64,)),
                                                    ("r50", 112, (16,), (16,)), ("r100", 112, (16,), ()))

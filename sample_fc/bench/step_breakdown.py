@@ -195,8 +195,8 @@ def yardstick_row(args, network, size, tuned=False):
     record = yardstick_case(network, size, args.global_batch, args.steps, args.torch_data, args.torch_rec + [demo],
                             tuned)
     stages = record["stages"]
-    return ([network, size, f"{'tuned' if tuned else 'yardstick'} ({record['source']})", f"1 x {record['threads']}", f"{record['step_ms']:.0f}",
-             rate(args.global_batch / record["step_ms"] * 1e3)]
+    return ([network, size, f"{'tuned' if tuned else 'yardstick'} ({record['source']})", f"1 x {record['threads']}",
+             f"{record['step_ms']:.0f}", rate(args.global_batch / record["step_ms"] * 1e3)]
             + [f"{stages[name]:.0f}" for name in ("data", "forward", "head", "backward", "clip", "update")])
 
 

@@ -53,7 +53,8 @@ def report_lines(curves, trainings):
         return ["  (a training of the yardstick has no verification)"], None
     target = sum(finals) / len(finals)
     lines = [f"  target: the yardstick's final accuracy, mean of {len(finals)}: {target:.4f}",
-             f"  {'seed':>4} {'run':>3}  {'sample_fc: s to the target (step)':>36}  {'yardstick: s to its end (final)':>34}"]
+             f"  {'seed':>4} {'run':>3}  {'sample_fc: s to the target (step)':>36}  "
+             f"{'yardstick: s to its end (final)':>34}"]
     ours, theirs = [], []
     for (seed, run), mine, yardstick in zip(trainings, curves["sample_fc"], curves["yardstick"]):
         hit = first_reach(mine, target)

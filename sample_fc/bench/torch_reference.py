@@ -126,7 +126,8 @@ class IResNet(nn.Module):
         return self.head(self.body(normalise(pixels)))
 
 
-FAMILIES = ("iresnet", "mobilefacenet")     # the families written here (a ViT's oracle: tests/workers/arcface_torch_models.py)
+FAMILIES = ("iresnet", "mobilefacenet")     # the families written here
+                                            # (a ViT's oracle: tests/workers/arcface_torch_models.py)
 
 
 def networks():

@@ -153,7 +153,8 @@ class OnnxGraph:
             self.session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         except (ort_errors.Fail, ort_errors.InvalidArgument, ort_errors.InvalidGraph, ort_errors.InvalidProtobuf,
                 ort_errors.NotImplemented, ort_errors.RuntimeException, ort_errors.NoSuchFile) as err:
-            raise UsageError(f"--model {path}: onnxruntime cannot load it ({' '.join(str(err).split())[:300]})") from None
+            raise UsageError(f"--model {path}: onnxruntime cannot load it "
+                             f"({' '.join(str(err).split())[:300]})") from None
         outputs = [value.name for value in self.session.get_outputs()]
         if output is None and len(outputs) != 1:
             raise UsageError(f"--model {path}: the graph has outputs {', '.join(outputs)}; name the embedding "

@@ -384,7 +384,8 @@ def _onnx_pretrained(spec, symbol, image_size, network, note):
     try:
         arg_params, aux_params = structural_map(spec, loaded, roles, symbol, image_size, network, note)
     except UsageError as err:
-        raise UsageError(str(err).replace("names its parameters otherwise and does not fit", "(ONNX) does not map onto", 1)
+        raise UsageError(str(err).replace("names its parameters otherwise and does not fit",
+                                          "(ONNX) does not map onto", 1)
                          .replace(" by structure either", " by the order and shapes of its weights", 1) + why) from None
     target = parameter_roles(symbol)
     scaled = [name for name, role, attrs in target if role == "bn gamma" and fixes_gamma(attrs)

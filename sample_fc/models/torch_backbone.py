@@ -4,10 +4,10 @@ and its weights as our symbol's (arg, aux) params computing arcface_torch's embe
 
 symbols/iresnet.py and symbols/mobilefacenet.py are arcface_torch's iresnet and MobileFaceNet
 layer for layer; each network's descriptor (symbols.network(name).arcface_torch_layers(), written
-in its family file) names each of our layers' arcface_torch module, and PARAMS each parameter: conv/FC weight, bias <- weight, bias; BatchNorm gamma, beta,
-moving_mean, moving_var (aux) <- weight, bias, running_mean, running_var (num_batches_tracked
-is dropped); a PReLU slope (C, 1, 1, 1) <- weight (C,). A DataParallel "module." prefix is
-ignored.
+in its family file) names each of our layers' arcface_torch module, and PARAMS each parameter:
+conv/FC weight, bias <- weight, bias; BatchNorm gamma, beta, moving_mean, moving_var (aux) <-
+weight, bias, running_mean, running_var (num_batches_tracked is dropped); a PReLU slope (C, 1, 1, 1)
+<- weight (C,). A DataParallel "module." prefix is ignored.
 
 Two folds make our network compute arcface_torch's from the same raw pixels (exact math):
 - arcface_torch feeds (x / 255 - 0.5) / 0.5 = (x - 127.5) / 127.5, our graph (x - 127.5) / 128:
@@ -76,7 +76,8 @@ def _differences(state, network):
     names = parameter_names(network)
     wanted = {theirs for _, theirs, _ in names}
     missing = [theirs for _, theirs, _ in names if theirs not in state]
-    extra = [key for key in state if key not in wanted | unused_keys(network) and not key.endswith(".num_batches_tracked")]
+    extra = [key for key in state
+             if key not in wanted | unused_keys(network) and not key.endswith(".num_batches_tracked")]
     if missing or extra:
         first = f"{missing[0]} is missing" if missing else f"{extra[0]} is not in {network}"
         return len(missing) + len(extra), first, None

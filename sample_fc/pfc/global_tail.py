@@ -31,10 +31,10 @@ def _is_per_sample(shape):
 def split_tail(symbol, data_shape):
     """(body, tail, cut_shape, cut_dtype) of a backbone `symbol` (input `data` of `data_shape`,
     batch first, float32): the body's output is the input of the first BatchNorm over samples
-    only, of per-sample shape cut_shape and type cut_dtype (float16 in a float16 backbone); the tail takes it as `tail_data`, flattened to (B, C), and
-    ends in the backbone's output. UsageError when the network has no such BatchNorm, or its
-    last layers read an earlier activation, or drop out at random (each rank would draw its
-    own mask)."""
+    only, of per-sample shape cut_shape and type cut_dtype (float16 in a float16 backbone); the tail
+    takes it as `tail_data`, flattened to (B, C), and ends in the backbone's output. UsageError when
+    the network has no such BatchNorm, or its last layers read an earlier activation, or drop out at
+    random (each rank would draw its own mask)."""
     graph = json.loads(symbol.tojson())
     nodes = graph["nodes"]
     internals = symbol.get_internals()

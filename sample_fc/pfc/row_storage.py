@@ -5,8 +5,9 @@ ask for rows and hand them back, and never branch on a format.
 Weights are float32; float16 written with stochastic rounding (rounding.py); or int8, codes of
 the row plus a float32 scale per 64 columns written with stochastic rounding (momentum_codec.py's
 8-bit rows, the host kernel's only). The momentum is stored as `Storage.momentum` says: `same` as
-the weights; `int8`, 8-bit rows as above; `none`, no momentum (the bank's SGD runs without it). A new format is its word in options (BANK_DTYPES or
-BANK_MOMENTA) and its branches here: Storage.arrays, decoded, HostRows and DeviceRows.
+the weights; `int8`, 8-bit rows as above; `none`, no momentum (the bank's SGD runs without it). A
+new format is its word in options (BANK_DTYPES or BANK_MOMENTA) and its branches here:
+Storage.arrays, decoded, HostRows and DeviceRows.
 
 Writes that round draw their noise from rounding_key(seed, num_update, stream): stream 0 the
 weights, stream 1 the momentum, per class, so a run repeats whatever the split of its rows.

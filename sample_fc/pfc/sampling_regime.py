@@ -63,7 +63,8 @@ class Regime:
     def line(self):
         """The regime in one line (the start-up log, tools.plan)."""
         return (f"sampling: ratio {self.sample_ratio:g}, {self.sampled_per_rank:,} centers scored per step per "
-                f"worker (more when the batch's positives are more); each center is drawn as a negative {self.draws:.1f} times per visit of its own class "
+                f"worker (more when the batch's positives are more); each center is drawn as a negative "
+                f"{self.draws:.1f} times per visit of its own class "
                 f"(q*K/B; from ~{SAFE_DRAWS_PER_VISIT:g} on, sampling matched ratio 1.0 where measured; "
                 f"{self.measured})")
 

@@ -162,8 +162,9 @@ class ChanceWatch:
             self.said = True
             self.warn(f"not learning: the loss has sat at {loss:.2f}, chance level {self.chance:.2f} for this "
                       f"run's classes and margin, with a gradient norm of {norm:.2f}, for the {self.window} steps "
-                      f"up to step {info.step}; try a lower lr (on 5,000 real-image classes lr 0.8 per 512 sat here where "
-                      f"0.1 learned; an lr warm-up did not help) or a higher sample_ratio (see the sampling line at start)")
+                      f"up to step {info.step}; try a lower lr (on 5,000 real-image classes lr 0.8 per 512 sat here "
+                      f"where 0.1 learned; an lr warm-up did not help) or a higher sample_ratio (see the sampling "
+                      f"line at start)")
 
 
 def append_event(models_root, kind, step, **fields):

@@ -55,8 +55,10 @@ def from_driver_api(library=None):
         name = ctypes.create_string_buffer(256)
         if (cuda.cuDeviceGet(ctypes.byref(device), index)
                 or cuda.cuDeviceGetName(name, len(name), device)
-                or cuda.cuDeviceGetAttribute(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)
-                or cuda.cuDeviceGetAttribute(ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)):
+                or cuda.cuDeviceGetAttribute(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                             device)
+                or cuda.cuDeviceGetAttribute(ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                             device)):
             return None
         gpus.append(Gpu(index, name.value.decode("utf-8", "replace"), (major.value, minor.value)))
     return gpus

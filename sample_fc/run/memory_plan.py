@@ -198,8 +198,9 @@ def ways_out(replan, part, share, world, batch_size, num_classes, storage, bank_
              ratios=None):
     """The changes that bring one worker's plan within `share` bytes, each a phrase with the GB
     per worker it gives: more workers (-np doubled until it fits), bank_dtype=float16 (a float32
-    bank), bank_momentum=none (momentum stored as the weights; either kernel), bank_momentum=int8 (a float16 bank with its momentum as the weights) and 8-bit centers
-    (bank_dtype=int8, bank_momentum=none: a float bank), both run by the host kernel (`host_kernel`,
+    bank), bank_momentum=none (momentum stored as the weights; either kernel), bank_momentum=int8 (a
+    float16 bank with its momentum as the weights) and 8-bit centers (bank_dtype=int8,
+    bank_momentum=none: a float bank), both run by the host kernel (`host_kernel`,
     the bank in host memory); the sampling warm-up started at the ratio itself (`ratios`: (the
     sample ratio, the plan's peak ratio), when the warm-up's start is larger),
     bank_context=cpu (a bank on the GPU: part 1), a smaller batch_size (halved until it
@@ -264,7 +265,8 @@ def check_fits(the_plan, available, local_workers, where="host memory", ways=lam
         return
     raise UsageError(
         f"this run needs {the_plan.total / GB:.1f} GB of {where} per worker (bank {the_plan.bank / GB:.1f} GB "
-        f"for {the_plan.num_local:,} classes, step {the_plan.head / GB:.1f} GB, backbone {the_plan.backbone / GB:.1f} GB) "
+        f"for {the_plan.num_local:,} classes, step {the_plan.head / GB:.1f} GB, "
+        f"backbone {the_plan.backbone / GB:.1f} GB) "
         f"and {share / GB:.1f} GB are available ({available / GB:.1f} GB shared by {local_workers} "
         f"worker(s) on this node); ways out: {'; '.join(list(ways(share)) + [OTHER_WAYS])}; "
         f"see `python -m sample_fc.tools.plan`")

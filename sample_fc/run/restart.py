@@ -17,8 +17,8 @@ It re-reads the hosts (-H or --hostfile) and keeps those still reachable (ssh); 
 resume with the bank resharded; fewer than --min-workers stops. Not retried: a run stopped on
 purpose (a SIGINT or SIGTERM the supervisor passed on once to the job, which runs in a session
 of its own, or a status "stopped"), a mistake (exit code errors.USAGE_EXIT), or the same error
-recorded twice in a row from the same checkpoint (an attempt without a recorded error, or with only rank 0's view of another rank's failure,
-says nothing deterministic and is retried).
+recorded twice in a row from the same checkpoint (an attempt without a recorded error, or with only
+rank 0's view of another rank's failure, says nothing deterministic and is retried).
 """
 import json
 import os

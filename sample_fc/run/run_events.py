@@ -23,7 +23,8 @@ from .stop import STOP_EXIT_BASE, signal_name
 from ..module import StepRequests
 from ..verification import Embedder, evaluate, raw_pixel_embed
 
-CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed (a measured one: docs/benchmarks-history.md)
+CHECKPOINT_BYTES_PER_S = 0.6e9    # a checkpoint's write speed before one was timed
+                                  # (a measured one: docs/benchmarks-history.md)
 
 
 class RunEvents:
@@ -49,15 +50,16 @@ class RunEvents:
         self.writer = writer = open_scalar_log(cfg, rank, run.models_root, run.run_id, logger)   # TensorBoard, W&B
         self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
         self.step = 0                     # the last step a callback saw
-        self.callbacks = [self.note_step, lambda info: watchdog.step_done(info.step, info.seconds), self.note_agreed_stop,
-                          PeriodicCallback(cfg.ckpt_period, self.save), self.save_when_due,
+        self.callbacks = [self.note_step, lambda info: watchdog.step_done(info.step, info.seconds),
+                          self.note_agreed_stop, PeriodicCallback(cfg.ckpt_period, self.save), self.save_when_due,
                           PeriodicCallback(cfg.verify_period, self.verify)]
         if rank == 0:
             if cfg.not_learning_steps:
                 self.callbacks.append(self.chance_watch(cfg, module.partial_fc))
             probe = CenterProbe(module.partial_fc.bank, cfg.frequent)
-            self.callbacks[:0] = [probe, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer, cfg.clip_grad_norm,
-                                                        self.record_progress, paused=lambda: self.paused_s,
+            self.callbacks[:0] = [probe, ProgressLogger(cfg.frequent, cfg.max_update, logger, writer,
+                                                        cfg.clip_grad_norm, self.record_progress,
+                                                        paused=lambda: self.paused_s,
                                                         extra=probe.scalars)]
             self.callbacks.append(PeriodicCallback(cfg.frequent, lambda step: self.status(step=step)))
         if stop_signals is not None:
@@ -139,8 +141,10 @@ class RunEvents:
         seconds = last_seconds or checkpoint_bytes / CHECKPOINT_BYTES_PER_S
         self.logger.info("one checkpoint: %.2f GB, %s; every %d steps%s; a stop (%s) checkpoints within "
                          "stop_grace_s=%g s", checkpoint_bytes / 1e9,
-                         f"the last took {last_seconds:.1f} s" if last_seconds else f"about {seconds:.0f} s (not yet timed)",
-                         self.cfg.ckpt_period, f" and {self.cfg.ckpt_minutes:g} minutes" if self.cfg.ckpt_minutes else "",
+                         f"the last took {last_seconds:.1f} s" if last_seconds
+                         else f"about {seconds:.0f} s (not yet timed)",
+                         self.cfg.ckpt_period,
+                         f" and {self.cfg.ckpt_minutes:g} minutes" if self.cfg.ckpt_minutes else "",
                          ", ".join(self.cfg.stop_signals) or "none", self.cfg.stop_grace_s)
         self.warn_if_a_stop_cannot_checkpoint(seconds, "the last checkpoint took" if last_seconds else
                                               "a checkpoint should take about")

@@ -4,8 +4,9 @@ Horovod's stall check sees a rank missing from a collective the others joined; i
 a job where every rank is stuck outside a collective (all data readers on a dead file
 system, say). The watchdog can: a thread that ends the process with one line naming the
 rank, the step and the stage it was in (the module's stage hook: data, forward, allgather,
-..., gradient_sum, bank_update, backbone_update; checkpoint, verification) when no step has finished for the timeout, so the launcher sees a
-failure (and, with restarts on, restarts the job from its last checkpoint).
+..., gradient_sum, bank_update, backbone_update; checkpoint, verification) when no step has finished
+for the timeout, so the launcher sees a failure (and, with restarts on, restarts the job from its
+last checkpoint).
 
 The timeout is `timeout_s` when > 0; with 0 it is set after `warmup_steps` steps to
 max(min_auto_s, 10 x the median step time of the next 10 steps). Either way it is armed

@@ -242,7 +242,8 @@ def main(argv=None):
     add_model_arguments(parser)
     parser.add_argument("--root", required=True, metavar="DIR", help="an IJB target folder (IJB_release/IJBC)")
     parser.add_argument("--target", default=None, help="ijbb or ijbc; default: the --root folder's name")
-    parser.add_argument("--out", required=True, metavar="DIR", help="folder for result.json, roc.png, scores.npy, cache/")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="folder for result.json, roc.png, scores.npy, cache/")
     parser.add_argument("--no-flip", dest="flip", action="store_false", help="embed each face alone")
     parser.add_argument("--no-detector-score", dest="detector_score", action="store_false",
                         help="do not weight faces by the detector's faceness score")

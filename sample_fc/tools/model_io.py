@@ -9,7 +9,8 @@ import mxnet as mx
 from ..checkpoint import verify_files
 from ..errors import UsageError
 from ..run.gpus import check_gpu_context
-from ..models.saved_model import NORMALIZE_CHOICES, LoadedModel, load_model, parse_model_spec, resolve_prefix  # noqa: F401
+from ..models.saved_model import (NORMALIZE_CHOICES, LoadedModel, load_model, parse_model_spec,  # noqa: F401
+                                  resolve_prefix)
 
 
 def add_model_arguments(parser, batch_size=True):

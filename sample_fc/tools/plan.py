@@ -72,7 +72,8 @@ def disk_lines(the_plan, keep, models_root):
         lines.append(f"warning: one checkpoint ({one / GB:.1f} GB) does not fit the {free / GB:.1f} GB free at "
                      f"{models_root}: train.py refuses to start there; free space or choose another --models-root")
     elif (keep + 1) * one > free:
-        lines.append(f"warning: ckpt_keep={keep} checkpoints plus the one being written ({(keep + 1) * one / GB:.1f} GB) "
+        lines.append(f"warning: ckpt_keep={keep} checkpoints plus the one being written "
+                     f"({(keep + 1) * one / GB:.1f} GB) "
                      f"do not fit the {free / GB:.1f} GB free at {models_root}: a save will fail when the disk is "
                      f"full; lower ckpt_keep or choose another --models-root")
     return lines
@@ -110,7 +111,8 @@ def main(argv=None):
             symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size, "float32", cfg.dropout)
         except ValueError as err:
             raise UsageError(f"the config's backbone: {err}") from None
-        on_gpu, bank_on_gpu, threads = args.gpu_memory is not None, cfg.bank_context == "same", default_threads(per_node)
+        on_gpu, bank_on_gpu, threads = (args.gpu_memory is not None, cfg.bank_context == "same",
+                                        default_threads(per_node))
         for name, value in (("--memory-per-node", args.memory_per_node), ("--gpu-memory", args.gpu_memory)):
             if value is not None and not value > 0:
                 raise UsageError(f"{name} must be a positive number of GB, got {value:g}")

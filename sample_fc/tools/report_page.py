@@ -63,13 +63,15 @@ def wall_seconds(run):
 def facts(run):
     """[(label, text)] of what the run is and where it ran."""
     status, starts = run.status, run.of("start")
-    start = {k: v for e in starts for k, v in e.items()}      # the latest start's facts, earlier ones' where it has none
+    start = {k: v for e in starts for k, v in e.items()}      # the latest start's facts, earlier ones' where it
+                                                              # has none
     wall = wall_seconds(run)
     rows = [("models root", os.path.abspath(run.root)),
             ("state", f"{status.get('state', 'unknown')} at step {status.get('step', '?')}"
                       + (f" (as of {status['updated']})" if status.get("updated") else "")),
             ("run id", status.get("run_id") or run.config.get("run_id", "")),
-            ("dataset / network / loss", " / ".join(str(run.config.get(k, "?")) for k in ("dataset", "network", "loss"))),
+            ("dataset / network / loss",
+             " / ".join(str(run.config.get(k, "?")) for k in ("dataset", "network", "loss"))),
             ("world size", start.get("world_size", status.get("world_size", ""))),
             ("machine", f"{start['host']}, {start['cores']} cores" if "host" in start else ""),
             ("started", _when(starts[0]["time"]) if starts else ""),
@@ -139,7 +141,8 @@ def run_section(run):
                                                                      for k, v in facts(run)])]
     changes = config_changes(run.config)
     if changes is None:
-        parts.append("<p class='note'>config: no config.json, or its presets are not in this repository's default.py</p>")
+        parts.append("<p class='note'>config: no config.json, or its presets are not in this repository's "
+                     "default.py</p>")
     else:
         parts.append(f"<h3>config: {len(changes)} key(s) differ from the presets of "
                      f"{html.escape(' / '.join(str(run.config.get(k)) for k in ('dataset', 'network', 'loss')))}</h3>")
@@ -183,7 +186,8 @@ def headline_tiles(run):
     plan = next((e["memory_plan"] for e in reversed(run.of("start")) if isinstance(e.get("memory_plan"), dict)), None)
     end = next((e for e in reversed(run.of("end")) if e.get("peak_rss_bytes")), None)
     if plan or end:
-        planned = sum(plan.get(k, 0) for k in ("bank", "sampler", "head", "backbone", "data", "runtime")) if plan else None
+        planned = (sum(plan.get(k, 0) for k in ("bank", "sampler", "head", "backbone", "data", "runtime"))
+                   if plan else None)
         peak = max(end["peak_rss_bytes"]) if end else None
         tiles.append(("memory per worker: plan / peak", " / ".join(f"{b / 1e9:.2f} GB" if b else "?"
                                                                    for b in (planned, peak)), ""))
@@ -209,6 +213,7 @@ def html_page(runs, figures):
             f"<style>{STYLE}</style></head><body><h1>sample_fc report: {html.escape(names)}</h1>"
             f"<p class='note'>made {_when(datetime.datetime.now().timestamp())} by python -m sample_fc.tools.report; "
             f"a run still training shows what it has written so far</p>{headline(runs)}"
-            + (f"<section id='curves' class='curves'>{images}</section>" if images else "<p>no progress records yet</p>")
+            + (f"<section id='curves' class='curves'>{images}</section>" if images
+               else "<p>no progress records yet</p>")
             + f"<h2>final numbers</h2>{numbers_table(runs)}"
             + "\n".join(run_section(run) for run in runs) + "</body></html>")

@@ -16,7 +16,8 @@ from .damage import DAMAGES
 from .inputs import TRAIN_SETTINGS
 
 CHECKPOINT = "models/step-00000004"
-MODEL_OF_GROUP = {"models": "{in}/models", "mxnet": "{in}/mxnet/model", "torch": "{in}/torch/backbone.pth", "onnx": "{in}/onnx/model.onnx"}
+MODEL_OF_GROUP = {"models": "{in}/models", "mxnet": "{in}/mxnet/model", "torch": "{in}/torch/backbone.pth",
+                  "onnx": "{in}/onnx/model.onnx"}
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ failed case left running is stopped after it.
 CASES is a JSON-lines file the harness appends to: {"id", "module", "argv"} per case, then
 {"stop": true}. For each case the worker appends to STATE {"id", "event": "start"} before it
 runs and {"id", "event": "end", "code", "stderr"} after (and {"event": "retired"} when it
-ends itself after a case, worn_out): `code` is what the process would have exited with (main's return, SystemExit's code, 1 for an exception, whose traceback is printed
-to the case's stderr as Python prints it), `stderr` the case's captured stderr. If the worker
-dies (a signal) or stops writing (a hang), the harness sees the case started and not ended.
+ends itself after a case, worn_out): `code` is what the process would have exited with (main's
+return, SystemExit's code, 1 for an exception, whose traceback is printed to the case's stderr
+as Python prints it), `stderr` the case's captured stderr. If the worker dies (a signal) or stops
+writing (a hang), the harness sees the case started and not ended.
 """
 import contextlib
 import importlib

@@ -143,7 +143,8 @@ def main(argv=None):
     torch.set_num_threads(args.threads or default_threads)
     print(f"{args.network} at {args.image_size} px, {args.classes} classes, batch {args.batch}, "
           f"sample rate {args.sample_rate}, margins {args.margins} s {args.scale}, lr {args.lr}, "
-          f"weight decay {args.weight_decay}{', DDP' if args.ddp else ''}, data {args.source}{' from ' + args.rec if args.rec else ' (random)'}")
+          f"weight decay {args.weight_decay}{', DDP' if args.ddp else ''}, "
+          f"data {args.source}{' from ' + args.rec if args.rec else ' (random)'}")
     print(describe_processes(args))
     our_net = build_network(args.network, args.image_size)
     runners = {}

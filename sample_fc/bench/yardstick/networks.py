@@ -231,7 +231,8 @@ class VisionTransformer(nn.Module):
         self.count, self.width, self.mask_ratio = (image_size // VIT_PATCH) ** 2, width, mask_ratio
         self.patch_embed = nn.Conv2d(3, width, VIT_PATCH, VIT_PATCH)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.count, width))
-        rates = [drop_path_rate * index / max(depth - 1, 1) for index in range(depth)]   # torch.linspace(0, rate, depth)
+        rates = [drop_path_rate * index / max(depth - 1, 1)
+                 for index in range(depth)]   # torch.linspace(0, rate, depth)
         self.blocks = nn.ModuleList([TransformerBlock(width, rate) for rate in rates])
         self.norm = nn.LayerNorm(width)
         self.feature = nn.Sequential(nn.Linear(width * self.count, width, bias=False), nn.BatchNorm1d(width, eps=2e-5),
