@@ -30,7 +30,7 @@ from sample_fc.run import layout, resume, run_root
 from sample_fc.checkpoint import CheckpointError
 from sample_fc.config import format_config, save_config
 from sample_fc.data.demo import ensure_demo
-from sample_fc.experiment_file import read_experiment
+from sample_fc.run.experiment_file import read_experiment
 from sample_fc.errors import ERROR_PREFIX, FAILURE_EXIT, USAGE_EXIT, UsageError, mxnet_reason
 from sample_fc.module import NonFiniteError
 from sample_fc.ranks import launcher_rank
@@ -123,7 +123,7 @@ def read_request(args):
     """The job's RunRequest: the command line (its --config file merged into `args`) and the
     restart supervisor's environment, read once; an automatic restart continues its run from
     the root's newest checkpoint of it."""
-    experiment = read_experiment(args.config) if args.config else None
+    experiment = read_experiment(args.config, default) if args.config else None
     if experiment:
         experiment.merged_into(args)
     request = RunRequest.read(args, experiment=experiment)

@@ -1,4 +1,4 @@
-"""Tests for sample_fc.experiment_file (`train.py --config FILE`): a file's lines say what --set
+"""Tests for sample_fc.run.experiment_file (`train.py --config FILE`): a file's lines say what --set
 says (generated keys and values: the same config, or the same one-line error with the file and
 line in front), the command line wins, and every bad file is one line."""
 import argparse
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, strategies as st
 
 from sample_fc.errors import UsageError
-from sample_fc.experiment_file import read_experiment
+from sample_fc.run.experiment_file import read_experiment
 from test_config_surface import EXAMPLES, override_cases
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ def from_file(tmp_path, text, dataset=None, network=None, loss=None, overrides=(
     path = tmp_path / "exp.cfg"
     path.write_text(text, encoding="utf-8")
     args = argparse.Namespace(dataset=dataset, network=network, loss=loss, overrides=list(overrides))
-    read_experiment(str(path)).merged_into(args)
+    read_experiment(str(path), default).merged_into(args)
     return outcome(args.dataset, args.network, args.loss, args.overrides)
 
 
@@ -82,7 +82,7 @@ def test_a_bad_line_is_one_line_naming_the_file_and_the_line(tmp_path, text, mes
     path = tmp_path / "exp.cfg"
     path.write_text(text)
     with pytest.raises(UsageError) as error:
-        read_experiment(str(path))
+        read_experiment(str(path), default)
     assert str(error.value).startswith(f"--config {path}, {message}") and "\n" not in str(error.value)
 
 
@@ -92,7 +92,7 @@ def test_a_missing_unreadable_or_binary_file_is_one_line(tmp_path):
     for path, message in ((tmp_path / "none.cfg", "no such file"), (tmp_path, "is a directory"),
                           (binary, "is not UTF-8 text")):
         with pytest.raises(UsageError, match=f"^--config {path}:? {message}"):
-            read_experiment(str(path))
+            read_experiment(str(path), default)
 
 
 @EXAMPLES
@@ -102,7 +102,7 @@ def test_any_text_is_read_or_refused_in_one_line(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("any") / "exp.cfg"
     path.write_text(text, encoding="utf-8")
     try:
-        experiment = read_experiment(str(path))
+        experiment = read_experiment(str(path), default)
     except UsageError as error:
         assert "\n" not in str(error)
         return

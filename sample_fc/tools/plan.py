@@ -94,9 +94,9 @@ def main(argv=None):
         from ..pfc.sampling_regime import regime
         from symbols.cost import backbone_cost
         from ..pfc.host_head import default_threads
-        from ..experiment_file import read_experiment
+        from ..run.experiment_file import read_experiment
         if args.config:
-            read_experiment(args.config).merged_into(args)
+            read_experiment(args.config, default).merged_into(args)
         cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         explicit = default.overridden_keys(args.overrides)
         for note in fill_from_property(cfg, explicit):      # as train.py: the set's own classes and size

@@ -169,14 +169,14 @@ def train_args(words):
 def parses_as_training(words):
     """Parse train.py's part of a command line with train.py's own parser and build its config
     (argparse exits on an unknown option, which fails the calling test); a --resume line takes
-    its config from the checkpoint, so only its overrides are checked, against the defaults'
-    keys."""
+    its config from the checkpoint: it is checked as the resume of a run begun with the same
+    options (an override a resume may not change fails)."""
     sys.path.insert(0, str(REPO))
     import train
     args = train.make_parser().parse_args(train_args(words))
-    if args.resume:
-        assert not args.dataset, "--resume takes the run's dataset from its checkpoint"
-        train.default.config_for_run(None, None, None, args.overrides, train.default.get_config(), note=None)
+    if args.resume:      # resuming a run that began with the same line (as the cluster scripts do)
+        begun = train.default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
+        train.default.config_for_run(args.dataset, args.network, args.loss, args.overrides, begun, note=None)
     else:
         assert train.default.get_config(args.dataset, args.network, args.loss)
     return args
