@@ -31,7 +31,7 @@ from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
                                BANK_DTYPES, BANK_MOMENTUM_WORDS, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS,
-                               MOMENTUM_FORMS, OPTIMIZERS, TAIL_BNS, WANDB_MODES)
+                               MOMENTUM_FORMS, OPTIMIZERS, TAIL_BNS, WANDB_MODES, margin_key_problem)
 
 
 def _target_name(name):
@@ -560,9 +560,9 @@ def check_config(cfg, data=True):
             "--images FOLDER --out DIR/train makes one)" if cfg.dataset == 'custom' else ""))
     if data and cfg.num_classes < 1:
         _fail('num_classes', cfg.num_classes, "an integer >= 1 (train.py reads it from the property file beside rec)")
-    if cfg.loss_margin == 'curricularface' and (cfg.loss_m1 != 1.0 or cfg.loss_m3 != 0.0):
-        _fail('loss_m1' if cfg.loss_m1 != 1.0 else 'loss_m3', cfg.loss_m1 if cfg.loss_m1 != 1.0 else cfg.loss_m3,
-              "1.0 and 0.0 with loss_margin=curricularface (its margin is loss_m2)")
+    problem = margin_key_problem(cfg.loss_margin, cfg.loss_m1, cfg.loss_m3)
+    if problem:
+        _fail(*problem)
     if cfg.lr_schedule != 'step' and steps_of(cfg.warmup_steps, cfg.max_update) >= cfg.max_update:
         _fail('warmup_steps', cfg.warmup_steps,
               f"fewer than max_update={cfg.max_update} for lr_schedule={cfg.lr_schedule}")

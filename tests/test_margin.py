@@ -80,3 +80,21 @@ def test_psi_on_numpy_equals_psi_on_ndarray(name):
     for host, device in zip(on_numpy, on_ndarray):
         assert isinstance(host, np.ndarray) and host.dtype == np.float32
         np.testing.assert_allclose(host, device.asnumpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m1, m3, key, value", [(1.2, 0.0, "loss_m1", 1.2), (1.0, 0.25, "loss_m3", 0.25),
+                                                (0.9, 0.1, "loss_m1", 0.9)])
+def test_curricularface_keys_are_one_rule_for_the_config_and_the_layer(m1, m3, key, value):
+    """Test that CurricularFace with loss_m1 != 1 or loss_m3 != 0 is refused in the same words by
+    the config (one line naming the first bad key and its value) and by make_margin, and that
+    m1 = 1, m3 = 0 builds it with its margin from m2."""
+    import default
+    from sample_fc.errors import UsageError
+    from sample_fc.pfc.margin import CurricularFace, make_margin
+    expected = "expected 1 with loss_margin" if key == "loss_m1" else "expected 0 with loss_margin"
+    with pytest.raises(UsageError, match=rf"config key '{key}' is {value!r}; {expected}=curricularface"):
+        default.config_for_run(loss='curricularface', overrides=[f"loss_m1={m1}", f"loss_m3={m3}"])
+    with pytest.raises(ValueError, match=rf"^{key}={value:g}; {expected}=curricularface \(its margin is loss_m2\)$"):
+        make_margin("curricularface", m1, 0.4, m3, 32.0)
+    built = make_margin("curricularface", 1.0, 0.4, 0.0, 32.0)
+    assert isinstance(built, CurricularFace) and built.m == 0.4

@@ -31,7 +31,7 @@ import math
 import mxnet as mx
 import numpy as np
 
-from ..options import MARGINS
+from ..options import MARGINS, margin_key_problem
 
 EPS = 1e-6
 
@@ -189,9 +189,9 @@ def make_margin(kind, m1=1.0, m2=0.5, m3=0.0, s=64.0):
     combined takes all three; curricularface its m = m2 (m1 = 1 and m3 = 0: ValueError else)."""
     if kind == "combined":
         return CombinedMargin(m1, m2, m3, s)
+    problem = margin_key_problem(kind, m1, m3)
+    if problem:
+        raise ValueError(f"{problem[0]}={problem[1]:g}; expected {problem[2]}")
     if kind == "curricularface":
-        if m1 != 1.0 or m3 != 0.0:
-            raise ValueError(f"loss_margin=curricularface takes its margin from loss_m2 (m1 = 1, m3 = 0); got "
-                             f"loss_m1={m1:g}, loss_m3={m3:g}")
         return CurricularFace(m2, s)
     raise ValueError(f"loss_margin must be one of {MARGINS}, got {kind!r}")
