@@ -8,9 +8,13 @@ training step needs three things this CPU process lacks, and gets them here:
   this process only; sample_fc's yardstick never calls it).
 - lr_scheduler.py's PolynomialLRWarmup passes `verbose` to a base that no longer takes it
   (torch 2.13 here): its base is initialised without it (polynomial_warmup).
-- Their networks are fixed to 112 px (mbf's GDC kernel 7x7, IResNet's fc over 7x7 maps): for
-  another size the GDC's conv is replaced by one whose kernel covers the final map, and
-  IResNet.fc_scale is set to that map's area while the network is built (networks.final_side).
+- Their networks are fixed to 112 px (mbf's GDC kernel 7x7, IResNet's fc over 7x7 maps, the
+  ViTs' img_size=112): for another size the GDC's conv is replaced by one whose kernel covers
+  the final map, IResNet.fc_scale is set to that map's area while the network is built
+  (networks.final_side), and a ViT is built with img_size the image's side.
+- vit.py imports three helpers of timm (DropPath, to_2tuple, trunc_normal_), which is not
+  installed here: stand-ins are registered as timm.models.layers when timm is missing
+  (networks.DropPath, torch's trunc_normal_, a pair of a number).
 """
 import importlib.util
 import os
@@ -21,7 +25,7 @@ import warnings
 import torch
 from torch import nn
 
-from .networks import EMBEDDING_SIZE, SEP_CHANNELS, final_side
+from .networks import EMBEDDING_SIZE, SEP_CHANNELS, DropPath, final_side
 from .training import CLIP_NORM, MOMENTUM, start_one_process_group
 
 FILES = ("backbones/__init__.py", "partial_fc_v2.py", "losses.py", "lr_scheduler.py")
@@ -41,11 +45,28 @@ def missing_files(directory):
     return [f for f in FILES if not os.path.isfile(os.path.join(directory, f))]
 
 
+def _timm_stand_ins():
+    """timm.models.layers' DropPath, to_2tuple and trunc_normal_ (vit.py's imports), registered
+    in sys.modules when timm is not installed."""
+    try:
+        import timm.models.layers  # noqa: F401
+        return
+    except ImportError:
+        pass
+    layers = types.ModuleType("timm.models.layers")
+    layers.DropPath, layers.trunc_normal_ = DropPath, nn.init.trunc_normal_
+    layers.to_2tuple = lambda value: tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    models, timm = types.ModuleType("timm.models"), types.ModuleType("timm")
+    models.layers, timm.models = layers, models
+    sys.modules.update({"timm": timm, "timm.models": models, "timm.models.layers": layers})
+
+
 def load(directory):
     """Their modules as attributes backbones, partial_fc_v2, losses, lr_scheduler."""
     missing = missing_files(directory)
     if missing:
         raise FileNotFoundError(f"{directory} is not arcface_torch: no {', '.join(missing)}")
+    _timm_stand_ins()
     warnings.filterwarnings("ignore", message=r".*torch\.cuda\.amp\.autocast.*", category=FutureWarning)
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     start_one_process_group()
@@ -59,6 +80,14 @@ def load(directory):
 
 def build_network(modules, name, image_size, embedding_size=EMBEDDING_SIZE):
     """get_model(name, dropout=0.0, fp16=False, num_features=embedding_size), fitted to `image_size`."""
+    if name.startswith("vit"):
+        vit = importlib.import_module("arcface_torch_backbones.vit")
+        built_at_112 = vit.VisionTransformer
+        vit.VisionTransformer = lambda *args, **kwargs: built_at_112(*args, **{**kwargs, "img_size": image_size})
+        try:
+            return modules.backbones.get_model(name, dropout=0.0, fp16=False, num_features=embedding_size)
+        finally:
+            vit.VisionTransformer = built_at_112
     side = final_side(image_size)
     iresnet_class = modules.backbones.iresnet.IResNet
     fixed_area = iresnet_class.fc_scale
