@@ -216,20 +216,23 @@ def test_eval_every_must_be_a_multiple_of_frequent():
 
 def test_center_study_groups_trainings_by_set_and_arm(tmp_path):
     """Test that bench.center_study groups compare's --results lines by data set and arm (the
-    sample_fc side's bank_momentum and bank_lr from its train.py arguments; arcface_torch's own
-    modules apart), orders seeds, and averages accuracies and the centers' curves over seeds."""
+    sample_fc side's bank_momentum and its other train.py settings, and its layout when not one
+    worker; arcface_torch's own modules apart), orders seeds, and averages accuracies and the
+    centers' curves over seeds."""
     import json
     from sample_fc.bench.center_study import main
 
-    def line(side, seed, accuracy, turn, train_args=(), data="/d/glyphs5k/train.rec"):
-        return {"side": side, "seed": seed, "overrides": [f"rec={data}", f"seed={seed}"],
-                "train_args": list(train_args), "arcface_torch": side != "sample_fc" or None,
+    def line(side, seed, accuracy, turn, train_args=(), data="/d/glyphs5k/train.rec", workers=1):
+        return {"side": side, "seed": seed, "overrides": [f"rec={data}", f"seed={seed}", "batch_size=64"],
+                "train_args": list(train_args), "arcface_torch": side != "sample_fc" or None, "np": workers,
                 "accuracy": {"glyphs_val": accuracy},
                 "centers": [{"step": 50, "center_norm": 1.0 + seed, "center_turn_deg": turn}]}
     none = ("--set", "bank_momentum=none")
     rows = [line("sample_fc", 2, 0.90, 0.2, none), line("sample_fc", 1, 0.80, 0.4, none),
             line("tuned", 1, 0.70, 0.1), line("sample_fc", 1, 0.60, 0.3, none + ("--set", "bank_lr=0.2")),
-            line("sample_fc", 1, 0.50, 0.3, none, data="/d/glyphs20k/train.rec")]
+            line("sample_fc", 1, 0.50, 0.3, none, data="/d/glyphs20k/train.rec"),
+            line("sample_fc", 1, 0.40, 0.3, none + ("--set", "embedding_scale=learned", "--set", "decay_all=true"),
+                 workers=2)]
     path = tmp_path / "results.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     import contextlib
@@ -238,7 +241,7 @@ def test_center_study_groups_trainings_by_set_and_arm(tmp_path):
     with contextlib.redirect_stdout(out):
         main([str(path), "--steps", "50"])
     table = out.getvalue().splitlines()[2:]
-    assert len(table) == 4, table
+    assert len(table) == 5, table
     by_arm = {tuple(cell.strip() for cell in row.split("|")[1:3]): row for row in table}
     plain = by_arm[("glyphs5k", "sample_fc, centers no momentum (lr / (1 - m))")]
     assert "0.8000 (s1) / 0.9000 (s2) | 0.8500 | 2.50 / 0.300 deg" in plain, plain
@@ -246,3 +249,5 @@ def test_center_study_groups_trainings_by_set_and_arm(tmp_path):
     assert "0.7000 (s1)" in by_arm[("glyphs5k", "arcface_torch as it ships (arcface_torch's modules: SGD, "
                                                "momentum 0.9 on the centers)")]
     assert "0.5000 (s1)" in by_arm[("glyphs20k", "sample_fc, centers no momentum (lr / (1 - m))")]
+    assert "0.4000 (s1)" in by_arm[("glyphs5k", "sample_fc, centers no momentum (lr / (1 - m)), embedding_scale "
+                                               "learned, decay_all true, 2 workers x 64")]

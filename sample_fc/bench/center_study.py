@@ -3,8 +3,8 @@
     python -m sample_fc.bench.center_study RESULTS.jsonl [...] [--steps 50,500,1000]
 
 Each line of a results file is one training (compare.append_result). Trainings are grouped by
-data set (the --set rec's folder) and arm: sample_fc with its bank_momentum and bank_lr (the
---train-arg settings), or the yardstick (arcface_torch's own modules with --arcface-torch). Prints
+data set (the --set rec's folder) and arm: sample_fc with its bank_momentum and every other
+--train-arg setting (bank_lr, embedding_scale, ...), and its layout when not one worker, or the yardstick (arcface_torch's own modules with --arcface-torch). Prints
 one markdown table of held-out accuracy per seed and the mean, then the centers' mean norm and
 mean turn per step (run/center_probe.py) at the chosen steps, averaged over seeds.
 """
@@ -28,9 +28,16 @@ def arm_of(result):
         return data, f"arcface_torch as it ships ({origin}: SGD, momentum 0.9 on the centers)"
     words = [word for word in result.get("train_args") or [] if word != "--set"]
     momentum = setting(words, "bank_momentum", "same")
-    bank_lr = setting(words, "bank_lr", "same")
     what = "no momentum (lr / (1 - m))" if momentum == "none" else f"momentum 0.9 ({momentum})"
-    return data, f"sample_fc, centers {what}" + (f", bank_lr {bank_lr}" if bank_lr != "same" else "")
+    others = {}                                  # every other setting, the last of a key, in order
+    for word in words:
+        key, _, value = word.partition("=")
+        if key != "bank_momentum" and value:
+            others.pop(key, None)
+            others[key] = value
+    workers = result.get("np") or 1
+    layout = f", {workers} workers x {setting(result['overrides'], 'batch_size', '?')}" if workers != 1 else ""
+    return data, f"sample_fc, centers {what}" + "".join(f", {k} {v}" for k, v in others.items()) + layout
 
 
 def read_results(paths):
