@@ -206,6 +206,17 @@ def allgather_object(obj, name):
     return hvd.allgather_object(obj, name=name)
 
 
+def agree(work, name, errors, describe=str):
+    """Run this rank's `work()`; then every rank learns every rank's outcome: [(problem, result)]
+    in rank order, problem None where work returned and describe(error) where it raised one of
+    `errors` (others propagate). Every rank must call it with the same name."""
+    try:
+        outcome = (None, work())
+    except errors as error:
+        outcome = (describe(error), None)
+    return allgather_object(outcome, name)
+
+
 def barrier(name):
     """Return only when every rank has reached the barrier with the same name."""
     hvd.allreduce(mx.nd.zeros(1), op=hvd.Sum, name=f"barrier.{name}").wait_to_read()

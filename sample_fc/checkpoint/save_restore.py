@@ -174,12 +174,9 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
 
     def agree(stage, work):
         """Run this rank's `work`; then every rank learns whether all of them succeeded, and
-        gets every rank's result (in rank order)."""
-        try:
-            result, problem = work(), None
-        except (OSError, mx.base.MXNetError) as error:     # MXNet's writers raise MXNetError
-            result, problem = None, f"rank {rank}: {mxnet_reason(error)}"
-        outcomes = dist.allgather_object((problem, result), f"checkpoint.{step}.{stage}")
+        gets every rank's result (in rank order). MXNet's writers raise MXNetError."""
+        outcomes = dist.agree(work, f"checkpoint.{step}.{stage}", (OSError, mx.base.MXNetError),
+                              lambda error: f"rank {rank}: {mxnet_reason(error)}")
         problems = [p for p, _ in outcomes if p]
         if problems:
             if rank == 0:

@@ -54,3 +54,17 @@ def test_pace_keeps_uneven_ranks_in_step(horovod_job, work):
     if work == "uneven":
         assert found[0]["longest_wait_s"] < 0.25 and found[0]["total_wait_s"] > 0.5, found[0]
         assert [line.split("%")[0].rsplit(" ", 1)[1] for line in found[0]["said"]] == [str(p) for p in range(10, 100, 10)]
+
+
+def test_agree_tells_every_rank_every_ranks_outcome(horovod_job):
+    """Test that dist.agree gives both ranks the same [(problem, result)] in rank order: rank 1's
+    listed error described, rank 0's result; and every result when no rank fails."""
+    import json
+    result = horovod_job("agree.py", timeout_s=120)
+    assert result.returncode == 0, per_rank_tail(result.output)
+    found = {r["rank"]: r for r in (json.loads(l.split("AGREE ", 1)[1]) for l in result.output.splitlines()
+                                    if "AGREE {" in l)}
+    assert sorted(found) == [0, 1], found
+    for seen in found.values():
+        assert seen["failed"] == [[None, {"rank": 0}], ["rank 1: disk full", None]], seen
+        assert seen["passed"] == [[None, 0], [None, 10]], seen
