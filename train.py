@@ -231,13 +231,12 @@ def lost_peer(error, limit_s, watchdog, status):
 def on_every_rank(work, name):
     """work() on every rank, then every rank learns whether any raised UsageError (dist.agree); if
     one did, all stop with the first such rank's line (exit 2). Returns work()'s result."""
-    outcomes, rank = dist.agree(work, name, UsageError), dist.rank()
-    problems = [problem for problem, _ in outcomes]
+    (result, problems, _), rank = dist.agree(work, name, UsageError), dist.rank()
     if any(problems):
         first = next(r for r, p in enumerate(problems) if p)
         dist.shutdown()                   # in step: MPI counts an exit without it as a failure
         fail(problems[first], USAGE_EXIT, print_it=rank == first)
-    return outcomes[rank][1]
+    return result
 
 
 def take_root(models_root, start_over, token):

@@ -206,15 +206,19 @@ def allgather_object(obj, name):
     return hvd.allgather_object(obj, name=name)
 
 
-def agree(work, name, errors, describe=str):
-    """Run this rank's `work()`; then every rank learns every rank's outcome: [(problem, result)]
-    in rank order, problem None where work returned and describe(error) where it raised one of
-    `errors` (others propagate). Every rank must call it with the same name."""
+def agree(work, name, errors, describe=str, share_results=False):
+    """Run this rank's `work()`; then every rank learns every rank's problem, in rank order: None
+    where work returned, describe(error) where it raised one of `errors` (others propagate); with
+    `share_results`, every rank's (picklable) result too. Returns (this rank's result, [problem
+    per rank], [result per rank] or None). Every rank must call it with the same name."""
     try:
-        outcome = (None, work())
+        result, problem = work(), None
     except errors as error:
-        outcome = (describe(error), None)
-    return allgather_object(outcome, name)
+        result, problem = None, describe(error)
+    if not share_results:
+        return result, allgather_object(problem, name), None
+    gathered = allgather_object((problem, result), name)
+    return result, [p for p, _ in gathered], [r for _, r in gathered]
 
 
 def barrier(name):

@@ -175,9 +175,9 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
     def agree(stage, work):
         """Run this rank's `work`; then every rank learns whether all of them succeeded, and
         gets every rank's result (in rank order). MXNet's writers raise MXNetError."""
-        outcomes = dist.agree(work, f"checkpoint.{step}.{stage}", (OSError, mx.base.MXNetError),
-                              lambda error: f"rank {rank}: {mxnet_reason(error)}")
-        problems = [p for p, _ in outcomes if p]
+        _, problems, results = dist.agree(work, f"checkpoint.{step}.{stage}", (OSError, mx.base.MXNetError),
+                                          lambda error: f"rank {rank}: {mxnet_reason(error)}", share_results=True)
+        problems = [p for p in problems if p]
         if problems:
             if rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
@@ -189,7 +189,7 @@ def save_checkpoint(models_root, step, module, symbol, data_iter, train_state, k
                                   f"{_space_note(models_root, needed)}; the partial checkpoint was "
                                   f"removed, the last complete one is "
                                   f"{previous[-1][1] if previous else 'none'}")
-        return [r for _, r in outcomes]
+        return results
 
     def begin():
         if rank == 0:

@@ -14,6 +14,7 @@ def work():
     return {"rank": rank}
 
 
-failed = dist.agree(work, "agree.failing", (ValueError, OSError), lambda error: f"rank {rank}: {error}")
+failed = dist.agree(work, "agree.failing", (ValueError, OSError), lambda error: f"rank {rank}: {error}",
+                    share_results=True)
 passed = dist.agree(lambda: rank * 10, "agree.passing", ValueError)
 print("AGREE " + json.dumps({"rank": rank, "failed": failed, "passed": passed}), flush=True)
