@@ -48,3 +48,10 @@ def test_a_resumed_run_keeps_its_centers_optimizer():
     assert resumed.bank_momentum == "none"
     with pytest.raises(UsageError, match="bank_momentum"):
         default.config_for_run(None, None, None, ["bank_momentum=auto"], resumed=dict(saved))
+
+
+@pytest.mark.parametrize("classes, quoted", [(640, "at C/B 1.6,"), (1280, "at C/B 39.1,"), (10 ** 6, "at C/B 156.2,")])
+def test_the_line_quotes_the_measured_point_nearest_on_a_log_scale(classes, quoted):
+    """Test that the start-up line quotes the measured gap nearest the run's on a log scale (C/B
+    10 is nearer 39.1 than 1.6 by ratio, though not by difference), as the sampling regime's does."""
+    assert quoted in center_optimizer("auto", 0.9, classes, 128).line()

@@ -10,6 +10,8 @@ momentum has been measured against none on real images (MEASURED), the gap decid
 """
 from dataclasses import dataclass
 
+from .sampling_regime import nearest_measured
+
 MOMENTUM_UNTIL_GAP = 10.0       # visit gaps (C/B) below this keep the centers' momentum
 MEASURED = (                    # (C/B, none against momentum 0.9 at ratio 1.0, 1,000 steps; BENCHMARKS.md)
     (1.6, "-1.0 point on the demo's 200 synthetic identities (five seeds)"),
@@ -42,7 +44,7 @@ class CenterOptimizer:
             what = f"plain SGD at lr / (1 - {self.momentum:g}), no momentum"
         else:
             what = f"SGD with momentum {self.momentum:g}" + (" (8-bit)" if self.bank_momentum == "int8" else "")
-        nearest = min(MEASURED, key=lambda point: abs(point[0] - self.gap))
+        nearest = nearest_measured(MEASURED, self.gap)
         why = (f"bank_momentum=auto: a class comes back every {self.gap:.1f} steps (C/B), momentum is kept below "
                f"{MOMENTUM_UNTIL_GAP:g}" if self.automatic else f"bank_momentum={self.bank_momentum}; "
                f"a class comes back every {self.gap:.1f} steps (C/B)")

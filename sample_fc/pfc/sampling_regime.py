@@ -27,6 +27,12 @@ MEASURED = (                    # (q*K/B, what it cost against ratio 1.0), the l
 )
 
 
+def nearest_measured(points, value):
+    """The (x, ...) point of a measured table nearest `value` on a log scale (x and value > 0; a
+    value of 0 counts as 1e-9): the table a start-up line quotes beside its choice."""
+    return min(points, key=lambda point: abs(math.log(point[0]) - math.log(max(value, 1e-9))))
+
+
 def draws_per_visit(sample_ratio, num_classes, global_batch):
     """q*K/B: how many times a center is drawn as a negative per visit of its own class."""
     return sample_ratio * num_classes / global_batch
@@ -84,7 +90,7 @@ def regime(sample_ratio, num_classes, world, batch_size, embedding_size, multipl
     global_batch = batch_size * world
     num_local = -(-num_classes // world)
     draws = draws_per_visit(sample_ratio, num_classes, global_batch)
-    nearest = min(MEASURED, key=lambda point: abs(math.log(point[0]) - math.log(max(draws, 1e-9))))
+    nearest = nearest_measured(MEASURED, draws)
     safe = max(sample_ratio, safe_ratio(num_classes, global_batch))
 
     def step_flops(ratio):
