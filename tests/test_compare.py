@@ -251,3 +251,18 @@ def test_center_study_groups_trainings_by_set_and_arm(tmp_path):
     assert "0.5000 (s1)" in by_arm[("glyphs20k", "sample_fc, centers no momentum (lr / (1 - m))")]
     assert "0.4000 (s1)" in by_arm[("glyphs5k", "sample_fc, centers no momentum (lr / (1 - m)), embedding_scale "
                                                "learned, decay_all true, 2 workers x 64")]
+
+
+def test_a_folder_that_is_not_arcface_torch_is_one_line(tmp_path):
+    """Test that --arcface-torch (compare) and --check-against (the yardstick) naming a folder
+    without arcface_torch's files end in one usage line naming the folder and the missing files."""
+    (tmp_path / "backbones").mkdir()
+    (tmp_path / "losses.py").write_text("")
+    missing = "no backbones/__init__.py, partial_fc_v2.py, lr_scheduler.py"
+    result = compare(["--arcface-torch", str(tmp_path), "--only", "torch"], timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(
+        f"error: --arcface-torch {tmp_path} is not arcface_torch: {missing}"), result.stderr[-2000:]
+    check = subprocess.run([sys.executable, "-m", "sample_fc.bench.yardstick", "--check-against", str(tmp_path)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert check.returncode == 2 and check.stderr.strip().splitlines()[-1].endswith(
+        f"error: --check-against {tmp_path} is not arcface_torch: {missing}"), check.stderr[-2000:]

@@ -99,10 +99,9 @@ def parse_args(argv):
                         "run, the overrides, accuracy, losses, samples/s and the centers' norm and turn per step")
     args = parser.parse_args(argv)
     if args.arcface_torch:
-        from .yardstick.upstream import missing_files
-        if missing_files(args.arcface_torch):
-            parser.error(f"--arcface-torch {args.arcface_torch} is not arcface_torch: no "
-                         f"{', '.join(missing_files(args.arcface_torch))}")
+        from .yardstick.upstream import not_arcface_torch
+        if not_arcface_torch("--arcface-torch", args.arcface_torch):
+            parser.error(not_arcface_torch("--arcface-torch", args.arcface_torch))
     if args.network is None and args.only != "sample_fc":
         args.network = "mbf"            # the yardstick has arcface_torch's networks only
     return args

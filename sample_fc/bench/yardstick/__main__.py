@@ -55,9 +55,8 @@ def parse_args(argv):
         CombinedMargin(args.scale, *args.margins)
     except ValueError as error:
         parser.error(f"--margins: {error}")
-    if args.check_against and upstream.missing_files(args.check_against):
-        parser.error(f"--check-against {args.check_against} is not arcface_torch: no "
-                     f"{', '.join(upstream.missing_files(args.check_against))}")
+    if args.check_against and upstream.not_arcface_torch("--check-against", args.check_against):
+        parser.error(upstream.not_arcface_torch("--check-against", args.check_against))
     return args
 
 

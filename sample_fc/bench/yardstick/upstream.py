@@ -45,6 +45,12 @@ def missing_files(directory):
     return [f for f in FILES if not os.path.isfile(os.path.join(directory, f))]
 
 
+def not_arcface_torch(option, directory):
+    """None, or the one line saying why `directory` (given as `option`) is not arcface_torch."""
+    missing = missing_files(directory)
+    return f"{option} {directory} is not arcface_torch: no {', '.join(missing)}" if missing else None
+
+
 def _timm_stand_ins():
     """timm.models.layers' DropPath, to_2tuple and trunc_normal_ (vit.py's imports), registered
     in sys.modules when timm is not installed."""
