@@ -11,8 +11,8 @@ resumed run's saved config (config_from_checkpoint) and check_config. The table
 comments each key in one line; docs/training.md, "Key reference", explains each in its order.
 
 `get_config` builds a fresh config each call: the declared defaults, then the network preset,
-then the dataset preset, then a ViT's training recipe (_NETWORK_RECIPES: AdamW; the dataset's SGD
-recipe moves to the bank), then the loss preset when one is named (later presets win; only
+then the dataset preset, then the network family's training recipe (symbols/catalog.py: the
+ViTs' AdamW; the dataset's SGD recipe moves to the bank), then the loss preset when one is named (later presets win; only
 the demo dataset overlaps a network preset, shrinking the batch for CPU). Without a named
 loss the dataset's own recipe stands: the base's ArcFace, or the demo's CosFace m=0.25. A loss
 preset sets the published margins only; the scale s is the dataset's (64 as published for
@@ -29,6 +29,7 @@ import copy
 from sample_fc.config import Choice, Flag, Int, KeyTable, ListOf, Real, Text, apply_overrides, defaults, steps_of
 from sample_fc.errors import UsageError
 from sample_fc.run.stop import signal_number
+from symbols import catalog
 from sample_fc.options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, CONTEXTS, HEAD_KERNELS,  # valid values
                                BANK_DTYPES, BANK_MOMENTUM_WORDS, EMBEDDING_SCALES, LR_SCHEDULES, MARGINS,
                                MOMENTUM_FORMS, OPTIMIZERS, TAIL_BNS, WANDB_MODES, margin_key_problem)
@@ -131,94 +132,22 @@ def _declare_keys():
     return vars(keys)
 
 
-# Network presets: backbone shape and per-worker batch. Batch 128 x 8 GPUs (global 1024)
-# is insightface's arcface_torch recipe; r100 halves it to fit 16-32 GB GPUs.
-_NETWORK_PRESETS = {
-    'r18': {
-        'embedding_size': 512,           # IResNet-18, insightface's 512-d embedding
-        'dropout': 0.0,                  # no dropout, as in arcface_torch
-        'fp16': False,                   # fp32 by default; set fp16=true on GPUs with tensor cores
-        'batch_size': 128,               # per worker
-    },
-    'r34': {
-        'embedding_size': 512,           # IResNet-34
-        'dropout': 0.0,                  # no dropout
-        'fp16': False,                   # fp32 by default
-        'batch_size': 128,               # per worker
-    },
-    'r50': {
-        'embedding_size': 512,           # IResNet-50
-        'dropout': 0.0,                  # no dropout
-        'fp16': False,                   # fp32 by default
-        'batch_size': 128,               # per worker
-    },
-    'r100': {
-        'embedding_size': 512,           # IResNet-100, the Partial FC paper's main backbone
-        'dropout': 0.0,                  # no dropout
-        'fp16': False,                   # fp32 by default
-        'batch_size': 64,                # per worker (the original Partial FC MXNet default)
-    },
-    'r200': {
-        'embedding_size': 512,           # IResNet-200, arcface_torch's largest IResNet (its best WebFace42M result)
-        'dropout': 0.0,                  # no dropout
-        'fp16': False,                   # fp32 by default
-        'batch_size': 64,                # per worker, as r100 (about twice r100's activations: halve on 16 GB GPUs)
-    },
-    'mbf': {
-        'embedding_size': 512,           # MobileFaceNet at twice the paper's widths: arcface_torch's mbf
-        'dropout': 0.0,                  # no dropout
-        'fp16': False,                   # fp32 by default
-        'batch_size': 128,               # per worker
-    },
-    'mbf_large': {
-        'embedding_size': 512,           # MobileFaceNet blocks (2, 8, 12, 4) at 4x widths: arcface_torch's mbf_large
-        'dropout': 0.0,                  # no dropout
-        'fp16': False,                   # fp32 by default
-        'batch_size': 128,               # per worker
-    },
-    'mbf_small': {
-        'embedding_size': 512,           # the MobileFaceNet paper's network (half mbf's widths; sample_fc's mbf before)
-        'dropout': 0.0,                  # no dropout
-        'fp16': False,                   # fp32 by default
-        'batch_size': 128,               # per worker
-    },
-}
-# arcface_torch's Vision Transformers (symbols/vit.py: widths, depths, drop path); float32, no
-# dropout before the embedding (drop path inside). Their training recipe: _NETWORK_RECIPES['vit'] below.
-_NETWORK_PRESETS.update({name: {
-    'embedding_size': 512,               # arcface_torch's num_features
-    'dropout': 0.0,                      # none before the embedding: drop path in the blocks
-    'fp16': False,                       # float32 only (symbols/vit.py)
-    'batch_size': 128,                   # per worker
-} for name in ('vit_t', 'vit_t_dp005_mask0', 'vit_s', 'vit_s_dp005_mask_0', 'vit_b', 'vit_b_dp005_mask_005',
-               'vit_l_dp005_mask_005')})
-
-# arcface_torch's recipe for its ViTs (configs wf42m_pfc*_vit_*), applied after the dataset preset:
-# AdamW on the backbone at lr 1e-3 (not scaled by the batch: arcface_torch keeps it from 2,048 to
-# 24,576 images a step), weight decay 0.1 decoupled and on every parameter, a linear warm-up over
-# the first tenth of the steps then the polynomial decay, and CosFace's margin 0.4 where the dataset
-# has no margin of its own (_VIT_MARGIN_LOSS). The bank keeps SGD with the dataset's lr and weight
-# decay (bank_lr, bank_wd; arcface_torch puts its centers under the same AdamW: docs/training.md).
-_NETWORK_RECIPES = {'vit': {
-    'optimizer': 'adamw',                # torch.optim.AdamW, betas (0.9, 0.999), eps 1e-8
-    'lr': 0.001,                         # arcface_torch's, as given
-    'wd': 0.1,                           # arcface_torch's weight_decay
-    'decay_all': True,                   # on every parameter (AdamW over model.parameters())
-    'lr_schedule': 'poly',               # PolynomialLRWarmup after the warm-up
-    'warmup_steps': '10%',               # the first tenth of the run (warmup_epoch = num_epoch // 10)
-}}
-_VIT_MARGIN_LOSS = 'cosface'             # margin_list (1.0, 0.0, 0.4)
-VITS = tuple(name for name in _NETWORK_PRESETS if name.startswith('vit_'))
+# Network presets, and a family's training recipe (the ViTs'), are symbols/catalog.py's: every
+# network's name, family, shape and preset (embedding_size, dropout, fp16, batch_size) live there.
 
 
-def _apply_vit_recipe(cfg, dataset):
-    """The ViT recipe (_NETWORK_RECIPES) on a config that has its dataset preset: the dataset's
-    SGD lr and weight decay move to the bank (bank_lr, bank_wd)."""
+def _apply_family_recipe(cfg, network, dataset):
+    """The training recipe of `network`'s family (catalog.FAMILY_RECIPES), if it has one, on a
+    config that has its dataset preset: the dataset's SGD lr and weight decay move to the bank
+    (bank_lr, bank_wd); the family's margin where the dataset has no margin of its own."""
+    recipe = catalog.recipe(network)
+    if recipe is None:
+        return
     cfg.bank_lr, cfg.bank_wd = cfg.lr, cfg.wd              # the dataset's SGD recipe, for the centers
-    _apply_preset(cfg, 'network recipe', 'vit', _NETWORK_RECIPES)
+    _apply_preset(cfg, 'network recipe', network, {network: recipe['keys']})
     if 'loss' not in _DATASET_PRESETS[dataset]:
-        _apply_preset(cfg, 'loss', _VIT_MARGIN_LOSS, _LOSS_PRESETS)
-        cfg.loss = _VIT_MARGIN_LOSS                           # recorded as a named loss preset is
+        _apply_preset(cfg, 'loss', recipe['margin_loss'], _LOSS_PRESETS)
+        cfg.loss = recipe['margin_loss']                   # recorded as a named loss preset is
 
 
 # The network a dataset trains when none is named (others: the base's `network`). The demo
@@ -370,7 +299,7 @@ _DATASET_LOSS_RECIPES = {
 }
 
 DATASETS = tuple(_DATASET_PRESETS)       # valid dataset preset names
-NETWORKS = tuple(_NETWORK_PRESETS)       # valid network preset names
+NETWORKS = catalog.NETWORKS               # valid network preset names (symbols/catalog.py)
 LOSSES = tuple(_LOSS_PRESETS)            # valid loss preset names
 KEYS = _declare_keys()                   # {key: its declared type (sample_fc.config.KeyType)}
 
@@ -411,10 +340,9 @@ def get_config(dataset='demo', network=None, loss=None):
     """
     cfg = _base_config()
     network = network or default_network(dataset)
-    _apply_preset(cfg, 'network', network, _NETWORK_PRESETS)
+    _apply_preset(cfg, 'network', network, {name: catalog.preset(name) for name in NETWORKS})
     _apply_preset(cfg, 'dataset', dataset, _DATASET_PRESETS)
-    if network in VITS:
-        _apply_vit_recipe(cfg, dataset)
+    _apply_family_recipe(cfg, network, dataset)
     if loss is not None:
         _apply_preset(cfg, 'loss', loss, _LOSS_PRESETS)
         cfg.loss = loss                  # the chosen presets, recorded in config.json

@@ -10,24 +10,42 @@ arcface_torch's WebFace42M variants (Vision Transformers, symbols/vit.py). The s
 take raw RGB pixels 0..255, as the data iterators deliver them, and normalise them in the
 graph to (x - 127.5) / 128.
 """
-from . import iresnet, mobilefacenet, vit
-from .common import with_frozen_batchnorm, with_learned_embedding_scale
+import importlib
+
+from .catalog import NETWORKS
 from .network import Network, UnknownNetwork
 
-FAMILIES = (iresnet, mobilefacenet, vit)      # a new family of networks: its file in symbols/, named here
-_NETWORKS = {name: net for family in FAMILIES for name, net in family.NETWORKS.items()}
-NETWORKS = tuple(_NETWORKS)
+FAMILY_FILES = ('iresnet', 'mobilefacenet', 'vit')   # a new family of networks: its file in symbols/, named here
+_LAZY = {'FAMILIES', 'with_frozen_batchnorm', 'with_learned_embedding_scale'}      # need MXNet: read on first use
 
 __all__ = ['FAMILIES', 'NETWORKS', 'Network', 'UnknownNetwork', 'get_symbol', 'network', 'with_frozen_batchnorm',
            'with_learned_embedding_scale']
+_NETWORKS = {}          # name -> Network, filled from the family files on first use (they import MXNet)
+
+
+def _descriptors():
+    if not _NETWORKS:
+        for family in __getattr__('FAMILIES'):
+            _NETWORKS.update(family.NETWORKS)
+    return _NETWORKS
+
+
+def __getattr__(name):
+    """The parts that import MXNet (the family files, common.py's symbol rewrites), on first use:
+    `import symbols` and symbols.catalog stay MXNet-free for the configuration."""
+    if name == 'FAMILIES':
+        return tuple(importlib.import_module(f'.{family}', __name__) for family in FAMILY_FILES)
+    if name in _LAZY:
+        return getattr(importlib.import_module('.common', __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def network(name):
     """The Network descriptor of `name`; UnknownNetwork (a ValueError naming the choices) for
     any other name."""
-    if name not in _NETWORKS:
+    if name not in NETWORKS:
         raise UnknownNetwork('unknown network %r; valid choices: %s' % (name, ', '.join(NETWORKS)))
-    return _NETWORKS[name]
+    return _descriptors()[name]
 
 
 def get_symbol(name, embedding_size=512, image_size=112, dtype='float32', dropout=0.0):

@@ -16,19 +16,14 @@ import mxnet as mx
 
 from .common import (batch_norm, check_args, conv, conv_bn, embedding_head, input_data,
                      prelu)
+from . import catalog
 from .network import Network
 
 STAGE_CHANNELS = (64, 128, 256, 512)
 STEM_CHANNELS = 64
 
-# units per stage, as arcface_torch's iresnet18, ..., iresnet200
-UNITS = {
-    'r18': (2, 2, 2, 2),
-    'r34': (3, 4, 6, 3),
-    'r50': (3, 4, 14, 3),
-    'r100': (3, 13, 30, 3),
-    'r200': (6, 26, 60, 6),
-}
+# units per stage of each IResNet of the catalog (as arcface_torch's iresnet18, ..., iresnet200)
+UNITS = {name: entry.shape for name, entry in catalog.of_family('iresnet').items()}
 
 
 def residual_unit(data, name, in_channels, channels, stride):
@@ -90,6 +85,6 @@ def arcface_torch_layers(name):
     return found + [('features_bn', 'bn2', 'bn'), ('embedding_fc', 'fc', 'fc'), ('embeddings', 'features', 'bn')]
 
 
-NETWORKS = {name: Network(name, 'iresnet', units, get_iresnet, arcface_torch_layers,
-                          torch_init='conv_normal_fc_uniform', onednn_extra=0.50)
-            for name, units in UNITS.items()}
+NETWORKS = {name: Network(name, 'iresnet', entry.shape, get_iresnet, arcface_torch_layers,
+                          torch_init='conv_normal_fc_uniform', onednn_extra=entry.onednn_extra)
+            for name, entry in catalog.of_family('iresnet').items()}

@@ -30,6 +30,7 @@ saved under that name resumes as 'mbf_small' (sample_fc.run.resume).
 import mxnet as mx
 
 from .common import _is_int, check_args, conv_bn, embedding_head, input_data
+from . import catalog
 from .network import Network
 
 STEM_CHANNELS = 64       # times scale
@@ -46,11 +47,7 @@ STAGES = (
 )
 
 # network name -> (blocks, scale), as arcface_torch's MobileFaceNet(blocks, scale)
-CONFIGS = {
-    'mbf': ((1, 4, 6, 2), 2),         # arcface_torch's get_mbf: the paper's blocks at twice the widths
-    'mbf_large': ((2, 8, 12, 4), 4),  # arcface_torch's get_mbf_large
-    'mbf_small': ((1, 4, 6, 2), 1),   # the paper's network (called 'mbf' here before)
-}
+CONFIGS = {name: entry.shape for name, entry in catalog.of_family('mobilefacenet').items()}   # (blocks, scale)
 
 
 def inverted_residual(data, name, width, out_channels, stride):
@@ -151,9 +148,6 @@ def _build(name, embedding_size, image_size, dtype, dropout):
     return get_mobilefacenet(embedding_size, image_size, dtype, dropout, blocks, scale)
 
 
-# oneDNN's measured memory share above MXNet's plan, per network (run/backbone_memory.py)
-_ONEDNN_EXTRA = {'mbf_small': 0.80, 'mbf': 0.70, 'mbf_large': 0.80}
-
-NETWORKS = {name: Network(name, 'mobilefacenet', config, _build, arcface_torch_layers,
-                          torch_init='fan_out_normal', onednn_extra=_ONEDNN_EXTRA[name])
-            for name, config in CONFIGS.items()}
+NETWORKS = {name: Network(name, 'mobilefacenet', entry.shape, _build, arcface_torch_layers,
+                          torch_init='fan_out_normal', onednn_extra=entry.onednn_extra)
+            for name, entry in catalog.of_family('mobilefacenet').items()}

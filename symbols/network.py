@@ -1,7 +1,8 @@
 """One descriptor per backbone: everything the toolkit knows about a network, found by its name.
 
-A family file of symbols/ (iresnet.py, mobilefacenet.py) lists its networks as `NETWORKS =
-{name: Network(...)}`; symbols/__init__.py gathers the families (FAMILIES) and `network(name)`
+A family file of symbols/ (iresnet.py, mobilefacenet.py, vit.py) builds `NETWORKS = {name:
+Network(...)}` for its entries of catalog.py; symbols/__init__.py gathers the families (FAMILIES,
+on first use) and `network(name)`
 returns the descriptor, or raises UnknownNetwork (a ValueError naming the valid choices) for a
 name none of them holds: no caller falls back to another network.
 """

@@ -29,6 +29,7 @@ networks take works (a multiple of 16; arcface_torch's 112 px uses 108 of them: 
 import mxnet as mx
 
 from .common import BN_MOMENTUM, check_args, input_data
+from . import catalog
 from .network import Network
 
 PATCH = 9                 # arcface_torch's patch_size for 112 px faces
@@ -36,15 +37,7 @@ HEADS = 8
 MLP_RATIO = 4
 LN_EPS = 1e-5             # torch.nn.LayerNorm's default
 HEAD_BN_EPS = 2e-5        # the feature head's BatchNorm1d(eps=2e-5)
-CONFIGS = {               # name: (width, depth, drop path rate, arcface_torch's mask ratio)
-    'vit_t': (256, 12, 0.1, 0.1),
-    'vit_t_dp005_mask0': (256, 12, 0.05, 0.0),
-    'vit_s': (512, 12, 0.1, 0.1),
-    'vit_s_dp005_mask_0': (512, 12, 0.05, 0.0),
-    'vit_b': (512, 24, 0.1, 0.1),
-    'vit_b_dp005_mask_005': (512, 24, 0.05, 0.05),
-    'vit_l_dp005_mask_005': (768, 24, 0.05, 0.05),
-}
+CONFIGS = {name: entry.shape for name, entry in catalog.of_family('vit').items()}   # (width, depth, drop path, mask ratio)
 
 
 def tokens(image_size):
@@ -163,5 +156,6 @@ def _build(name, embedding_size, image_size, dtype, dropout):
     return get_vit(embedding_size, image_size, dtype, dropout, width, depth, drop_rate, mask_ratio)
 
 
-NETWORKS = {name: Network(name, 'vit', config, _build, arcface_torch_layers, torch_init='vit_trunc_normal')
-            for name, config in CONFIGS.items()}
+NETWORKS = {name: Network(name, 'vit', entry.shape, _build, arcface_torch_layers, torch_init='vit_trunc_normal',
+                          onednn_extra=entry.onednn_extra)
+            for name, entry in catalog.of_family('vit').items()}

@@ -608,3 +608,45 @@ def test_patch_masking_leaves_tokens_out_in_training_and_nothing_at_inference():
     assert np.abs(run(symbol, _patch_flipped(pixels, sample, kept), True)[0][sample] - embeddings[sample]).max() > 1e-3
     np.testing.assert_allclose(run(symbol, pixels, False)[0], run(_masking_vit(0.0), pixels, False)[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_network_of_an_existing_family_is_one_line_of_the_catalog(tmp_path):
+    """Test that a new IResNet written as one line of a copy of symbols/catalog.py (nothing else
+    changed) is a preset of the configuration, a descriptor that builds a symbol with the
+    parameters its units give (the r18 stem, stages and head plus one more unit per stage), and
+    a network train.py resolves."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from conftest import REPO
+    shutil.copytree(REPO / "symbols", tmp_path / "symbols", ignore=shutil.ignore_patterns("__pycache__"))
+    for script_file in ("default.py", "train.py"):     # unchanged: train.py's folder comes first on its path
+        shutil.copy(REPO / script_file, tmp_path / script_file)
+    catalog = tmp_path / "symbols" / "catalog.py"
+    text = catalog.read_text()
+    assert text.count("ENTRIES = {\n") == 1
+    catalog.write_text(text.replace("ENTRIES = {\n", "ENTRIES = {\n    'r22': Entry('iresnet', (3, 3, 3, 3)),\n"))
+    script = """
+import json, sys
+import default, symbols
+from symbols.cost import backbone_cost
+cfg = default.get_config('emore', 'r22')
+params = {n: symbols.get_symbol(n, 512, 112).infer_shape(data=(1, 3, 112, 112))[0] for n in ('r18', 'r22')}
+sizes = {n: sum(int(__import__('numpy').prod(s)) for s in shapes) for n, shapes in params.items()}
+print(json.dumps({'in_networks': 'r22' in default.NETWORKS, 'batch': cfg.batch_size, 'sizes': sizes,
+                  'family': symbols.network('r22').family}))
+"""
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                           cwd=str(tmp_path))
+    assert found.returncode == 0, found.stderr[-3000:]
+    facts = json.loads(found.stdout.strip().splitlines()[-1])
+    assert facts["in_networks"] and facts["batch"] == 128 and facts["family"] == "iresnet"
+    channels = (64, 128, 256, 512)        # one more unit per stage: two 3x3 convs, 3 BNs (gamma, beta), a PReLU
+    one_more = sum(2 * 9 * c * c + 3 * 2 * c + c for c in channels)
+    assert facts["sizes"]["r22"] - facts["sizes"]["r18"] == one_more, facts["sizes"]
+    printed = subprocess.run([sys.executable, str(tmp_path / "train.py"), "--dataset", "synthetic_1m", "--network", "r22",
+                              "--print-config"], capture_output=True, text=True, timeout=300, env=env,
+                             cwd=str(tmp_path))
+    assert printed.returncode == 0 and json.loads(printed.stdout)["network"] == "r22", printed.stderr[-3000:]
