@@ -186,10 +186,14 @@ def test_a_saved_config_that_is_no_config_is_refused_in_one_line(saved):
 
 def test_every_declared_default_is_taken_by_its_own_type():
     """Test that each key's declared default is a value its declared type takes (as itself), and
-    each preset value one its key's type takes: the table cannot contradict itself."""
+    each preset value one its key's type takes (the networks' and their families' recipes from
+    symbols/catalog.py): the table cannot contradict itself."""
+    from symbols import catalog
     for key, kind in KEYS.items():
         assert kind.accept(key, kind.default) == kind.default, key
-    for presets in (default._NETWORK_PRESETS, default._DATASET_PRESETS, default._LOSS_PRESETS):
+    networks = {name: catalog.preset(name) for name in catalog.NETWORKS}
+    recipes = {family: recipe['keys'] for family, recipe in catalog.FAMILY_RECIPES.items()}
+    for presets in (networks, recipes, default._DATASET_PRESETS, default._LOSS_PRESETS):
         for name, values in presets.items():
             for key, value in values.items():
                 assert KEYS[key].accept(key, value) == value, (name, key)

@@ -185,3 +185,24 @@ def test_a_jpeg_whose_header_claims_billions_of_pixels_is_an_unreadable_image(im
         pack_folder(str(images), str(tmp_path / "fail" / "train"), image_size=32, progress=False)
     main(["--images", str(images), "--out", str(tmp_path / "skip" / "train"), "--image-size", "32", "--skip-bad"])
     assert "skipped 1 unreadable images" in capsys.readouterr().err
+
+
+def test_a_failed_pack_over_an_existing_set_leaves_it_as_it_was(image_folder, tmp_path):
+    """Test that packing into a folder that holds a set, stopped by an unreadable image after
+    whole identities were written, leaves the old train.rec, train.idx and property byte for
+    byte and no partial files; a pack that completes replaces the set."""
+    images, _ = image_folder
+    out = tmp_path / "set"
+    pack_folder(str(images), str(out / "train"), image_size=32, progress=False)
+    before = {name: (out / name).read_bytes() for name in ("train.rec", "train.idx", "property")}
+    (images / "carol" / "3.png").write_bytes(b"not an image")            # the last identity's
+    with pytest.raises(UsageError, match="carol/3.png"):
+        pack_folder(str(images), str(out / "train"), image_size=16, progress=False)
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in out.iterdir()) == ["property", "train.idx", "train.rec"]
+    (images / "carol" / "3.png").unlink()
+    pack_folder(str(images), str(out / "train"), image_size=16, progress=False)
+    assert (out / "property").read_text().strip() == "3,16,16"
+    header, _ = mx.recordio.unpack(open_record(out).read_idx(0))
+    assert list(header.label) == [12, 15]                               # 11 images now, 3 identities
+    assert sorted(p.name for p in out.iterdir()) == ["property", "train.idx", "train.rec"]

@@ -178,15 +178,18 @@ def open_record(path_imgrec, path_imgidx=None):
 class RecordWriter:
     """Write identities in id order, then the identity records, header and `property`.
 
-    Use as a context manager; if the block raises, the partial .rec/.idx are deleted.
+    The records go to `<prefix>.partial.rec/.idx` and take the final names in `finish`: a set
+    already at `out_prefix` stays as it was until the new one is complete. Use as a context
+    manager; if the block raises, the partial files are deleted and an existing set is untouched.
     """
 
     def __init__(self, out_prefix, image_size):
         self.folder = os.path.dirname(os.path.abspath(out_prefix))
         os.makedirs(self.folder, exist_ok=True)
         self.paths = (out_prefix + ".rec", out_prefix + ".idx")
+        self.partial_paths = (out_prefix + ".partial.rec", out_prefix + ".partial.idx")
         self.image_size = image_size
-        self._writer = mx.recordio.MXIndexedRecordIO(self.paths[1], self.paths[0], "w")
+        self._writer = mx.recordio.MXIndexedRecordIO(self.partial_paths[1], self.partial_paths[0], "w")
         self.ranges = []  # (first_image_key, end_image_key) per identity
         self._next_key = 1
 
@@ -210,6 +213,8 @@ class RecordWriter:
             self._writer.write_idx(key, mx.recordio.pack(mx.recordio.IRHeader(0, image_range, key, 0), b""))
         self._writer.write_idx(0, mx.recordio.pack(mx.recordio.IRHeader(0, (start, end), 0, 0), b""))
         self._writer.close()
+        for partial, final in zip(self.partial_paths[::-1], self.paths[::-1]):    # the index first
+            os.replace(partial, final)
         write_property(self.folder, len(self.ranges), self.image_size, self.image_size)
         return start - 1, len(self.ranges)
 
@@ -219,6 +224,6 @@ class RecordWriter:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
             self._writer.close()
-            for path in self.paths:
+            for path in self.partial_paths:
                 if os.path.exists(path):
                     os.remove(path)
