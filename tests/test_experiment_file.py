@@ -67,6 +67,7 @@ def test_presets_and_set_on_the_command_line_win_and_quotes_and_comments_are_rea
     assert got == want and got["rec"] == "/data/set #2/train.rec" and got["max_update"] == 50
     assert from_file(tmp_path, text, network="r50")["network"] == "r50"
     assert from_file(tmp_path, "max_update = 7\n")["dataset"] == "demo"
+    assert from_file(tmp_path, "\ufeffmax_update = 8\n")["max_update"] == 8      # a byte-order mark first
 
 
 @pytest.mark.parametrize("text, message", [

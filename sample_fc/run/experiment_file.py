@@ -114,6 +114,6 @@ def _text_of(path):
     if len(data) > MAX_BYTES:
         raise UsageError(f"{label} is over {MAX_BYTES >> 20} MB; expected a few `key = value` lines")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")        # a byte-order mark some editors write is not text
     except UnicodeDecodeError:
         raise UsageError(f"{label} is not UTF-8 text; expected `key = value` lines") from None
