@@ -300,6 +300,7 @@ _DATASET_LOSS_RECIPES = {
 
 DATASETS = tuple(_DATASET_PRESETS)       # valid dataset preset names
 NETWORKS = catalog.NETWORKS               # valid network preset names (symbols/catalog.py)
+_NETWORK_PRESETS = {name: catalog.preset(name) for name in NETWORKS}
 LOSSES = tuple(_LOSS_PRESETS)            # valid loss preset names
 KEYS = _declare_keys()                   # {key: its declared type (sample_fc.config.KeyType)}
 
@@ -340,7 +341,7 @@ def get_config(dataset='demo', network=None, loss=None):
     """
     cfg = _base_config()
     network = network or default_network(dataset)
-    _apply_preset(cfg, 'network', network, {name: catalog.preset(name) for name in NETWORKS})
+    _apply_preset(cfg, 'network', network, _NETWORK_PRESETS)
     _apply_preset(cfg, 'dataset', dataset, _DATASET_PRESETS)
     _apply_family_recipe(cfg, network, dataset)
     if loss is not None:

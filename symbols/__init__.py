@@ -16,7 +16,7 @@ from .catalog import NETWORKS
 from .network import Network, UnknownNetwork
 
 FAMILY_FILES = ('iresnet', 'mobilefacenet', 'vit')   # a new family of networks: its file in symbols/, named here
-_LAZY = {'FAMILIES', 'with_frozen_batchnorm', 'with_learned_embedding_scale'}      # need MXNet: read on first use
+_FROM_COMMON = {'with_frozen_batchnorm', 'with_learned_embedding_scale'}      # need MXNet: read on first use
 
 __all__ = ['FAMILIES', 'NETWORKS', 'Network', 'UnknownNetwork', 'get_symbol', 'network', 'with_frozen_batchnorm',
            'with_learned_embedding_scale']
@@ -35,7 +35,7 @@ def __getattr__(name):
     `import symbols` and symbols.catalog stay MXNet-free for the configuration."""
     if name == 'FAMILIES':
         return tuple(importlib.import_module(f'.{family}', __name__) for family in FAMILY_FILES)
-    if name in _LAZY:
+    if name in _FROM_COMMON:
         return getattr(importlib.import_module('.common', __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -266,7 +266,8 @@ def restore_checkpoint(checkpoint, module, data_iter, num_classes, embedding_siz
     layer_state = {"margin": first_rank.get("margin", {})}
     if old_world == dist.size():
         restore_shard(bank, bank_shard_files(checkpoint, rank), pace)
-        layer_state["sampler"] = read_rank_state(checkpoint, rank)["sampler"]    # this rank's own RNG
+        own = first_rank if rank == 0 else read_rank_state(checkpoint, rank)
+        layer_state["sampler"] = own["sampler"]                                   # this rank's own RNG
     else:
         restore_resharded(bank, [bank_shard_files(checkpoint, r) for r in range(old_world)], pace)
     pace.finish()                         # before the next collective: every rank holds all its meetings

@@ -24,6 +24,7 @@ import datetime
 import fcntl
 import json
 import os
+import re
 import socket
 import uuid
 
@@ -269,7 +270,6 @@ def keep_experiment(models_root, experiment, resumed_at=None):
 def experiment_copies(models_root):
     """[(file name, path)] of the --config copies a root holds: the first run's, then each
     resume's by step."""
-    import re
     found = []
     for name in os.listdir(models_root) if os.path.isdir(models_root) else ():
         matched = re.fullmatch(r"experiment(?:\.step-(\d+))?\.cfg", name)
