@@ -1,5 +1,6 @@
 """Installs the sample_fc library (with its data, tools and bench subpackages), the
-symbols package (backbones) and default.py (the config's keys, which the tools read)."""
+symbols package (backbones) and default.py (the card: the user's datasets, which
+sample_fc/config/presets.py reads from wherever the tools run)."""
 import importlib.util
 import os
 import platform
@@ -32,7 +33,7 @@ setup(
     version="0.1.0",
     description="Partial FC for MXNet + Horovod: face recognition with millions of identities",
     packages=find_packages(include=["sample_fc", "sample_fc.*", "symbols"]),
-    py_modules=["default"],        # the config's key table: the tools read it (tools.plan, tools.report)
+    py_modules=["default"],        # the card: the user's datasets (sample_fc/config/presets.py reads it)
     python_requires=">=3.8",
     # float16 bank rows (sample_fc/pfc/rounding.py); optional: without a compiler NumPy does it, slowly
     ext_modules=[Extension("sample_fc.pfc._half_rows", ["sample_fc/pfc/_half_rows.c"], optional=True,

@@ -22,12 +22,12 @@ share_cores()                 # before mxnet starts its threads: cores // worker
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-import default
 from symbols import get_symbol
 from symbols.cost import backbone_cost, network_table
 from sample_fc import builder, checkpoint, dist
 from sample_fc.run import layout, resume, run_root
 from sample_fc.checkpoint import CheckpointError
+from sample_fc import config
 from sample_fc.config import format_config, save_config
 from sample_fc.data.demo import ensure_demo
 from sample_fc.run.experiment_file import read_experiment
@@ -78,12 +78,12 @@ def fail(message, code, print_it=True, status=None):
 def make_parser():
     parser = OneLineParser(prog="train.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default=None, choices=default.DATASETS, help="default: demo")
-    parser.add_argument("--network", "--net", default=None, choices=default.NETWORKS,
+    parser.add_argument("--dataset", default=None, choices=config.DATASETS, help="default: demo")
+    parser.add_argument("--network", "--net", default=None, choices=config.NETWORKS,
                         help="backbone (sizes and costs below); default: the dataset's (the demo's is mbf_small, "
                              "every other's mbf)")
-    parser.add_argument("--loss", default=None, choices=default.LOSSES,
-                        help="margins as published (the demo also warms ArcFace's lr up: default.py); "
+    parser.add_argument("--loss", default=None, choices=config.LOSSES,
+                        help="margins as published (the demo also warms ArcFace's lr up: sample_fc/config/presets.py); "
                              "default: the dataset's recipe")
     parser.add_argument("--models-root", default=None,
                         help="output dir (default: models/<dataset>_<network>; with --resume, that run's)")
@@ -91,10 +91,11 @@ def make_parser():
                         help="an experiment file: `key = value` lines (what --set takes; dataset, network "
                              "and loss choose presets), applied before the command line's own options")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key (repeatable; after --config's lines); see default.py")
+                        help="override a config key (repeatable; after --config's lines); each is explained in "
+                             "docs/training.md, Key reference")
     parser.add_argument("--resume", default=None, metavar="DIR",
                         help="continue a run: a checkpoint dir, or a models root (its newest sound "
-                             "checkpoint); the run keeps its config (see default.RESUME_MUTABLE)")
+                             "checkpoint); the run keeps its config (see sample_fc/config/older_runs.py)")
     parser.add_argument("--pretrained", default=None, metavar="PREFIX[,EPOCH]",
                         help="start from a trained backbone's weights (a prefix as for "
                              "mx.model.load_checkpoint, a checkpoint dir, a models root, "
@@ -123,33 +124,33 @@ def read_request(args):
     """The job's RunRequest: the command line (its --config file merged into `args`) and the
     restart supervisor's environment, read once; an automatic restart continues its run from
     the root's newest checkpoint of it."""
-    experiment = read_experiment(args.config, default) if args.config else None
+    experiment = read_experiment(args.config) if args.config else None
     if experiment:
         experiment.merged_into(args)
     request = RunRequest.read(args, experiment=experiment)
     if request.auto_resume:                          # restarted by restart.py
-        typed = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
+        typed = config.config_for_run(args.dataset, args.network, args.loss, args.overrides)
         request = request.restarted(request.models_root_for(typed))
     return request
 
 
 def build_config(args, request):
-    """The run's config (default.config_for_run); the demo data built on first use; the
+    """The run's config (config.config_for_run); the demo data built on first use; the
     dataset's own class count and image size (its property file) unless --set names them."""
     resumed = resume.saved_config(request.resume, request.continued_run, note=say) if request.resume else None
-    cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed, note=say)
-    if cfg.dataset == "demo" and cfg.rec == default.get_config("demo").rec:
+    cfg = config.config_for_run(args.dataset, args.network, args.loss, args.overrides, resumed, note=say)
+    if cfg.dataset == "demo" and cfg.rec == config.get_config("demo").rec:
         ensure_demo(os.path.dirname(cfg.rec),                # ranks and jobs wait on its lock; the
                     log=lambda line: print(f"train.py: {line}", file=sys.stderr, flush=True))  # builder says so
     if not request.resume:
-        explicit = default.overridden_keys(args.overrides)
-        if cfg.dataset == "demo" and cfg.rec != default.get_config("demo").rec and "lr" not in explicit:
+        explicit = config.overridden_keys(args.overrides)
+        if cfg.dataset == "demo" and cfg.rec != config.get_config("demo").rec and "lr" not in explicit:
             say(f"{cfg.rec} trains with the demo's recipe, tuned for its 200 synthetic identities (lr {cfg.lr:g} "
                 f"per 512 images); on 5,000 real-image classes that lr sat at chance where 0.1 learned: "
                 f"--dataset custom is the recipe for your own set (README, 'Training on real data')")
         for note in builder.fill_from_property(cfg, explicit):
             say(note)
-        default.check_config(cfg)
+        config.check_config(cfg)
     return cfg
 
 

@@ -1,7 +1,7 @@
 """The parts of a training run, built from a resolved config (train.py's recipe).
 
-Every function takes the config (default.py's keys) and explicit rank/context arguments;
-nothing here reads default.py or the command line.
+Every function takes the config (sample_fc.config's keys) and explicit rank/context arguments;
+nothing here reads the card (default.py) or the command line.
 """
 import logging
 import os

@@ -11,7 +11,7 @@
   embedding FC PyTorch's default (its bias starts at 0 here, U(+-1/sqrt(fan_in)) there: the
   BatchNorm after it removes a constant in training). ViT (vit_*): every Linear weight normal
   with std 0.02, the position embedding too, the patch convolution PyTorch's default. The default
-  (default.py): on 1,000 glyph identities mbf ended 0.9178 with it and 0.9094 with "pytorch" (three
+  (the key table): on 1,000 glyph identities mbf ended 0.9178 with it and 0.9094 with "pytorch" (three
   seeds each, BENCHMARKS.md).
 - "xavier": MXNet's Xavier(uniform, avg, magnitude=2), insightface's MXNet default: bound
   sqrt(4 / (fan_in + fan_out)), with MXNet's fan_out = output channels x kernel area, which

@@ -1,9 +1,10 @@
 """The valid values of the library's options, in one place.
 
-default.py checks a config against these and the library checks its arguments against
-them; this module imports nothing heavy, so default.py stays light.
+sample_fc.config checks a config against these and the library checks its arguments against
+them; this module imports nothing heavy, so the configuration stays light.
 """
 import numbers
+import signal
 
 CONTEXTS = ("auto", "cpu", "gpu")           # backbone device: auto = gpu when MXNet sees one
 BANK_CONTEXTS = ("same", "cpu")             # memory bank device: the backbone's, or host memory
@@ -38,9 +39,18 @@ MARGINS = ("combined", "curricularface")     # pfc/margin.py: the loss's margin 
 def margin_key_problem(kind, m1, m3):
     """The one rule of which margin keys a margin takes: None, or (key, value, what it must be)
     for the first of loss_m1 / loss_m3 that margin `kind` cannot take (CurricularFace takes its
-    margin from loss_m2 alone: m1 = 1 and m3 = 0). default.check_config and make_margin say it."""
+    margin from loss_m2 alone: m1 = 1 and m3 = 0). config.check_config and make_margin say it."""
     if kind == "curricularface":
         for key, value, needed in (("loss_m1", m1, 1.0), ("loss_m3", m3, 0.0)):
             if value != needed:
                 return key, value, f"{needed:g} with loss_margin=curricularface (its margin is loss_m2)"
     return None
+
+
+def signal_number(name):
+    """signal.SIGTERM's number for 'SIGTERM' or 'TERM' (ValueError naming the valid ones)."""
+    name = name.upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    if not hasattr(signal, name) or name in ("SIGKILL", "SIGSTOP"):
+        raise ValueError(f"{name} is not a signal a run can stop on; e.g. SIGTERM, SIGINT, SIGUSR1")
+    return int(getattr(signal, name))

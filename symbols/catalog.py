@@ -1,5 +1,5 @@
 """Every network by name: its family, its shape, its preset and what was measured of it. The one
-list of network names; MXNet-free, so the configuration (default.py) reads presets and a
+list of network names; MXNet-free, so the configuration (sample_fc.config) reads presets and a
 family's training recipe here without building anything.
 
 A family file (iresnet.py, mobilefacenet.py, vit.py) builds a descriptor (network.Network) for
@@ -7,7 +7,7 @@ each entry of its family: a network of an existing family is one line here.
 """
 from typing import NamedTuple, Optional
 
-# a network's preset (default.py applies it before the dataset's): arcface_torch's 512-d
+# a network's preset (the configuration applies it before the dataset's): arcface_torch's 512-d
 # embedding, no dropout, float32 (fp16=true on GPUs with tensor cores), 128 images per worker
 # (arcface_torch's 128 x 8 GPUs)
 PRESET = {'embedding_size': 512, 'dropout': 0.0, 'fp16': False, 'batch_size': 128}
@@ -45,7 +45,7 @@ ENTRIES = {
 }
 NETWORKS = tuple(ENTRIES)
 
-# A family's training recipe, which default.py applies after the dataset preset. The ViTs:
+# A family's training recipe, which the configuration applies after the dataset preset. The ViTs:
 # arcface_torch's (configs wf42m_pfc*_vit_*): AdamW on the backbone at lr 1e-3 (not scaled by the
 # batch: arcface_torch keeps it from 2,048 to 24,576 images a step), weight decay 0.1 decoupled
 # and on every parameter, a linear warm-up over the first tenth of the steps then the polynomial

@@ -1,9 +1,11 @@
-"""Tests for default.py (presets, style) and sample_fc/config.py (overrides, save/load)."""
+"""Tests for the configuration package sample_fc/config/ (key table, presets, style, overrides,
+save/load, older runs) and the card default.py that adds datasets to it."""
 import ast
 import importlib.util
 import io
 import itertools
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,32 +21,27 @@ from sample_fc.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PY = REPO / 'default.py'
+CONFIG_DIR = REPO / 'sample_fc' / 'config'
 
 
-def _load_default():
-    spec = importlib.util.spec_from_file_location('default', DEFAULT_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import sample_fc.config as configuration  # noqa: E402
+from sample_fc.config import keys as key_table, presets  # noqa: E402
 
 
-default = _load_default()
-
-
-# ---- default.py: presets ------------------------------------------------------------
+# ---- presets ------------------------------------------------------------
 
 def test_every_preset_combination_builds_with_the_base_keys():
     """Test that every dataset x network x loss combination builds, records its preset
     names, and has exactly the declared keys, each holding a value its declared type takes
     (a float where a number goes, even when the preset wrote an integer)."""
-    base = default._base_config()
-    combos = list(itertools.product(default.DATASETS, default.NETWORKS, default.LOSSES))
+    base = configuration.base_config()
+    combos = list(itertools.product(configuration.DATASETS, configuration.NETWORKS, configuration.LOSSES))
     assert len(combos) == 7 * 15 * 3
     for dataset, network, loss in combos:
-        cfg = default.get_config(dataset=dataset, network=network, loss=loss)
+        cfg = configuration.get_config(dataset=dataset, network=network, loss=loss)
         assert isinstance(cfg, EasyDict)
         assert list(cfg.keys()) == list(base.keys()), (dataset, network, loss)
-        for key, kind in default.KEYS.items():      # or a word the key takes (sample_ratio=auto)
+        for key, kind in configuration.KEYS.items():      # or a word the key takes (sample_ratio=auto)
             assert kind.accept(key, cfg[key]) == cfg[key], (dataset, network, loss, key)
             number = float if isinstance(kind, Real) else type(base[key])     # bank_lr's default is a word
             assert type(cfg[key]) in (type(base[key]), number, str), (dataset, network, loss, key)
@@ -53,14 +50,14 @@ def test_every_preset_combination_builds_with_the_base_keys():
 
 def test_preset_names_are_exposed():
     """Test that DATASETS, NETWORKS and LOSSES list the presets the brief requires."""
-    assert default.DATASETS == ('demo', 'custom', 'webface', 'emore', 'glint360k',
+    assert configuration.DATASETS == ('demo', 'custom', 'webface', 'emore', 'glint360k',
                                 'synthetic_1m', 'synthetic_10m')
-    assert set(default.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small', 'vit_t',
+    assert set(configuration.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small', 'vit_t',
                                      'vit_t_dp005_mask0', 'vit_s', 'vit_s_dp005_mask_0', 'vit_b', 'vit_b_dp005_mask_005',
                                      'vit_l_dp005_mask_005'}
     import symbols
-    assert default.NETWORKS == symbols.NETWORKS     # a preset for every network, a network for every preset
-    assert default.LOSSES == ('arcface', 'cosface', 'curricularface')
+    assert configuration.NETWORKS == symbols.NETWORKS     # a preset for every network, a network for every preset
+    assert configuration.LOSSES == ('arcface', 'cosface', 'curricularface')
 
 
 def test_margins_are_the_published_values_at_the_datasets_scale():
@@ -69,21 +66,21 @@ def test_margins_are_the_published_values_at_the_datasets_scale():
     def margins(cfg):
         return (cfg.loss_s, cfg.loss_m1, cfg.loss_m2, cfg.loss_m3)
     for dataset, s in (('demo', 32.0), ('emore', 64.0)):
-        assert margins(default.get_config(dataset, loss='arcface')) == (s, 1.0, 0.5, 0.0)
-        assert margins(default.get_config(dataset, loss='cosface')) == (s, 1.0, 0.0, 0.4)
-    assert margins(default.get_config('emore')) == (64.0, 1.0, 0.5, 0.0)   # the base: ArcFace
-    assert margins(default.get_config('demo')) == (32.0, 1.0, 0.0, 0.25)   # the demo's own CosFace
+        assert margins(configuration.get_config(dataset, loss='arcface')) == (s, 1.0, 0.5, 0.0)
+        assert margins(configuration.get_config(dataset, loss='cosface')) == (s, 1.0, 0.0, 0.4)
+    assert margins(configuration.get_config('emore')) == (64.0, 1.0, 0.5, 0.0)   # the base: ArcFace
+    assert margins(configuration.get_config('demo')) == (32.0, 1.0, 0.0, 0.25)   # the demo's own CosFace
 
 
 def test_the_demo_warms_arcface_up_and_nothing_else():
     """Test that `--loss arcface` on the demo brings the demo's warm-up for it (its margins
     still the published ones), that no other dataset or loss gets it, and that --set wins."""
-    assert default.get_config('demo', loss='arcface').warmup_steps == 50
-    assert default.get_config('demo', loss='arcface').loss_m2 == 0.5
+    assert configuration.get_config('demo', loss='arcface').warmup_steps == 50
+    assert configuration.get_config('demo', loss='arcface').loss_m2 == 0.5
     for dataset, loss in (('demo', None), ('demo', 'cosface'), ('emore', 'arcface'),
                           ('emore', None), ('glint360k', 'arcface'), ('webface', 'cosface')):
-        assert default.get_config(dataset, loss=loss).warmup_steps == 0, (dataset, loss)
-    cfg = default.config_for_run('demo', None, 'arcface', ['warmup_steps=0'])
+        assert configuration.get_config(dataset, loss=loss).warmup_steps == 0, (dataset, loss)
+    cfg = configuration.config_for_run('demo', None, 'arcface', ['warmup_steps=0'])
     assert (cfg.loss, cfg.warmup_steps) == ('arcface', 0)
 
 
@@ -94,23 +91,23 @@ def test_a_vit_takes_arcface_torchs_recipe_and_leaves_the_datasets_sgd_to_the_ba
     bank_wd; that `--loss` and `--set` still win; and that the warm-up's share follows max_update
     (800 steps: 80 of warm-up in the schedule), where a count would have been refused."""
     from sample_fc.optimizers import schedule_of
-    for dataset in default.DATASETS:
-        plain, vit = default.get_config(dataset), default.get_config(dataset, 'vit_s')
+    for dataset in configuration.DATASETS:
+        plain, vit = configuration.get_config(dataset), configuration.get_config(dataset, 'vit_s')
         assert (vit.optimizer, vit.lr, vit.wd, vit.decay_all, vit.lr_schedule, vit.warmup_steps) == \
             ('adamw', 0.001, 0.1, True, 'poly', '10%'), dataset
         assert (vit.bank_lr, vit.bank_wd) == (plain.lr, plain.wd), dataset
         own_margin = dataset in ('demo', 'custom')
         assert (vit.loss_m2, vit.loss_m3) == ((plain.loss_m2, plain.loss_m3) if own_margin else (0.0, 0.4)), dataset
-    assert default.get_config('emore', 'vit_t', 'arcface').loss_m2 == 0.5
-    cfg = default.config_for_run('demo', 'vit_t', None, ['max_update=800', 'lr=0.002'])
+    assert configuration.get_config('emore', 'vit_t', 'arcface').loss_m2 == 0.5
+    cfg = configuration.config_for_run('demo', 'vit_t', None, ['max_update=800', 'lr=0.002'])
     assert (cfg.lr, cfg.bank_lr, cfg.warmup_steps) == (0.002, 0.8, '10%')
     schedule = schedule_of(cfg, cfg.lr)
     assert schedule(40) == pytest.approx(0.001) and schedule(80) == pytest.approx(0.002) and schedule(800) == 0
-    assert default.get_config('demo').optimizer == 'sgd' and default.get_config('demo').bank_lr == 'same'
+    assert configuration.get_config('demo').optimizer == 'sgd' and configuration.get_config('demo').bank_lr == 'same'
     with pytest.raises(UsageError, match=r"config key 'warmup_steps' is '100%'; expected an integer .* N% \(0 <= N < 100\)"):
-        default.config_for_run('demo', 'vit_t', None, ['warmup_steps=100%'])
+        configuration.config_for_run('demo', 'vit_t', None, ['warmup_steps=100%'])
     with pytest.raises(UsageError, match=r"config key 'warmup_steps' is 800"):
-        default.config_for_run('demo', 'vit_t', None, ['max_update=800', 'warmup_steps=800'])
+        configuration.config_for_run('demo', 'vit_t', None, ['max_update=800', 'warmup_steps=800'])
 
 
 def test_dataset_presets_hold_the_dataset_facts():
@@ -120,29 +117,29 @@ def test_dataset_presets_hold_the_dataset_facts():
              'glint360k': (360232, 17091657, 0.1, False),
              'synthetic_1m': (1000000, 0, 0.1, True), 'synthetic_10m': (10000000, 0, 0.1, True)}
     for name, expected in facts.items():
-        cfg = default.get_config(dataset=name)
+        cfg = configuration.get_config(dataset=name)
         assert (cfg.num_classes, cfg.num_images, cfg.sample_ratio, cfg.synthetic) == expected
-    demo = default.get_config()
+    demo = configuration.get_config()
     assert (demo.dataset, demo.network, demo.loss) == ('demo', 'mbf_small', 'cosface')
-    assert default.get_config(dataset='emore').network == 'mbf'           # the field's mbf elsewhere
-    assert default.get_config(dataset='demo', network='mbf').network == 'mbf'
+    assert configuration.get_config(dataset='emore').network == 'mbf'           # the field's mbf elsewhere
+    assert configuration.get_config(dataset='demo', network='mbf').network == 'mbf'
     assert (demo.loss_s, demo.loss_m1, demo.loss_m2, demo.loss_m3) == (32.0, 1.0, 0.0, 0.25)
-    assert default.get_config(dataset='emore').loss == 'arcface'
+    assert configuration.get_config(dataset='emore').loss == 'arcface'
     assert demo.rec == 'data/demo/train.rec' and demo.val_targets == ['demo_val']
     assert demo.max_update <= 1000 and demo.lr_steps[-1] < demo.max_update
     assert (demo.context, demo.bank_context, demo.allgather) == ('auto', 'same', 'native')
-    emore = default.get_config(dataset='emore')
+    emore = configuration.get_config(dataset='emore')
     assert (emore.lr, emore.momentum, emore.wd, emore.lr_factor) == (0.1, 0.9, 5e-4, 0.1)
     assert (demo.max_nonfinite_steps, demo.collective_timeout_s) == (5, 60)
 
 
 def test_get_config_returns_independent_copies():
     """Test that mutating one config (including its lists) does not leak into the next."""
-    first = default.get_config(dataset='emore')
+    first = configuration.get_config(dataset='emore')
     first.lr_steps.append(999999)
     first.val_targets.append('x')
     first.lr = 7.0
-    second = default.get_config(dataset='emore')
+    second = configuration.get_config(dataset='emore')
     assert second.lr_steps == [100000, 160000, 220000]
     assert 'x' not in second.val_targets and second.lr == 0.1
 
@@ -153,10 +150,10 @@ def test_get_config_returns_independent_copies():
 def test_unknown_preset_is_rejected_with_choices(kwargs, value):
     """Test that an unknown preset name raises ValueError naming it and the choices."""
     kind = next(iter(kwargs))
-    choices = {'dataset': default.DATASETS, 'network': default.NETWORKS,
-               'loss': default.LOSSES}[kind]
+    choices = {'dataset': configuration.DATASETS, 'network': configuration.NETWORKS,
+               'loss': configuration.LOSSES}[kind]
     with pytest.raises(ValueError) as info:
-        default.get_config(**kwargs)
+        configuration.get_config(**kwargs)
     message = str(info.value)
     assert repr(value) in message
     assert all(choice in message for choice in choices)
@@ -165,16 +162,16 @@ def test_unknown_preset_is_rejected_with_choices(kwargs, value):
 def test_preset_cannot_add_a_key_or_change_a_type(monkeypatch):
     """Test that a preset setting an undeclared key, or a value its declared type does not
     take, fails naming the preset and the key; an integer for a number is taken as a float."""
-    monkeypatch.setitem(default._LOSS_PRESETS, 'bad', {'loss_mm': 1.0})
+    monkeypatch.setitem(presets.LOSS_PRESETS, 'bad', {'loss_mm': 1.0})
     with pytest.raises(ValueError, match="'loss_mm'"):
-        default.get_config(loss='bad')
-    emore = default._DATASET_PRESETS['emore']
+        configuration.get_config(loss='bad')
+    emore = presets.DATASET_PRESETS['emore']
     for value in ('64', [64.0], True, float('nan'), -1.0):
-        monkeypatch.setitem(default._DATASET_PRESETS, 'emore', dict(emore, loss_s=value))
+        monkeypatch.setitem(presets.DATASET_PRESETS, 'emore', dict(emore, loss_s=value))
         with pytest.raises(UsageError, match="dataset preset 'emore': config key 'loss_s' is "):
-            default.get_config('emore')
-    monkeypatch.setitem(default._DATASET_PRESETS, 'emore', dict(emore, loss_s=64))
-    assert type(default.get_config('emore').loss_s) is float
+            configuration.get_config('emore')
+    monkeypatch.setitem(presets.DATASET_PRESETS, 'emore', dict(emore, loss_s=64))
+    assert type(configuration.get_config('emore').loss_s) is float
 
 
 @pytest.mark.parametrize('override, key', [
@@ -188,7 +185,7 @@ def test_check_config_rejects_bad_values(override, key):
     """Test that a bad `--set` value is refused in one line naming the key, the value and what
     the key takes, whether its declared type (config_for_run) or check_config finds it."""
     with pytest.raises(UsageError) as info:
-        default.check_config(default.config_for_run(overrides=[override]))
+        configuration.check_config(configuration.config_for_run(overrides=[override]))
     message = str(info.value)
     assert message.startswith(f"config key {key!r} is ") and "; expected " in message and "\n" not in message
     assert override.split('=', 1)[1] in message
@@ -199,21 +196,21 @@ def test_check_config_checks_every_key_against_its_declared_type():
     a wrong kind, a value out of range, a missing or unknown key."""
     for key, value in (('lr', 'fast'), ('batch_size', 2.0), ('fp16', 1), ('lr_steps', [2, 1]),
                        ('momentum', 1.5), ('val_targets', 'lfw'), ('seed', -1)):
-        cfg = default.get_config()
+        cfg = configuration.get_config()
         cfg[key] = value
         with pytest.raises(UsageError, match=re.escape(f"config key '{key}' is {value!r}; expected")):
-            default.check_config(cfg)
-    cfg = default.get_config()
+            configuration.check_config(cfg)
+    cfg = configuration.get_config()
     del cfg['lr']
     with pytest.raises(UsageError, match="'lr' is missing"):
-        default.check_config(cfg)
-    cfg = default.get_config()
+        configuration.check_config(cfg)
+    cfg = configuration.get_config()
     cfg['lrr'] = 0.1
     with pytest.raises(UsageError, match="unknown config key 'lrr'"):
-        default.check_config(cfg)
+        configuration.check_config(cfg)
 
 
-# ---- default.py: style and imports ----------------------------------------------------
+# ---- the key table and presets: style; the card ----------------------------------------------------
 
 def _comment_lines(source):
     """Return (lines holding any comment, lines holding only a comment)."""
@@ -246,19 +243,24 @@ def _key_assignments(tree, keys):
                     yield k.value, k.lineno, v.end_lineno
 
 
-def test_every_key_assignment_in_default_py_is_commented():
-    """Test that every assignment to a config key in default.py carries a trailing comment
-    or sits right below a comment line, and that every base key is assigned there."""
-    source = DEFAULT_PY.read_text()
-    keys = set(default._base_config())
-    any_comment, only_comment = _comment_lines(source)
-    found = list(_key_assignments(ast.parse(source), keys))
-    uncommented = [(key, first) for key, first, last in found
-                   if not (any_comment & set(range(first, last + 1)) or first - 1 in only_comment)]
-    assert uncommented == [], f"config keys set without a comment (key, line): {uncommented}"
-    assert {key for key, _, _ in found} == keys
-    # Every preset entry counts: 8 networks x 4 keys, 14 + 5 x 10 dataset keys, 2 x 4 loss keys.
-    assert len(found) >= len(keys) + 32 + 64 + 8
+def test_every_key_assignment_of_the_table_and_presets_is_commented():
+    """Test that every assignment to a config key in the key table (keys.py) and the presets
+    (presets.py) carries a trailing comment or sits right below a comment line, that every base
+    key is declared in the table, and that the table's lines keep within 120 characters."""
+    keys = set(configuration.base_config())
+    found = {}
+    for name in ('keys.py', 'presets.py'):
+        source = (CONFIG_DIR / name).read_text()
+        any_comment, only_comment = _comment_lines(source)
+        found[name] = list(_key_assignments(ast.parse(source), keys))
+        uncommented = [(key, first) for key, first, last in found[name]
+                       if not (any_comment & set(range(first, last + 1)) or first - 1 in only_comment)]
+        assert uncommented == [], f"{name}: config keys set without a comment (key, line): {uncommented}"
+        assert max(len(line) for line in source.splitlines()) <= 120, name
+    assert [key for key, _, _ in found['keys.py']] == list(configuration.KEYS)
+    # Every preset entry counts: 14 + 5 x 10 dataset keys, 3 x 4 loss keys.
+    assert len(found['presets.py']) >= 64 + 12
+    assert len((CONFIG_DIR / 'keys.py').read_text().splitlines()) < 150
 
 
 def test_comment_checker_catches_a_missing_comment():
@@ -273,17 +275,18 @@ def test_comment_checker_catches_a_missing_comment():
 
 def test_the_key_reference_names_every_key_in_order():
     """Test that docs/training.md's "Key reference" has one list item per config key, in the
-    order of default.py's table, so a key added without its entry (or out of order) fails."""
+    order of the key table (sample_fc/config/keys.py), so a key added without its entry (or out of order) fails."""
     text = (REPO / 'docs' / 'training.md').read_text()
     assert '\n## Key reference\n' in text
     section = text.split('\n## Key reference\n', 1)[1].split('\n## ', 1)[0]
     documented = re.findall(r'^- `(\w+)`', section, flags=re.M)
-    assert documented == list(default.KEYS)
+    assert documented == list(configuration.KEYS)
     assert len(documented) == len(set(documented))
 
 
 def test_importing_default_does_not_import_mxnet():
-    """Test that importing default.py and building a config loads neither mxnet nor horovod."""
+    """Test that importing the card default.py and building a config through it loads neither
+    mxnet nor horovod."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import default; "
             "default.get_config('glint360k', 'r100', 'cosface'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mxnet', 'horovod')))")
@@ -414,14 +417,14 @@ def test_unknown_key_suggests_the_close_one():
 
 def test_overrides_work_on_the_real_config():
     """Test that overrides apply to a default.py config and keep it valid."""
-    cfg = apply_overrides(default.get_config(dataset='emore', network='r50'),
+    cfg = apply_overrides(configuration.get_config(dataset='emore', network='r50'),
                           ['lr_steps=1000,2000', 'max_update=3000', 'context=cpu',
-                           'val_targets=lfw'], default.KEYS)
+                           'val_targets=lfw'], configuration.KEYS)
     assert cfg.lr_steps == [1000, 2000] and cfg.max_update == 3000
     assert cfg.context == 'cpu' and cfg.val_targets == ['lfw']
-    default.check_config(cfg)
+    configuration.check_config(cfg)
     with pytest.raises(ValueError, match="did you mean 'lr'"):
-        apply_overrides(cfg, ['lrr=0.2'], default.KEYS)
+        apply_overrides(cfg, ['lrr=0.2'], configuration.KEYS)
 
 
 # ---- sample_fc/config.py: save, load, format -----------------------------------------------
@@ -431,8 +434,8 @@ def test_save_and_load_round_trip(tmp_path):
     replacing an existing file and leaving no temporary file behind."""
     path = tmp_path / 'config.json'
     path.write_text('stale')
-    for dataset in default.DATASETS:
-        cfg = default.get_config(dataset=dataset, network='r100', loss='cosface')
+    for dataset in configuration.DATASETS:
+        cfg = configuration.get_config(dataset=dataset, network='r100', loss='cosface')
         save_config(cfg, path)
         text = path.read_text()
         data = json.loads(text)
@@ -464,7 +467,7 @@ def test_format_config_lists_every_key():
     assert lines[0].split() == ['lr:', '0.1']
     assert "rec: 'a.rec'" in [' '.join(line.split()) for line in lines]
     assert len({line.index(line.split()[1]) for line in lines}) == 1  # values aligned
-    cfg = default.get_config()
+    cfg = configuration.get_config()
     assert len(format_config(cfg).splitlines()) == len(cfg)
 
 
@@ -474,39 +477,39 @@ def test_demo_preset_matches_the_demo_data_generator():
     import inspect
     from sample_fc.tools.demo_data import make_demo
     defaults = {k: p.default for k, p in inspect.signature(make_demo).parameters.items()}
-    demo = default.get_config()
+    demo = configuration.get_config()
     assert demo.num_classes == defaults['num_identities']
     assert demo.image_size == defaults['image_size']
     assert demo.num_images == defaults['num_identities'] * defaults['images_per_identity']
 
 
-# ---- default.py: a run's config, fresh or resumed ------------------------------------
+# ---- a run's config, fresh or resumed ------------------------------------
 
 def _saved_run():
     """A run's saved config as a checkpoint's state.json holds it (JSON round trip)."""
-    cfg = default.config_for_run('emore', 'r50', 'cosface', ['loss_s=30', 'max_update=100'])
+    cfg = configuration.config_for_run('emore', 'r50', 'cosface', ['loss_s=30', 'max_update=100'])
     return json.loads(json.dumps(cfg))
 
 
 def test_config_for_run_fresh_applies_presets_then_overrides():
     """Test that a fresh run is get_config's presets (demo by default) plus the overrides."""
-    assert default.config_for_run() == default.get_config()
-    cfg = default.config_for_run('emore', 'r50', 'cosface', ['loss_s=30'])
-    expected = default.get_config('emore', 'r50', 'cosface')
+    assert configuration.config_for_run() == configuration.get_config()
+    cfg = configuration.config_for_run('emore', 'r50', 'cosface', ['loss_s=30'])
+    expected = configuration.get_config('emore', 'r50', 'cosface')
     expected.loss_s = 30.0
     assert cfg == expected
     with pytest.raises(ValueError, match="--set network=r18: choose presets"):
-        default.config_for_run(overrides=['network=r18'])
+        configuration.config_for_run(overrides=['network=r18'])
 
 
 def test_config_for_run_resumed_keeps_the_saved_config():
     """Test that resuming yields the saved config exactly (not the presets' values), with
     keys missing from an older checkpoint filled from its presets, and allowed changes applied."""
     saved = _saved_run()
-    assert default.config_for_run(resumed=saved) == saved
+    assert configuration.config_for_run(resumed=saved) == saved
     older = {k: v for k, v in saved.items() if k != 'head_kernel'}
-    assert default.config_for_run(resumed=older) == saved          # head_kernel from the presets
-    cfg = default.config_for_run('emore', 'r50', 'cosface', ['max_update=200', 'lr_steps=150'], resumed=saved)
+    assert configuration.config_for_run(resumed=older) == saved          # head_kernel from the presets
+    cfg = configuration.config_for_run('emore', 'r50', 'cosface', ['max_update=200', 'lr_steps=150'], resumed=saved)
     assert (cfg.max_update, cfg.lr_steps, cfg.loss_s) == (200, [150], 30.0)
 
 
@@ -519,10 +522,10 @@ def test_a_run_saved_before_gradient_clipping_resumes_without_it():
     new_keys = ('clip_grad_norm', 'backbone_init', 'momentum_form')
     assert [saved[k] for k in new_keys] == [5.0, 'arcface_torch', 'pytorch']   # the defaults
     older = {k: v for k, v in saved.items() if k not in new_keys}
-    cfg = default.config_for_run(resumed=older)
+    cfg = configuration.config_for_run(resumed=older)
     assert [cfg[k] for k in new_keys] == [0.0, 'xavier', 'mxnet']
     assert {k: v for k, v in cfg.items() if k not in new_keys} == older
-    assert default.config_for_run(resumed=dict(saved, clip_grad_norm=2.5)).clip_grad_norm == 2.5
+    assert configuration.config_for_run(resumed=dict(saved, clip_grad_norm=2.5)).clip_grad_norm == 2.5
 
 
 def test_a_run_saved_before_the_sampling_warmup_resumes_without_it():
@@ -530,11 +533,11 @@ def test_a_run_saved_before_the_sampling_warmup_resumes_without_it():
     at its sample_ratio from the next step (0 warm-up steps), not with the new default of 200,
     while a new run of the same presets gets the default."""
     saved = dict(_saved_run(), sample_ratio=0.1)
-    assert default.get_config('emore', 'r50', 'cosface').sample_ratio_warmup_steps == 200
+    assert configuration.get_config('emore', 'r50', 'cosface').sample_ratio_warmup_steps == 200
     older = {k: v for k, v in saved.items() if k != 'sample_ratio_warmup_steps'}
-    assert default.config_for_run(resumed=older).sample_ratio_warmup_steps == 0
-    assert default.config_for_run(resumed=saved).sample_ratio_warmup_steps == 200
-    assert default.get_config('synthetic_1m').sample_ratio_warmup_steps == 0
+    assert configuration.config_for_run(resumed=older).sample_ratio_warmup_steps == 0
+    assert configuration.config_for_run(resumed=saved).sample_ratio_warmup_steps == 200
+    assert configuration.get_config('synthetic_1m').sample_ratio_warmup_steps == 0
 
 
 @pytest.mark.parametrize("key", ["sample_correction", "sample_wd_correction"])
@@ -544,42 +547,42 @@ def test_a_run_saved_before_a_sampling_correction_resumes_without_it(key):
     and that a saved value stands."""
     saved = dict(_saved_run(), sample_ratio=0.1)
     older = {k: v for k, v in saved.items() if k != key}
-    assert default.config_for_run(resumed=older)[key] is False
+    assert configuration.config_for_run(resumed=older)[key] is False
     for value in (True, False):
-        assert default.config_for_run(resumed=dict(saved, **{key: value}))[key] is value
+        assert configuration.config_for_run(resumed=dict(saved, **{key: value}))[key] is value
 
 
 def test_bank_dtype_is_checked_and_fixed_on_resume():
     """Test that bank_dtype takes float32 or float16 only, and that resuming a run into the
     other dtype is refused in one line naming both values (the run's shards keep their dtype)."""
-    assert default.get_config().bank_dtype == 'float32'
-    assert default.config_for_run(overrides=['bank_dtype=float16']).bank_dtype == 'float16'
+    assert configuration.get_config().bank_dtype == 'float32'
+    assert configuration.config_for_run(overrides=['bank_dtype=float16']).bank_dtype == 'float16'
     with pytest.raises(ValueError, match="'bank_dtype' is 'bfloat16'; expected one of: float32, float16"):
-        default.config_for_run(overrides=['bank_dtype=bfloat16'])
+        configuration.config_for_run(overrides=['bank_dtype=bfloat16'])
     with pytest.raises(ValueError, match="bank_dtype='float16' would change the run being resumed, which has "
                                          "bank_dtype='float32'"):
-        default.config_for_run(overrides=['bank_dtype=float16'], resumed=_saved_run())
+        configuration.config_for_run(overrides=['bank_dtype=float16'], resumed=_saved_run())
 
 
 def test_bank_momentum_is_checked_fixed_on_resume_and_same_for_older_runs():
     """Test that bank_momentum takes auto, same, int8 or none only; that resuming a run with another
     momentum storage is refused in one line naming both values (its shards hold that storage);
     and that a run saved before the key resumes with its momentum stored as the weights."""
-    assert default.get_config().bank_momentum == 'same'
+    assert configuration.get_config().bank_momentum == 'same'
     for value in ('int8', 'none'):
-        assert default.config_for_run(overrides=[f'bank_momentum={value}']).bank_momentum == value
+        assert configuration.config_for_run(overrides=[f'bank_momentum={value}']).bank_momentum == value
     with pytest.raises(ValueError, match="'bank_momentum' is 'int4'; expected one of: auto, same, int8, none"):
-        default.config_for_run(overrides=['bank_momentum=int4'])
+        configuration.config_for_run(overrides=['bank_momentum=int4'])
     saved = dict(_saved_run(), bank_momentum='int8')
-    assert default.config_for_run(resumed=saved, overrides=['max_update=200']).bank_momentum == 'int8'
+    assert configuration.config_for_run(resumed=saved, overrides=['max_update=200']).bank_momentum == 'int8'
     with pytest.raises(ValueError) as error:
-        default.config_for_run(overrides=['bank_momentum=same'], resumed=saved)
+        configuration.config_for_run(overrides=['bank_momentum=same'], resumed=saved)
     assert str(error.value).startswith("bank_momentum='same' would change the run being resumed, which has "
                                        "bank_momentum='int8'") and "\n" not in str(error.value)
     older = {k: v for k, v in _saved_run().items() if k != 'bank_momentum'}
-    assert default.config_for_run(resumed=older).bank_momentum == 'same'
+    assert configuration.config_for_run(resumed=older).bank_momentum == 'same'
     with pytest.raises(ValueError, match="bank_momentum='int8' would change the run being resumed"):
-        default.config_for_run(overrides=['bank_momentum=int8'], resumed=older)
+        configuration.config_for_run(overrides=['bank_momentum=int8'], resumed=older)
 
 
 def test_renamed_keys_are_read_under_their_new_names_with_a_note():
@@ -591,15 +594,15 @@ def test_renamed_keys_are_read_under_their_new_names_with_a_note():
     old = {('sgd_momentum' if k == 'momentum_form' else 'verbose' if k == 'verify_period' else k): v
            for k, v in dict(saved, momentum_form='mxnet', verify_period=17).items()}
     notes = []
-    cfg = default.config_for_run(resumed=old, overrides=['verbose=40'], note=notes.append)
+    cfg = configuration.config_for_run(resumed=old, overrides=['verbose=40'], note=notes.append)
     assert (cfg.momentum_form, cfg.verify_period) == ('mxnet', 40)
     assert 'verbose' not in cfg and 'sgd_momentum' not in cfg
     assert notes.count("config key 'verbose' is now called 'verify_period'; read as 'verify_period'") == 2
     assert sum("'sgd_momentum' is now called 'momentum_form'" in line for line in notes) == 1
-    fresh = default.config_for_run(overrides=['sgd_momentum=mxnet'])
+    fresh = configuration.config_for_run(overrides=['sgd_momentum=mxnet'])
     assert fresh.momentum_form == 'mxnet'
     with pytest.raises(ValueError, match="'momentum_form' is 'sgd'"):
-        default.config_for_run(overrides=['sgd_momentum=sgd'])
+        configuration.config_for_run(overrides=['sgd_momentum=sgd'])
 
 
 @pytest.mark.parametrize("flags, overrides, message", [
@@ -611,14 +614,68 @@ def test_renamed_keys_are_read_under_their_new_names_with_a_note():
 def test_config_for_run_resumed_refuses_changes_to_the_model_or_data(flags, overrides, message):
     """Test that changing a key outside RESUME_MUTABLE on resume names the key and both values."""
     with pytest.raises(ValueError) as error:
-        default.config_for_run(overrides=overrides, resumed=_saved_run(), **flags)
+        configuration.config_for_run(overrides=overrides, resumed=_saved_run(), **flags)
     assert message in str(error.value)
 
 
 def test_resume_mutable_keys_exist_and_exclude_the_model():
     """Test that every RESUME_MUTABLE key is a config key and none defines the model or data."""
-    base = default._base_config()
-    assert set(default.RESUME_MUTABLE) <= set(base)
+    base = configuration.base_config()
+    assert set(configuration.RESUME_MUTABLE) <= set(base)
     model_and_data = {'rec', 'num_classes', 'image_size', 'network', 'embedding_size', 'loss', 'loss_s',
                       'loss_m1', 'loss_m2', 'loss_m3', 'sample_ratio', 'batch_size', 'seed', 'dataset'}
-    assert not model_and_data & set(default.RESUME_MUTABLE)
+    assert not model_and_data & set(configuration.RESUME_MUTABLE)
+
+
+# ---- the card: the user's datasets ----------------------------------------------------------
+
+CARD = '''
+DATASET_PRESETS = {
+    'my_faces': {'rec': '', 'synthetic': True, 'num_classes': 5000, 'image_size': 112,
+                 'val_targets': [], 'max_update': 300, 'lr_steps': [200, 250]},
+    'emore': {'rec': '/elsewhere/faces_emore/train.rec'},
+}
+'''
+
+
+def _in_card_dir(tmp_path, card, code):
+    """Run `code` in a Python whose working directory holds `card` as default.py (the user's
+    card, first on the path), with the repository importable after it."""
+    (tmp_path / 'default.py').write_text(card)
+    return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, 'PYTHONPATH': str(REPO)})
+
+
+def test_a_dataset_of_the_card_is_a_preset_of_the_package_and_of_tools_plan(tmp_path):
+    """Test that a set in the card's DATASET_PRESETS is a dataset preset of sample_fc.config (on
+    the built-in base, checked as every preset), that a built-in name there changes the built-in
+    preset's keys it names, and that tools.plan, which imports only the package, plans the card's set."""
+    code = ("import json; from sample_fc import config; "
+            "mine = config.get_config('my_faces'); emore = config.get_config('emore'); "
+            "print(json.dumps([config.DATASETS, mine.num_classes, mine.lr_steps, mine.loss, emore.rec, "
+            "emore.num_classes]))")
+    result = _in_card_dir(tmp_path, CARD, code)
+    assert result.returncode == 0, result.stderr
+    datasets, classes, lr_steps, loss, emore_rec, emore_classes = json.loads(result.stdout)
+    assert datasets[-1] == 'my_faces' and 'demo' in datasets
+    assert (classes, lr_steps, loss) == (5000, [200, 250], 'arcface')        # the base's loss
+    assert (emore_rec, emore_classes) == ('/elsewhere/faces_emore/train.rec', 85742)
+    plan = _in_card_dir(tmp_path, CARD, "import sys; from sample_fc.tools.plan import main; "
+                        "sys.argv = ['plan', '--dataset', 'my_faces', '--network', 'mbf', '-np', '2']; main()")
+    assert plan.returncode == 0, plan.stderr
+    assert '5,000' in plan.stdout or '5000' in plan.stdout, plan.stdout
+
+
+def test_a_card_value_its_key_does_not_take_is_one_line_naming_the_preset(tmp_path):
+    """Test that a wrong value or an unknown key in the card's set is refused as any preset's is
+    (naming the preset and the key), and a card whose DATASET_PRESETS is not a dict of dicts is
+    refused naming DATASET_PRESETS."""
+    for card, expected in [
+            (CARD.replace("'num_classes': 5000", "'num_classes': -3"), "dataset preset 'my_faces': config key "
+                                                                        "'num_classes' is -3"),
+            (CARD.replace("'image_size': 112", "'image_sise': 112"), "dataset preset 'my_faces' sets 'image_sise'"),
+            ("DATASET_PRESETS = ['my_faces']\n", "DATASET_PRESETS is not a dict")]:
+        result = _in_card_dir(tmp_path, card, "from sample_fc.errors import UsageError\n"
+                              "try:\n    from sample_fc import config\n    config.get_config('my_faces')\n"
+                              "except UsageError as e:\n    print(e)\n")
+        assert expected in (result.stdout + result.stderr), (card, result.stdout, result.stderr)

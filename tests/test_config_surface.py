@@ -22,9 +22,10 @@ from sample_fc.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import default  # noqa: E402  (the repository root's default.py)
+import sample_fc.config as configuration  # noqa: E402
+from sample_fc.config import presets  # noqa: E402
 
-KEYS = default.KEYS
+KEYS = configuration.KEYS
 PRESET_KEYS = ('dataset', 'network', 'loss')
 SETTABLE = sorted(set(KEYS) - set(PRESET_KEYS))
 # The suite runs a fixed (derandomized) 400 examples per property; SAMPLE_FC_SURFACE_EXAMPLES=N runs N
@@ -68,8 +69,8 @@ def texts_for(kind):
 def override_cases(draw, keys=SETTABLE):
     """(dataset, network, loss, key, text): a preset combination and one generated override."""
     key = draw(st.sampled_from(keys))
-    return (draw(st.sampled_from(default.DATASETS)), draw(st.sampled_from((None,) + default.NETWORKS)),
-            draw(st.sampled_from((None,) + default.LOSSES)), key, draw(texts_for(KEYS[key])))
+    return (draw(st.sampled_from(configuration.DATASETS)), draw(st.sampled_from((None,) + configuration.NETWORKS)),
+            draw(st.sampled_from((None,) + configuration.LOSSES)), key, draw(texts_for(KEYS[key])))
 
 
 # ---- an oracle for plain values ------------------------------------------------------------
@@ -115,7 +116,7 @@ def test_any_override_on_any_preset_gives_a_checked_config_or_one_line_naming_th
     dataset, network, loss, key, text = case
     taken = plainly_taken(KEYS[key], text)
     try:
-        cfg = default.config_for_run(dataset, network, loss, [f"{key}={text}"])
+        cfg = configuration.config_for_run(dataset, network, loss, [f"{key}={text}"])
     except UsageError as error:
         _one_line_naming(error, key)
         message = str(error)
@@ -123,35 +124,35 @@ def test_any_override_on_any_preset_gives_a_checked_config_or_one_line_naming_th
                    or "with loss_margin=curricularface" in message and key in ('loss_margin', 'loss_m1', 'loss_m3'))
         assert taken is None or crosses, (key, text, message)
         return
-    default.check_config(cfg, data=False)
+    configuration.check_config(cfg, data=False)
     if taken is not None:
         assert cfg[key] == taken and type(cfg[key]) is type(taken), (key, text, cfg[key])
     saved = json.loads(json.dumps(cfg))
     if (cfg.rec or cfg.synthetic) and cfg.num_classes >= 1:     # a run that names its data resumes as saved
-        assert default.config_for_run(resumed=saved) == cfg
+        assert configuration.config_for_run(resumed=saved) == cfg
 
 
 @EXAMPLES
 @given(st.lists(st.one_of(override_cases().map(lambda case: f"{case[3]}={case[4]}"), st.text(max_size=20)),
-                min_size=1, max_size=4), st.sampled_from(default.DATASETS))
+                min_size=1, max_size=4), st.sampled_from(configuration.DATASETS))
 def test_several_overrides_or_malformed_ones_give_a_config_or_one_line(overrides, dataset):
     """Test that a list of overrides, some malformed (no '=', no key, an unknown key), gives a
     checked config or one UsageError line; never another exception."""
     try:
-        cfg = default.config_for_run(dataset, None, None, overrides)
+        cfg = configuration.config_for_run(dataset, None, None, overrides)
     except UsageError as error:
         assert '\n' not in str(error)
         return
-    default.check_config(cfg, data=False)
+    configuration.check_config(cfg, data=False)
 
 
 def _saved_run(dataset):
     rec = ['rec=/data/set/train.rec', 'num_classes=1000'] if dataset == 'custom' else []
-    return json.loads(json.dumps(default.config_for_run(dataset, None, None, rec)))
+    return json.loads(json.dumps(configuration.config_for_run(dataset, None, None, rec)))
 
 
 @EXAMPLES
-@given(st.sampled_from(default.DATASETS),
+@given(st.sampled_from(configuration.DATASETS),
        st.sampled_from(sorted(KEYS) + ['sgd_momentum', 'verbose', 'not_a_key']),
        st.one_of(json_values, st.just('__delete__')))
 def test_a_damaged_saved_config_resumes_or_is_refused_in_one_line(dataset, key, value):
@@ -164,12 +165,12 @@ def test_a_damaged_saved_config_resumes_or_is_refused_in_one_line(dataset, key, 
     else:
         saved[key] = value
     try:
-        cfg = default.config_for_run(resumed=saved)
+        cfg = configuration.config_for_run(resumed=saved)
     except UsageError as error:
         assert '\n' not in str(error), str(error)
-        assert key in str(error) or key in default.RENAMED_KEYS, (key, value, str(error))
+        assert key in str(error) or key in configuration.RENAMED_KEYS, (key, value, str(error))
         return
-    default.check_config(cfg)
+    configuration.check_config(cfg)
     if key in KEYS and value != '__delete__':
         assert cfg[key] == KEYS[key].accept(key, value)
 
@@ -180,7 +181,7 @@ def test_a_saved_config_that_is_no_config_is_refused_in_one_line(saved):
     """Test that a saved config that is not an object of keys, or names presets this version
     does not know (or as another kind), is one UsageError line."""
     with pytest.raises(UsageError) as error:
-        default.config_for_run(resumed=saved)
+        configuration.config_for_run(resumed=saved)
     assert '\n' not in str(error.value) and 'saved config' in str(error.value)
 
 
@@ -193,8 +194,8 @@ def test_every_declared_default_is_taken_by_its_own_type():
         assert kind.accept(key, kind.default) == kind.default, key
     networks = {name: catalog.preset(name) for name in catalog.NETWORKS}
     recipes = {family: recipe['keys'] for family, recipe in catalog.FAMILY_RECIPES.items()}
-    for presets in (networks, recipes, default._DATASET_PRESETS, default._LOSS_PRESETS):
-        for name, values in presets.items():
+    for table in (networks, recipes, presets.DATASET_PRESETS, presets.LOSS_PRESETS):
+        for name, values in table.items():
             for key, value in values.items():
                 assert KEYS[key].accept(key, value) == value, (name, key)
 
@@ -237,7 +238,7 @@ def test_train_print_config_takes_generated_overrides_or_says_one_line(case, tin
     assert 'Traceback' not in err                                           # os._exit would end pytest
     if code == 0:
         printed = json.loads(out)
-        default.check_config(default.config_for_run(resumed=printed))
+        configuration.check_config(configuration.config_for_run(resumed=printed))
         return
     lines = [line for line in err.splitlines() if line.startswith('train.py: error:')]
     assert code == 2 and len(lines) == 1, (case, code, err)

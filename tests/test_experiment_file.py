@@ -30,7 +30,7 @@ def from_file(tmp_path, text, dataset=None, network=None, loss=None, overrides=(
     path = tmp_path / "exp.cfg"
     path.write_text(text, encoding="utf-8")
     args = argparse.Namespace(dataset=dataset, network=network, loss=loss, overrides=list(overrides))
-    read_experiment(str(path), default).merged_into(args)
+    read_experiment(str(path)).merged_into(args)
     return outcome(args.dataset, args.network, args.loss, args.overrides)
 
 
@@ -83,7 +83,7 @@ def test_a_bad_line_is_one_line_naming_the_file_and_the_line(tmp_path, text, mes
     path = tmp_path / "exp.cfg"
     path.write_text(text)
     with pytest.raises(UsageError) as error:
-        read_experiment(str(path), default)
+        read_experiment(str(path))
     assert str(error.value).startswith(f"--config {path}, {message}") and "\n" not in str(error.value)
 
 
@@ -93,7 +93,7 @@ def test_a_missing_unreadable_or_binary_file_is_one_line(tmp_path):
     for path, message in ((tmp_path / "none.cfg", "no such file"), (tmp_path, "is a directory"),
                           (binary, "is not UTF-8 text")):
         with pytest.raises(UsageError, match=f"^--config {path}:? {message}"):
-            read_experiment(str(path), default)
+            read_experiment(str(path))
 
 
 @EXAMPLES
@@ -103,7 +103,7 @@ def test_any_text_is_read_or_refused_in_one_line(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("any") / "exp.cfg"
     path.write_text(text, encoding="utf-8")
     try:
-        experiment = read_experiment(str(path), default)
+        experiment = read_experiment(str(path))
     except UsageError as error:
         assert "\n" not in str(error)
         return

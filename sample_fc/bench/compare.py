@@ -59,10 +59,10 @@ SHOWN = ("samples/s", "accuracy", "error")     # which of the job's lines to ech
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.compare", description=__doc__.split("\n\n")[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default="demo", help="dataset preset of default.py (default demo)")
-    parser.add_argument("--network", help="network preset of default.py, for both (default mbf, arcface_torch's "
+    parser.add_argument("--dataset", default="demo", help="dataset preset (default demo)")
+    parser.add_argument("--network", help="network preset, for both (default mbf, arcface_torch's "
                                            "MobileFaceNet; with --only sample_fc, the dataset's)")
-    parser.add_argument("--loss", help="loss preset of default.py (default: the dataset's recipe)")
+    parser.add_argument("--loss", help="loss preset (default: the dataset's recipe)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for both trainers (repeatable), e.g. max_update=400")
     parser.add_argument("--np", type=int, default=2, help="sample_fc workers (default 2)")

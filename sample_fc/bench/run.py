@@ -51,9 +51,9 @@ class Plan:
     sampler_locals: tuple = (1_250_000, 4_400_000)
     sampler_positives: int = 512
     sampler_ratio: float = 0.1
-    data_threads: int = 2       # = default.py's data_threads
+    data_threads: int = 2       # = the key table's data_threads
     schedule_classes: int = 1_000_000     # the head through the sampling warm-up, world 1: classes,
-    schedule_ratio: float = 0.1           # the ratio after it (default.py's warm-up starts at 1.0),
+    schedule_ratio: float = 0.1           # the ratio after it (the config's warm-up starts at 1.0),
     schedule_warmup_steps: int = 40       # its length (a step's cost depends on its ratio only, so a
     schedule_after_steps: int = 10        # shorter warm-up than training's shows the same curve), steps after
 

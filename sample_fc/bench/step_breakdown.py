@@ -54,7 +54,7 @@ STAGE_COLUMNS = (("data", ("data",)), ("forward", ("forward",)),
 def step_case(network, image_size, batch_size, steps, seed=0):
     """Measure module.step of `network` on this rank (a worker under horovodrun); the record."""
     import mxnet as mx
-    from default import get_config
+    from ..config import get_config
     from .. import builder, dist
     from ..data.demo import ensure_demo
     from .cases import STAGES, StageTimer, median_ms, staged_step
@@ -126,7 +126,7 @@ def yardstick_case(network, image_size, global_batch, steps, data, rec_folders, 
     import torch
     threads = torch.get_num_threads()        # torch's default; importing mxnet (the .rec reader) leaves 1
     import mxnet  # noqa: F401
-    from default import get_config
+    from ..config import get_config
     from .yardstick import CombinedMargin, MemoryFaces, PartialFC, RecFaces, Trainer, build_network, rec_loader
     from .yardstick.data import LOADER_WORKERS, Prefetched
     from .yardstick.stages import stage_medians
@@ -167,11 +167,11 @@ def table(rows):
 
 def check_args(parser, args):
     """One line (argparse's, exit 2) for a case that cannot run, before any job starts."""
-    import default
+    from ..config import NETWORKS
     networks = args.networks.split(",")
-    unknown = [n for n in networks if n not in default.NETWORKS]
+    unknown = [n for n in networks if n not in NETWORKS]
     if unknown:
-        parser.error(f"--networks: unknown {', '.join(unknown)}; choose from {', '.join(default.NETWORKS)}")
+        parser.error(f"--networks: unknown {', '.join(unknown)}; choose from {', '.join(NETWORKS)}")
     if not args.no_torch:
         from .yardstick.networks import NETWORKS as YARDSTICK_NETWORKS
         missing = [n for n in networks if n not in YARDSTICK_NETWORKS]

@@ -30,7 +30,7 @@ from .sampler import ClassCenterSampler, SampleRatioWarmup, most_rows_scored
 
 @dataclass(frozen=True)
 class PartialFCOptions:
-    """What a Partial FC layer is, in the config's own key names (default.py comments each);
+    """What a Partial FC layer is, in the config's own key names (sample_fc/config/keys.py comments each);
     built once from the config (from_config) and saved with every checkpoint (state.json's
     "partial_fc"). The defaults are the library's, not the config's."""
     sample_ratio: float = 1.0               # the centers of a shard scored per step, after the warm-up

@@ -17,7 +17,7 @@ twice is refused. A run keeps a copy of the file in its models root (run_root.EX
 import os
 from dataclasses import dataclass
 
-from ..config import apply_overrides
+from ..config import DATASETS, KEYS, LOSSES, NETWORKS, apply_overrides, renamed_overrides
 from ..errors import UsageError
 
 PRESET_KEYS = ("dataset", "network", "loss")
@@ -41,14 +41,14 @@ class ExperimentFile:
         return args
 
 
-def read_experiment(path, card):
-    """The ExperimentFile at `path`, every line checked as --set checks it by `card` (the user's
-    default.py: its KEYS, DATASETS, NETWORKS, LOSSES and renamed_overrides; an old key name is
-    read as its new one, which config_for_run notes). UsageError naming the file, the line and
+def read_experiment(path):
+    """The ExperimentFile at `path`, every line checked as --set checks it (the key table's types;
+    a preset name among the presets'; an old key name is read as its new one, which config_for_run
+    notes). UsageError naming the file, the line and
     what is wrong, before anything is trained or written."""
     text = _text_of(path)
     presets, overrides, seen = {}, [], {}
-    choices = {"dataset": card.DATASETS, "network": card.NETWORKS, "loss": card.LOSSES}
+    choices = {"dataset": DATASETS, "network": NETWORKS, "loss": LOSSES}
     for number, line in enumerate(text.splitlines(), 1):
         content = _without_comment(line)
         if not content:
@@ -58,7 +58,7 @@ def read_experiment(path, card):
         key, value = key.strip(), _unquoted(value.strip())
         if not sep or not key:
             raise UsageError(f"{where}: {content!r} is not a `key = value` line")
-        current = card.renamed_overrides([f"{key}={value}"])[0].split("=", 1)[0]    # an old name's
+        current = renamed_overrides([f"{key}={value}"])[0].split("=", 1)[0]    # an old name's
         if current in seen:
             raise UsageError(f"{where}: {current} is set twice (line {seen[current]} sets it too)")
         seen[current] = number
@@ -68,7 +68,7 @@ def read_experiment(path, card):
             presets[key] = value
             continue
         try:
-            apply_overrides({}, [f"{current}={value}"], card.KEYS)
+            apply_overrides({}, [f"{current}={value}"], KEYS)
         except UsageError as error:
             raise UsageError(f"{where}: {error}") from None
         overrides.append(f"{key}={value}")

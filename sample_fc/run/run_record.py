@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 @dataclass(frozen=True)
 class RunRecord:
-    cfg: Any                      # the resolved config (default.py's keys)
+    cfg: Any                      # the resolved config (sample_fc.config's keys)
     rank: int
     world: int                    # workers in the job
     logger: Any                   # builder.setup_logger's, this rank's

@@ -15,7 +15,7 @@ import os
 import signal
 
 from ..errors import UsageError
-from .stop import signal_number
+from ..options import signal_number
 
 WANDB_INSTALL = "pip install wandb==0.16.6"     # the version the tests run (requirements-test.txt)
 

@@ -10,18 +10,11 @@ import signal
 import threading
 import time
 
+from ..options import signal_number
+
 STOP_EXIT_BASE = 128                    # a stopped job exits with 128 + the signal's number
 SAME_STOP_S = 2.0                       # a signal this soon after the first is the same stop, passed on
                                         # (a scheduler signals every process, and mpirun forwards it too)
-
-
-def signal_number(name):
-    """signal.SIGTERM's number for 'SIGTERM' or 'TERM' (ValueError naming the valid ones)."""
-    name = name.upper()
-    name = name if name.startswith("SIG") else "SIG" + name
-    if not hasattr(signal, name) or name in ("SIGKILL", "SIGSTOP"):
-        raise ValueError(f"{name} is not a signal a run can stop on; e.g. SIGTERM, SIGINT, SIGUSR1")
-    return int(getattr(signal, name))
 
 
 def signal_name(number):

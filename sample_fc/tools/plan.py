@@ -84,7 +84,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     def work():
-        import default
+        from .. import config
         import symbols
         from ..run import memory_plan
         from ..builder import centers_line, check_world, fill_from_property, resolve_auto, target_paths
@@ -96,12 +96,12 @@ def main(argv=None):
         from ..pfc.host_head import default_threads
         from ..run.experiment_file import read_experiment
         if args.config:
-            read_experiment(args.config, default).merged_into(args)
-        cfg = default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
-        explicit = default.overridden_keys(args.overrides)
+            read_experiment(args.config).merged_into(args)
+        cfg = config.config_for_run(args.dataset, args.network, args.loss, args.overrides)
+        explicit = config.overridden_keys(args.overrides)
         for note in fill_from_property(cfg, explicit):      # as train.py: the set's own classes and size
             print(note, file=sys.stderr)
-        default.check_config(cfg)
+        config.check_config(cfg)
         if args.world < 1 or (args.workers_per_node or 1) < 1:
             raise UsageError(f"-np and --workers-per-node must be >= 1, got {args.world} and {args.workers_per_node}")
         check_world(cfg, args.world)

@@ -12,6 +12,7 @@ import html
 import json
 import os
 
+from ..config import config_for_run
 from ..errors import UsageError
 
 STYLE = ("body{font-family:sans-serif;margin:1em 2em;max-width:1400px} h1{font-size:1.4em;margin:.3em 0}"
@@ -28,15 +29,14 @@ STYLE = ("body{font-family:sans-serif;margin:1em 2em;max-width:1400px} h1{font-s
 
 
 def preset_config(config):
-    """The config of the run's presets (default.config_for_run of its dataset, and of its network
-    and loss where they are not the dataset's own: a loss named on the command line brings its
-    published margins), or None when the repository's default.py cannot give it."""
+    """The config of the run's presets (config_for_run of its dataset, and of its network and loss
+    where they are not the dataset's own: a loss named on the command line brings its published
+    margins), or None when this version's presets cannot give it (a preset it does not know)."""
     try:
-        import default          # installed beside the package (setup.py py_modules)
-        dataset = default.config_for_run(config.get("dataset"))
+        dataset = config_for_run(config.get("dataset"))
         chosen = {k: config.get(k) for k in ("network", "loss") if config.get(k) != dataset.get(k)}
-        return default.config_for_run(config.get("dataset"), chosen.get("network"), chosen.get("loss"))
-    except (ImportError, UsageError):
+        return config_for_run(config.get("dataset"), chosen.get("network"), chosen.get("loss"))
+    except UsageError:
         return None
 
 

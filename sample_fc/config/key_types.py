@@ -1,6 +1,6 @@
-"""Declared config types, `key=value` overrides, JSON save/load, log formatting.
+"""Declared config types and `key=value` overrides.
 
-Nothing here knows which keys a config has: default.py declares each key with one of the
+Nothing here knows which keys a config has: keys.py declares each key with one of the
 types below (its default, range and allowed words), and every reader of a value converts and
 checks through that declaration: presets (`accept`), `--set key=value` text (`parse`), a
 saved run's config (`accept` of its JSON values). A value that does not fit is a UsageError
@@ -15,12 +15,10 @@ naming the key, the bad value and what the key takes.
 import difflib
 import json
 import math
-import os
-import uuid
 
 from easydict import EasyDict
 
-from .errors import UsageError
+from ..errors import UsageError
 
 FLOAT32_TINY = 1.1754943508222875e-38    # float32's smallest normal: MXNet takes its attributes as float32
 _TRUE = ('true', '1', 'yes')
@@ -311,79 +309,3 @@ def apply_overrides(cfg, overrides, keys):
     for key, value in updates:
         cfg[key] = value
     return cfg
-
-
-LR_REFERENCE_BATCH = 512        # default.py's lr is given for this global batch
-
-
-def scaled_lr(cfg, global_batch, part="backbone"):
-    """The lr `part` ('backbone' or 'bank') trains with: its lr (cfg.lr; the bank's: bank_setting
-    'lr'), given for a global batch of LR_REFERENCE_BATCH, scaled linearly to `global_batch` when
-    cfg.lr_scale_by_world and the part trains with SGD (the bank always does). AdamW's lr is used
-    as given: arcface_torch trains its ViTs at 1e-3 from 2,048 to 24,576 images a step."""
-    sgd = part == "bank" or cfg.optimizer == "sgd"
-    lr = bank_setting(cfg, "lr") if part == "bank" else cfg.lr
-    return lr * (global_batch / LR_REFERENCE_BATCH if cfg.lr_scale_by_world and sgd else 1.0)
-
-
-def steps_of(value, total):
-    """A step count of an Int(share=True) key: `value` itself, or for 'N%' that share of `total`
-    steps (rounded down)."""
-    return int(total * float(value[:-1]) / 100) if isinstance(value, str) else value
-
-
-def bank_setting(cfg, key):
-    """The memory bank's 'lr' or 'wd': cfg.bank_<key>, or cfg.<key> (the backbone's) where that
-    is 'same'."""
-    value = cfg["bank_" + key]
-    return cfg[key] if value == "same" else value
-
-
-def save_config(cfg, path):
-    """Write cfg as JSON to path atomically (see write_json)."""
-    write_json(path, cfg)
-
-
-def json_text(payload):
-    """The project's JSON file text of `payload`: sorted keys, indent 2, a final newline."""
-    return json.dumps(payload, sort_keys=True, indent=2) + '\n'
-
-
-def write_json(path, payload):
-    """Write payload as JSON (sorted keys, indent 2) to path atomically (write_text)."""
-    write_text(path, json_text(payload))        # the text fails before touching disk
-
-
-def write_text(path, text):
-    """Write `text` to path atomically: a temporary file in the same directory, synced, then
-    os.replace. The directory must exist."""
-    path = os.fspath(path)
-    directory, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{base}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, 'x', encoding='utf-8') as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def load_config(path):
-    """Read a config written by save_config as an EasyDict."""
-    with open(path, encoding='utf-8') as f:
-        data = json.load(f)
-    if not isinstance(data, dict):
-        raise UsageError(f"config file {os.fspath(path)!r} holds a {type(data).__name__}, "
-                         "expected a JSON object")
-    return EasyDict(data)
-
-
-def format_config(cfg):
-    """Return "key: value" lines (insertion order) for logging."""
-    rows = list(cfg.items())
-    width = max((len(k) for k, _ in rows), default=0)
-    return '\n'.join(f"{k + ':':<{width + 1}} {v!r}" for k, v in rows)
