@@ -19,6 +19,12 @@ are the same sums in another order (float rounding). Its input channels are not 
 fuse finds them from the weight's shape, inferred from `data_shape`, and leaves the conv to
 MXNet when it cannot. Depthwise convs (1 channel per group) keep MXNet's own fast kernel.
 
+MXNet 1.9's CPU backward of LayerNorm is its generic reduction path: 23x its forward, a quarter of
+a ViT's training step (vit_t 64 px, batch 32, one thread). `fuse` replaces each LayerNorm over the
+last axis (the ViTs' every norm) whose mean and std outputs nothing reads by one
+`sample_fc_layer_norm` node with the same name, inputs (data, `<name>_gamma`, `<name>_beta`) and
+eps: the same function, its sums in another order (float rounding).
+
 The training module and the verification's embedder run the fused graph on CPU contexts
 (builder.build_module, verification.Embedder). Saved
 models keep the composite form (standard operators: any MXNet, ONNX export, insightface's
@@ -43,6 +49,7 @@ from symbols.common import PRELU_PARTS, attr_ints
 
 OP_NAME = "sample_fc_prelu"
 CONV_OP_NAME = "sample_fc_group_conv3x3"
+LAYER_NORM_OP_NAME = "sample_fc_layer_norm"
 # channels per group (in and out) of the convs CONV_OP_NAME replaces: where it beat MXNet's
 # Convolution (1 thread, fwd+bwd, batch 64 x 128 channels at 16x16 and 56x56; 4: 1.2-2.4x)
 GROUP_CONV_WIDTHS = (2, 4)
@@ -70,7 +77,8 @@ def available():
         if reason:
             logging.getLogger(__name__).warning(
                 "sample_fc's fused CPU operators are not available (%s): PReLU runs as four MXNet "
-                "operators and mbf's grouped stem conv as MXNet's, an mbf step on the CPU about twice as slow "
+                "operators and mbf's grouped stem conv and a ViT's LayerNorm as MXNet's, an mbf step on the CPU "
+                "about twice as slow "
                 "(re-run scripts/bootstrap.sh, or "
                 "pip install -e . with a C++ compiler)", reason)
         _library["loaded"] = reason is None
@@ -83,7 +91,7 @@ def load_library(path):
     functions of every registered operator (~2,200; most of a second of each worker's start);
     only ours are new. Training needs only the registration (fuse edits the graph's JSON)."""
     check_call(_LIB.MXLoadLib(c_str(path), mx_uint(0)))
-    for name in (OP_NAME, CONV_OP_NAME):
+    for name in (OP_NAME, CONV_OP_NAME, LAYER_NORM_OP_NAME):
         for namespace, make_function in (("ndarray", _make_ndarray_function), ("symbol", _make_symbol_function)):
             handle = OpHandle()
             check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
@@ -109,18 +117,20 @@ def whole_elf(path):
 
 
 def fuse(symbol, data_shape=None):
-    """`symbol` with every PReLU of symbols.common.prelu as one sample_fc_prelu node and every
-    grouped 3x3 conv of group_convs as one sample_fc_group_conv3x3 node; `symbol` itself when
-    the library is not available, the symbol holds neither, or not all of its parameters are
+    """`symbol` with every PReLU of symbols.common.prelu as one sample_fc_prelu node, every
+    grouped 3x3 conv of group_convs as one sample_fc_group_conv3x3 node and every LayerNorm of
+    layer_norms as one sample_fc_layer_norm node; `symbol` itself when the library is not
+    available, the symbol holds none of them, or not all of its parameters are
     float32 (a float16 backbone: the operators are float32 only). `data_shape`: the shape of
     its input `data` (unknown dimensions 0), which gives the convs' input channels; without it
     only convs whose weight shape the symbol itself tells are replaced."""
     graph = json.loads(symbol.tojson())
     groups = prelu_groups(graph["nodes"])
     convs = group_convs(graph["nodes"], symbol, data_shape)
-    if not (groups or convs) or not all_float32(symbol) or not available():
+    norms = layer_norms(graph)
+    if not (groups or convs or norms) or not all_float32(symbol) or not available():
         return symbol
-    return mx.sym.load_json(json.dumps(rewrite(graph, groups, convs)))
+    return mx.sym.load_json(json.dumps(rewrite(graph, groups, convs, norms)))
 
 
 def all_float32(symbol):
@@ -188,6 +198,23 @@ def group_convs(nodes, symbol, data_shape=None):
     return convs
 
 
+def layer_norms(graph):
+    """{index of a LayerNorm node: its eps} for each LayerNorm sample_fc_layer_norm computes: over
+    the last axis (axis -1), three inputs, and nothing (no node, no head) reading its mean or std
+    outputs."""
+    nodes = graph["nodes"]
+    extra_outputs_read = {entry[0] for node in nodes for entry in node["inputs"] if entry[1] != 0}
+    extra_outputs_read |= {entry[0] for entry in graph["heads"] if entry[1] != 0}
+    norms = {}
+    for index, node in enumerate(nodes):
+        attrs = node.get("attrs", {})
+        if (node["op"] == "LayerNorm" and attrs.get("axis", "-1") == "-1" and len(node["inputs"]) == 3
+                and attrs.get("output_mean_var", "False").lower() not in ("true", "1")
+                and index not in extra_outputs_read):
+            norms[index] = attrs.get("eps", "1e-05")
+    return norms
+
+
 def weight_shapes(symbol, data_shape=None):
     """{argument name: shape} of the arguments whose shape MXNet infers from `data_shape`
     (the input `data`'s; None: nothing known beyond the symbol's own shape attributes)."""
@@ -202,11 +229,11 @@ def weight_shapes(symbol, data_shape=None):
             if shape and 0 not in shape}
 
 
-def rewrite(graph, groups, convs=None):
+def rewrite(graph, groups, convs=None, norms=None):
     """The graph (MXNet's JSON form) with each PReLU group's add node replaced by one fused node
-    and its other three nodes dropped, each conv of `convs` by one sample_fc_group_conv3x3 node;
-    every node index renumbered."""
-    convs = convs or {}
+    and its other three nodes dropped, each conv of `convs` by one sample_fc_group_conv3x3 node,
+    each LayerNorm of `norms` by one sample_fc_layer_norm node; every node index renumbered."""
+    convs, norms = convs or {}, norms or {}
     dropped = {inner for _, _, inners in groups.values() for inner in inners}
     new_index, nodes = {}, []
     for index, node in enumerate(graph["nodes"]):
@@ -219,6 +246,9 @@ def rewrite(graph, groups, convs=None):
             data, weight, num_group = convs[index]
             node = {"op": CONV_OP_NAME, "name": node["name"], "attrs": {"num_group": str(num_group)},
                     "inputs": [data, weight]}
+        elif index in norms:
+            node = {"op": LAYER_NORM_OP_NAME, "name": node["name"], "attrs": {"eps": norms[index]},
+                    "inputs": node["inputs"]}
         new_index[index] = len(nodes)
         nodes.append(node)
 
