@@ -34,6 +34,19 @@
 // dgamma = sum over rows of dy * xhat, dbeta = sum of dy, by blocks of columns that walk the
 // rows in order (double sums): the same bits whatever the thread count.
 //
+// sample_fc_attention(qkv[, key_bias]; heads, key_bias): multi-head self-attention from a ViT
+// block's fused qkv projection. qkv (N, L, 3W): each token's q, k and v, each split into `heads`
+// heads of d = W / heads (symbols/vit.py's layout: reshape (N, L, 3, H, d)); key_bias, when the
+// attribute key_bias is 1, (N H, 1, L): added to every query's scores of head h of sample n (the
+// ViT's left-out tokens as keys). out (N, L, W), head h in columns h d .. h d + d - 1:
+// softmax(q k^T / sqrt(d) + key_bias) v. MXNet 1.9 computes it as a 5-D transpose, splits, two
+// batch_dots (a serial loop of one small sgemm per head and sample) and transposes back: a fifth of
+// a vit_t step at 64 px. Here each (sample, head) is one task: its q, k, v copied into contiguous
+// rows, the L x L scores and softmax, the mix, written in place; the backward recomputes the
+// softmax (one more q k^T, the cheapest product of the block) and writes dq, dk, dv into dqkv
+// and, with a key_bias, its gradient (the scores' gradient summed over the queries). Every
+// output element is written by one task: the same bits whatever the thread count.
+//
 // All float32 only (the backbone's CPU dtype); MXNet's operators stay for anything else.
 #include <algorithm>
 #include <cerrno>
@@ -566,6 +579,316 @@ MXReturnValue ln_backward(const std::unordered_map<std::string, std::string>& at
   return MX_SUCCESS;
 }
 
+// ---- sample_fc_attention ----
+
+// heads and whether a key_bias is given, from the attributes: false (the reason in MX_ERROR_MSG)
+// unless heads is a positive integer and key_bias 0 or 1
+bool parse_attention(const std::unordered_map<std::string, std::string>& attrs, int64_t* heads, bool* biased) {
+  auto found = attrs.find("heads");
+  if (found == attrs.end()) {
+    MX_ERROR_MSG << "sample_fc_attention needs the attribute heads";
+    return false;
+  }
+  const char* text = found->second.c_str();
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || errno != 0 || value <= 0) {
+    MX_ERROR_MSG << "sample_fc_attention: heads must be a positive integer, got '" << found->second << "'";
+    return false;
+  }
+  *heads = value;
+  auto bias = attrs.find("key_bias");
+  const std::string word = bias == attrs.end() ? "0" : bias->second;
+  if (word != "0" && word != "1") {
+    MX_ERROR_MSG << "sample_fc_attention: key_bias must be 0 or 1, got '" << word << "'";
+    return false;
+  }
+  *biased = word == "1";
+  return true;
+}
+
+struct AttentionLayout {
+  int64_t batch, tokens, width, heads, head;
+};
+
+// The layout of qkv (N, L, 3W) with W a multiple of heads, and key_bias (N heads, 1, L) if given
+// (empty: not known yet); false (the reason in MX_ERROR_MSG) for anything else.
+bool attention_layout(int64_t heads, const std::vector<int64_t>& qkv, const std::vector<int64_t>* key_bias,
+                      AttentionLayout* layout) {
+  if (qkv.size() != 3 || qkv[2] % (3 * heads) != 0) {
+    MX_ERROR_MSG << "sample_fc_attention: qkv must be (N, L, 3W) with W a multiple of heads = " << heads << ", got "
+                 << shape_text(qkv);
+    return false;
+  }
+  *layout = {qkv[0], qkv[1], qkv[2] / 3, heads, qkv[2] / (3 * heads)};
+  if (key_bias && !key_bias->empty()) {
+    const std::vector<int64_t> want = {qkv[0] * heads, 1, qkv[1]};
+    if (*key_bias != want) {
+      MX_ERROR_MSG << "sample_fc_attention: key_bias must be (N heads, 1, L) = " << shape_text(want) << ", got "
+                   << shape_text(*key_bias);
+      return false;
+    }
+  }
+  return true;
+}
+
+MXReturnValue attention_parse_attrs(const std::unordered_map<std::string, std::string>& attrs,
+                                    int* num_inputs, int* num_outputs) {
+  int64_t heads = 0;
+  bool biased = false;
+  if (!parse_attention(attrs, &heads, &biased)) return MX_FAIL;
+  *num_inputs = biased ? 2 : 1;
+  *num_outputs = 1;
+  return MX_SUCCESS;
+}
+
+MXReturnValue attention_infer_type(const std::unordered_map<std::string, std::string>& attrs,
+                                   std::vector<int>* in_types, std::vector<int>* out_types) {
+  return float32_only("sample_fc_attention takes float32 qkv and key_bias", in_types, out_types);
+}
+
+MXReturnValue attention_infer_shape(const std::unordered_map<std::string, std::string>& attrs,
+                                    std::vector<std::vector<unsigned int>>* in_shapes,
+                                    std::vector<std::vector<unsigned int>>* out_shapes) {
+  int64_t heads = 0;
+  bool biased = false;
+  if (!parse_attention(attrs, &heads, &biased)) return MX_FAIL;
+  const std::vector<int64_t> qkv((*in_shapes)[0].begin(), (*in_shapes)[0].end());
+  if (qkv.empty() || std::find(qkv.begin(), qkv.end(), 0) != qkv.end()) return MX_SUCCESS;   // not known yet
+  std::vector<int64_t> bias;
+  if (biased) bias.assign((*in_shapes)[1].begin(), (*in_shapes)[1].end());
+  AttentionLayout L;
+  if (!attention_layout(heads, qkv, biased ? &bias : nullptr, &L)) return MX_FAIL;
+  if (biased)
+    (*in_shapes)[1] = {static_cast<unsigned int>(L.batch * L.heads), 1u, static_cast<unsigned int>(L.tokens)};
+  (*out_shapes)[0] = {static_cast<unsigned int>(L.batch), static_cast<unsigned int>(L.tokens),
+                      static_cast<unsigned int>(L.width)};
+  return MX_SUCCESS;
+}
+
+// Each task's loops are compiled for AVX-512 and AVX2 beside the baseline (x86-64-v2), the
+// widest the CPU has chosen at load (GCC's target_clones; an OpenMP region's body would not
+// inherit it, so the regions call these functions).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define WIDEST_VECTORS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define WIDEST_VECTORS
+#endif
+
+// exp(x) in float for a vectorised loop: 2^n * p(r), x = n ln 2 + r, |r| <= ln 2 / 2, p of degree
+// 6 (relative error below 2e-7 over the range); 0 below -87 (a left-out key's score, -1e9), as
+// expf underflows there.
+inline float vector_exp(float x) {
+  const bool underflows = x < -87.0f;
+  x = std::max(x, -87.0f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return underflows ? 0.0f : p * scale;
+}
+
+constexpr int64_t kLanes = 16;        // a block of columns one AVX-512 register holds
+
+inline int64_t padded_to_lanes(int64_t count) { return (count + kLanes - 1) / kLanes * kLanes; }
+
+// C (m x n, row stride ldc) = A (m x k, row stride lda) B (k x n, row stride ldb) * alpha, n a
+// multiple of kLanes: each row of C in blocks of kLanes columns, each block one accumulator over
+// k (no horizontal sums), four blocks at a time.
+inline void small_gemm(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                       int64_t m, int64_t k, int64_t n, float alpha) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* __restrict__ a = A + i * lda;
+    float* __restrict__ c = C + i * ldc;
+    int64_t col = 0;
+    for (; col + 4 * kLanes <= n; col += 4 * kLanes) {
+      float acc[4 * kLanes] = {0.0f};
+      for (int64_t r = 0; r < k; ++r) {
+        const float x = a[r];
+        const float* __restrict__ b = B + r * ldb + col;
+        for (int64_t l = 0; l < 4 * kLanes; ++l) acc[l] += x * b[l];
+      }
+      for (int64_t l = 0; l < 4 * kLanes; ++l) c[col + l] = acc[l] * alpha;
+    }
+    for (; col < n; col += kLanes) {
+      float acc[kLanes] = {0.0f};
+      for (int64_t r = 0; r < k; ++r) {
+        const float x = a[r];
+        const float* __restrict__ b = B + r * ldb + col;
+        for (int64_t l = 0; l < kLanes; ++l) acc[l] += x * b[l];
+      }
+      for (int64_t l = 0; l < kLanes; ++l) c[col + l] = acc[l] * alpha;
+    }
+  }
+}
+
+// dst (cols x rows_padded) = src (rows x cols, row stride ld) transposed; the padding columns 0
+inline void transpose_into(const float* src, int64_t ld, int64_t rows, int64_t cols, float* dst, int64_t ldd) {
+  for (int64_t c = 0; c < cols; ++c) {
+    float* __restrict__ out = dst + c * ldd;
+    for (int64_t r = 0; r < rows; ++r) out[r] = src[r * ld + c];
+    for (int64_t r = rows; r < ldd; ++r) out[r] = 0.0f;
+  }
+}
+
+// One (sample, head) task's blocks, rows padded to whole kLanes: q, k, v (T x D) and the
+// transposed kt, vt (d x Tp); p (T x Tp) and its transpose; the backward's dy, dq, dk, dv and
+// the scores' gradient ds with its transpose. T tokens, d the head's width, Tp and D padded.
+struct HeadBlocks {
+  int64_t T, d, Tp, D;
+  std::vector<float> q, k, v, kt, vt, p, pt, dy, ds, dst, dq, dk, dv;
+  HeadBlocks(int64_t tokens, int64_t head)
+      : T(tokens), d(head), Tp(padded_to_lanes(tokens)), D(padded_to_lanes(head)),
+        q(T * D), k(T * D), v(T * D), kt(d * Tp), vt(d * Tp), p(T * Tp), pt(T * Tp), dy(T * D),
+        ds(T * Tp), dst(T * Tp), dq(T * D), dk(T * D), dv(T * D) {}
+};
+
+// Copies d columns of `tokens` rows `stride` apart into a block of row stride D (its padding 0).
+inline void gather_rows(const float* src, int64_t stride, int64_t tokens, int64_t head, int64_t D, float* dst) {
+  for (int64_t l = 0; l < tokens; ++l) {
+    std::memcpy(dst + l * D, src + l * stride, head * sizeof(float));
+    for (int64_t c = head; c < D; ++c) dst[l * D + c] = 0.0f;
+  }
+}
+
+// d columns of `tokens` rows of a block of row stride D into rows `stride` apart.
+inline void scatter_rows(const float* src, int64_t D, int64_t tokens, int64_t head, float* dst, int64_t stride) {
+  for (int64_t l = 0; l < tokens; ++l) std::memcpy(dst + l * stride, src + l * D, head * sizeof(float));
+}
+
+// q, k, v of task (n, h) into b, and P = softmax over each row of q k^T * scale + bias (bias: L
+// values, or null) into b.p (its padding columns 0)
+WIDEST_VECTORS
+void head_probabilities(const AttentionLayout& L, const float* qkv, int64_t task, const float* bias, float scale,
+                        HeadBlocks* b) {
+  const int64_t T = b->T, d = b->d, Tp = b->Tp, D = b->D, W = L.width, n = task / L.heads, h = task % L.heads;
+  const float* base = qkv + n * T * 3 * W + h * d;
+  gather_rows(base, 3 * W, T, d, D, b->q.data());
+  gather_rows(base + W, 3 * W, T, d, D, b->k.data());
+  gather_rows(base + 2 * W, 3 * W, T, d, D, b->v.data());
+  transpose_into(b->k.data(), D, T, d, b->kt.data(), Tp);
+  small_gemm(b->q.data(), D, b->kt.data(), Tp, b->p.data(), Tp, T, d, Tp, scale);
+  for (int64_t i = 0; i < T; ++i) {
+    float* __restrict__ row = b->p.data() + i * Tp;
+    if (bias)
+      for (int64_t j = 0; j < T; ++j) row[j] += bias[j];
+    float largest = row[0];
+    for (int64_t j = 1; j < T; ++j) largest = std::max(largest, row[j]);
+    float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < T; ++j) {
+      row[j] = vector_exp(row[j] - largest);
+      total += row[j];
+    }
+    const float inverse = 1.0f / total;
+    for (int64_t j = 0; j < T; ++j) row[j] *= inverse;
+    for (int64_t j = T; j < Tp; ++j) row[j] = 0.0f;
+  }
+}
+
+// out's columns of head h for sample n: P v
+WIDEST_VECTORS
+void head_forward(const AttentionLayout& L, const float* qkv, int64_t task, const float* bias, float scale,
+                  float* out, HeadBlocks* b) {
+  head_probabilities(L, qkv, task, bias, scale, b);
+  const int64_t T = b->T, D = b->D, W = L.width, n = task / L.heads, h = task % L.heads;
+  small_gemm(b->p.data(), b->Tp, b->v.data(), D, b->dq.data(), D, T, T, D, 1.0f);      // dq: scratch here
+  scatter_rows(b->dq.data(), D, T, b->d, out + n * T * W + h * b->d, W);
+}
+
+// dq, dk, dv of task (n, h) into dqkv, and the scores' gradient summed over the queries into
+// dbias (L values, or null)
+WIDEST_VECTORS
+void head_backward(const AttentionLayout& L, const float* dout, const float* qkv, int64_t task, const float* bias,
+                   float scale, float* dqkv, float* dbias, HeadBlocks* b) {
+  head_probabilities(L, qkv, task, bias, scale, b);
+  const int64_t T = b->T, d = b->d, Tp = b->Tp, D = b->D, W = L.width, n = task / L.heads, h = task % L.heads;
+  gather_rows(dout + n * T * W + h * d, W, T, d, D, b->dy.data());
+  transpose_into(b->v.data(), D, T, d, b->vt.data(), Tp);
+  small_gemm(b->dy.data(), D, b->vt.data(), Tp, b->ds.data(), Tp, T, d, Tp, 1.0f);      // dp = dout v^T
+  for (int64_t i = 0; i < T; ++i) {
+    const float* __restrict__ pi = b->p.data() + i * Tp;
+    float* __restrict__ dsi = b->ds.data() + i * Tp;
+    float weighted = 0.0f;                      // sum over j of p_ij dp_ij
+#pragma omp simd reduction(+ : weighted)
+    for (int64_t j = 0; j < T; ++j) weighted += pi[j] * dsi[j];
+    for (int64_t j = 0; j < Tp; ++j) dsi[j] = pi[j] * (dsi[j] - weighted);    // the scores' gradient (pad: 0)
+  }
+  if (dbias) {
+    for (int64_t j = 0; j < T; ++j) dbias[j] = 0.0f;
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j) dbias[j] += b->ds[i * Tp + j];
+  }
+  transpose_into(b->p.data(), Tp, T, T, b->pt.data(), Tp);
+  transpose_into(b->ds.data(), Tp, T, T, b->dst.data(), Tp);
+  small_gemm(b->pt.data(), Tp, b->dy.data(), D, b->dv.data(), D, T, T, D, 1.0f);       // dv = p^T dout
+  small_gemm(b->ds.data(), Tp, b->k.data(), D, b->dq.data(), D, T, T, D, scale);       // dq = ds k / sqrt(d)
+  small_gemm(b->dst.data(), Tp, b->q.data(), D, b->dk.data(), D, T, T, D, scale);      // dk = ds^T q / sqrt(d)
+  float* target = dqkv + n * T * 3 * W + h * d;
+  scatter_rows(b->dq.data(), D, T, d, target, 3 * W);
+  scatter_rows(b->dk.data(), D, T, d, target + W, 3 * W);
+  scatter_rows(b->dv.data(), D, T, d, target + 2 * W, 3 * W);
+}
+
+MXReturnValue attention_forward(const std::unordered_map<std::string, std::string>& attrs,
+                                std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                                const OpResource& res) {
+  int64_t heads = 0;
+  bool biased = false;
+  if (!parse_attention(attrs, &heads, &biased)) return MX_FAIL;
+  AttentionLayout L;
+  if (!attention_layout(heads, (*inputs)[0].shape, biased ? &(*inputs)[1].shape : nullptr, &L)) return MX_FAIL;
+  const float* qkv = (*inputs)[0].data<float>();
+  const float* key_bias = biased ? (*inputs)[1].data<float>() : nullptr;
+  float* out = (*outputs)[0].data<float>();
+  const int64_t T = L.tokens, tasks = L.batch * L.heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(L.head));
+#pragma omp parallel if (tasks * T * T * L.head > 65536)
+  {
+    HeadBlocks b(T, L.head);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task)
+      head_forward(L, qkv, task, key_bias ? key_bias + task * T : nullptr, scale, out, &b);
+  }
+  return MX_SUCCESS;
+}
+
+// inputs: dout, qkv, [key_bias,] out; outputs: dqkv[, dkey_bias]
+MXReturnValue attention_backward(const std::unordered_map<std::string, std::string>& attrs,
+                                 std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
+                                 const OpResource& res) {
+  int64_t heads = 0;
+  bool biased = false;
+  if (!parse_attention(attrs, &heads, &biased)) return MX_FAIL;
+  AttentionLayout L;
+  if (!attention_layout(heads, (*inputs)[1].shape, biased ? &(*inputs)[2].shape : nullptr, &L)) return MX_FAIL;
+  const float* dout = (*inputs)[0].data<float>();
+  const float* qkv = (*inputs)[1].data<float>();
+  const float* key_bias = biased ? (*inputs)[2].data<float>() : nullptr;
+  float* dqkv = (*outputs)[0].data<float>();
+  float* dkey_bias = biased ? (*outputs)[1].data<float>() : nullptr;
+  const int64_t T = L.tokens, tasks = L.batch * L.heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(L.head));
+#pragma omp parallel if (tasks * T * T * L.head > 65536)
+  {
+    HeadBlocks b(T, L.head);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task)
+      head_backward(L, dout, qkv, task, key_bias ? key_bias + task * T : nullptr, scale, dqkv,
+                    dkey_bias ? dkey_bias + task * T : nullptr, &b);
+  }
+  return MX_SUCCESS;
+}
+
 }  // namespace
 
 REGISTER_OP(sample_fc_prelu)
@@ -581,6 +904,13 @@ REGISTER_OP(sample_fc_group_conv3x3)
     .setInferShape(conv_infer_shape)
     .setForward(conv_forward, "cpu")
     .setBackward(conv_backward, "cpu");
+
+REGISTER_OP(sample_fc_attention)
+    .setParseAttrs(attention_parse_attrs)
+    .setInferType(attention_infer_type)
+    .setInferShape(attention_infer_shape)
+    .setForward(attention_forward, "cpu")
+    .setBackward(attention_backward, "cpu");
 
 REGISTER_OP(sample_fc_layer_norm)
     .setParseAttrs(ln_parse_attrs)

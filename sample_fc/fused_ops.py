@@ -45,11 +45,12 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint
 from mxnet.ndarray.register import _make_ndarray_function
 from mxnet.symbol.register import _make_symbol_function
 
-from symbols.common import PRELU_PARTS, attr_ints
+from symbols.common import ATTENTION_ENDS, PRELU_PARTS, attr_ints
 
 OP_NAME = "sample_fc_prelu"
 CONV_OP_NAME = "sample_fc_group_conv3x3"
 LAYER_NORM_OP_NAME = "sample_fc_layer_norm"
+ATTENTION_OP_NAME = "sample_fc_attention"
 # channels per group (in and out) of the convs CONV_OP_NAME replaces: where it beat MXNet's
 # Convolution (1 thread, fwd+bwd, batch 64 x 128 channels at 16x16 and 56x56; 4: 1.2-2.4x)
 GROUP_CONV_WIDTHS = (2, 4)
@@ -91,7 +92,7 @@ def load_library(path):
     functions of every registered operator (~2,200; most of a second of each worker's start);
     only ours are new. Training needs only the registration (fuse edits the graph's JSON)."""
     check_call(_LIB.MXLoadLib(c_str(path), mx_uint(0)))
-    for name in (OP_NAME, CONV_OP_NAME, LAYER_NORM_OP_NAME):
+    for name in (OP_NAME, CONV_OP_NAME, LAYER_NORM_OP_NAME, ATTENTION_OP_NAME):
         for namespace, make_function in (("ndarray", _make_ndarray_function), ("symbol", _make_symbol_function)):
             handle = OpHandle()
             check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(handle)))
@@ -118,19 +119,28 @@ def whole_elf(path):
 
 def fuse(symbol, data_shape=None):
     """`symbol` with every PReLU of symbols.common.prelu as one sample_fc_prelu node, every
-    grouped 3x3 conv of group_convs as one sample_fc_group_conv3x3 node and every LayerNorm of
-    layer_norms as one sample_fc_layer_norm node; `symbol` itself when the library is not
-    available, the symbol holds none of them, or not all of its parameters are
-    float32 (a float16 backbone: the operators are float32 only). `data_shape`: the shape of
-    its input `data` (unknown dimensions 0), which gives the convs' input channels; without it
-    only convs whose weight shape the symbol itself tells are replaced."""
+    grouped 3x3 conv of group_convs as one sample_fc_group_conv3x3 node, every LayerNorm of
+    layer_norms as one sample_fc_layer_norm node and every ViT attention of attentions as one
+    sample_fc_attention node; `symbol` itself when the library is not available, the symbol
+    holds none of them, or not all of its parameters are float32 (a float16 backbone: the
+    operators are float32 only). `data_shape`: the shape of its input `data` (unknown
+    dimensions 0), which gives the convs' input channels; without it only convs whose weight
+    shape the symbol itself tells are replaced."""
     graph = json.loads(symbol.tojson())
-    groups = prelu_groups(graph["nodes"])
-    convs = group_convs(graph["nodes"], symbol, data_shape)
-    norms = layer_norms(graph)
-    if not (groups or convs or norms) or not all_float32(symbol) or not available():
+    replaced = {}
+    for index, (data, gamma, inners) in prelu_groups(graph["nodes"]).items():
+        replaced[index] = ({"op": OP_NAME, "inputs": [data, gamma]}, inners)
+    for index, (data, weight, num_group) in group_convs(graph["nodes"], symbol, data_shape).items():
+        replaced[index] = ({"op": CONV_OP_NAME, "attrs": {"num_group": str(num_group)}, "inputs": [data, weight]}, ())
+    for index, eps in layer_norms(graph).items():
+        replaced[index] = ({"op": LAYER_NORM_OP_NAME, "attrs": {"eps": eps}, "inputs": graph["nodes"][index]["inputs"]},
+                           ())
+    for index, (qkv, key_bias, heads, inners) in attentions(graph).items():
+        replaced[index] = ({"op": ATTENTION_OP_NAME, "attrs": {"heads": str(heads), "key_bias": str(int(bool(key_bias)))},
+                            "inputs": [qkv] + ([key_bias] if key_bias else [])}, inners)
+    if not replaced or not all_float32(symbol) or not available():
         return symbol
-    return mx.sym.load_json(json.dumps(rewrite(graph, groups, convs, norms)))
+    return mx.sym.load_json(json.dumps(rewrite(graph, replaced)))
 
 
 def all_float32(symbol):
@@ -215,6 +225,64 @@ def layer_norms(graph):
     return norms
 
 
+# the operators between an attention's first and last node (symbols/vit.py attention)
+ATTENTION_OPS = ("Reshape", "transpose", "SliceChannel", "squeeze", "batch_dot", "_mul_scalar", "broadcast_add",
+                 "softmax")
+
+
+def attentions(graph):
+    """{index of an attention's last node: (qkv entry, key_bias entry or None, heads, indices of
+    its other nodes)} for each multi-head self-attention symbols/vit.py builds, found by its first
+    and last node's names (ATTENTION_ENDS) and checked between them: only ATTENTION_OPS, the
+    scores scaled by 1 / sqrt(d), a softmax over the last axis, and nothing outside reading a
+    node inside."""
+    nodes = graph["nodes"]
+    by_name = {node["name"]: index for index, node in enumerate(nodes)}
+    readers = {}
+    for index, node in enumerate(nodes):
+        for entry in node["inputs"]:
+            readers.setdefault(entry[0], set()).add(index)
+    outputs = {entry[0] for entry in graph["heads"]}
+    found = {}
+    for last, node in enumerate(nodes):
+        if node["op"] != "Reshape" or not node["name"].endswith(ATTENTION_ENDS[1]):
+            continue
+        first = by_name.get(node["name"][:-len(ATTENTION_ENDS[1])] + ATTENTION_ENDS[0])
+        if first is None or nodes[first]["op"] != "Reshape":
+            continue
+        shape = attr_ints(nodes[first].get("attrs", {}).get("shape"))
+        if shape is None or len(shape) != 5 or shape[2] != 3:
+            continue
+        group, key_bias, todo = set(), None, [last]
+        while todo:
+            index = todo.pop()
+            if index in group:
+                continue
+            group.add(index)
+            if index == first or nodes[index]["op"] not in ATTENTION_OPS:
+                continue
+            for position, entry in enumerate(nodes[index]["inputs"]):
+                if nodes[index]["op"] == "broadcast_add" and position == 1:
+                    key_bias = entry
+                else:
+                    todo.append(entry[0])
+        if _attention_between(nodes, group, first, shape[4]) and all(
+                readers.get(inner, set()) <= group and inner not in outputs for inner in group - {last}):
+            found[last] = (nodes[first]["inputs"][0], key_bias, shape[3], group - {last})
+    return found
+
+
+def _attention_between(nodes, group, first, head):
+    """Whether the nodes `group` are an attention's: each one of ATTENTION_OPS, the first one
+    among them, two batch_dots, the scores scaled by head ** -0.5, a softmax over the last axis."""
+    ops = [nodes[index]["op"] for index in group]
+    scales = [float(nodes[index]["attrs"]["scalar"]) for index in group if nodes[index]["op"] == "_mul_scalar"]
+    softmaxes = [nodes[index].get("attrs", {}) for index in group if nodes[index]["op"] == "softmax"]
+    return (first in group and all(op in ATTENTION_OPS for op in ops) and ops.count("batch_dot") == 2
+            and len(scales) == 1 and abs(scales[0] * head ** 0.5 - 1) < 1e-6
+            and len(softmaxes) == 1 and softmaxes[0].get("axis", "-1") == "-1")
+
+
 def weight_shapes(symbol, data_shape=None):
     """{argument name: shape} of the arguments whose shape MXNet infers from `data_shape`
     (the input `data`'s; None: nothing known beyond the symbol's own shape attributes)."""
@@ -229,32 +297,23 @@ def weight_shapes(symbol, data_shape=None):
             if shape and 0 not in shape}
 
 
-def rewrite(graph, groups, convs=None, norms=None):
-    """The graph (MXNet's JSON form) with each PReLU group's add node replaced by one fused node
-    and its other three nodes dropped, each conv of `convs` by one sample_fc_group_conv3x3 node,
-    each LayerNorm of `norms` by one sample_fc_layer_norm node; every node index renumbered."""
-    convs, norms = convs or {}, norms or {}
-    dropped = {inner for _, _, inners in groups.values() for inner in inners}
+def rewrite(graph, replaced):
+    """The graph (MXNet's JSON form) with each node of `replaced` ({index: (new node without its
+    name, indices of the nodes it stands for besides itself)}) replaced by its new node, under its
+    old name, and those other nodes dropped; every node index renumbered."""
+    dropped = {inner for _, inners in replaced.values() for inner in inners}
     new_index, nodes = {}, []
     for index, node in enumerate(graph["nodes"]):
         if index in dropped:
             continue
-        if index in groups:
-            data, gamma, _ = groups[index]
-            node = {"op": OP_NAME, "name": node["name"], "inputs": [data, gamma]}
-        elif index in convs:
-            data, weight, num_group = convs[index]
-            node = {"op": CONV_OP_NAME, "name": node["name"], "attrs": {"num_group": str(num_group)},
-                    "inputs": [data, weight]}
-        elif index in norms:
-            node = {"op": LAYER_NORM_OP_NAME, "name": node["name"], "attrs": {"eps": norms[index]},
-                    "inputs": node["inputs"]}
+        if index in replaced:
+            node = dict(replaced[index][0], name=node["name"])
         new_index[index] = len(nodes)
         nodes.append(node)
 
     def entry(old):
         if old[0] not in new_index:
-            raise ValueError(f"node {graph['nodes'][old[0]]['name']} of a fused PReLU is used outside it")
+            raise ValueError(f"node {graph['nodes'][old[0]]['name']} of a fused group is used outside it")
         return [new_index[old[0]]] + list(old[1:])
     for node in nodes:
         node["inputs"] = [entry(old) for old in node["inputs"]]

@@ -14,6 +14,8 @@ PRELU_INIT = 0.25    # PReLU slope at start (PyTorch's nn.PReLU default)
 # A PReLU's nodes, by the suffix each adds to the layer's name (the layer's own node is the add);
 # sample_fc/fused_ops.py finds them by these names to fuse them into one operator for training
 PRELU_PARTS = {"relu": "_relu", "scaled": "_scaled", "negative": "_negative", "gamma": "_gamma"}
+# the names of a ViT attention's first and last node (vit.attention), which fused_ops finds it by
+ATTENTION_ENDS = ("_qkv_heads", "_heads_joined")
 DOWNSAMPLE = 16      # both backbones halve the resolution four times
 DTYPES = ('float32', 'float16')
 

@@ -28,7 +28,7 @@ networks take works (a multiple of 16; arcface_torch's 112 px uses 108 of them: 
 """
 import mxnet as mx
 
-from .common import BN_MOMENTUM, check_args, input_data
+from .common import ATTENTION_ENDS, BN_MOMENTUM, check_args, input_data
 from . import catalog
 from .network import Network
 
@@ -62,10 +62,13 @@ LEFT_OUT_SCORE = -1e9      # a left-out token's attention score as a key: exp() 
 def attention(data, name, width, count, key_bias=None):
     """Multi-head self-attention of (N, L, width) tokens: qkv (no bias), softmax(q k^T / sqrt(d)
     + key_bias) v, the heads joined, then a Linear with bias (`<name>_proj`). key_bias: None, or
-    (N H, 1, L) added to every query's scores (patch masking's left-out keys)."""
+    (N H, 1, L) added to every query's scores (patch masking's left-out keys). The nodes from
+    `<name>_qkv_heads` to `<name>_heads_joined` are what sample_fc/fused_ops.py trains as one
+    operator on the CPU (found by those names: ATTENTION_ENDS)."""
     head = width // HEADS
     qkv = linear(data, name + '_qkv', 3 * width, bias=False)                      # (N, L, 3 W)
-    qkv = mx.sym.transpose(mx.sym.reshape(qkv, (0, count, 3, HEADS, head)), (2, 0, 3, 1, 4))   # (3, N, H, L, d)
+    qkv = mx.sym.reshape(qkv, (0, count, 3, HEADS, head), name=name + ATTENTION_ENDS[0])
+    qkv = mx.sym.transpose(qkv, (2, 0, 3, 1, 4))                                     # (3, N, H, L, d)
     q, k, v = (mx.sym.reshape(mx.sym.squeeze(part, axis=0), (-1, count, head))   # (N H, L, d)
                for part in mx.sym.split(qkv, num_outputs=3, axis=0))
     scores = mx.sym.batch_dot(q, k, transpose_b=True) * (head ** -0.5)                # (N H, L, L)
@@ -73,7 +76,7 @@ def attention(data, name, width, count, key_bias=None):
         scores = mx.sym.broadcast_add(scores, key_bias)
     weights = mx.sym.softmax(scores, axis=-1)
     mixed = mx.sym.reshape(mx.sym.batch_dot(weights, v), (-1, HEADS, count, head))   # (N, H, L, d)
-    mixed = mx.sym.reshape(mx.sym.transpose(mixed, (0, 2, 1, 3)), (0, count, width))
+    mixed = mx.sym.reshape(mx.sym.transpose(mixed, (0, 2, 1, 3)), (0, count, width), name=name + ATTENTION_ENDS[1])
     return linear(mixed, name + '_proj', width)
 
 

@@ -1,4 +1,4 @@
-"""The fused PReLU, grouped 3x3 conv and LayerNorm operators (sample_fc/_mx_ops.cc) and the graph rewrite
+"""The fused PReLU, grouped 3x3 conv, LayerNorm and attention operators (sample_fc/_mx_ops.cc) and the graph rewrite
 (sample_fc/fused_ops.py): the operators against NumPy's definitions (and the conv against MXNet's
 Convolution), the rewritten networks against the composite ones they replace, and the library
 loading in the processes training runs in (Horovod first)."""
@@ -239,6 +239,142 @@ def test_layer_norm_results_do_not_depend_on_the_thread_count(tmp_path):
     whole rows."""
     one, two = results_at_one_and_two_threads(tmp_path, (32, 49, 256), (256,), "rng.uniform(0.5, 1.5, 256)",
                                               "mx.nd.sample_fc_layer_norm(x, p, p * 0.5, eps=1e-5)")
+    for name in ("y", "dx", "dp"):
+        assert np.array_equal(one[name], two[name]), name
+
+
+def numpy_attention(qkv, key_bias, dout, heads):
+    """out, dqkv, dkey_bias of multi-head self-attention from a fused qkv (N, L, 3W) by its
+    definition, in float64: softmax(q k^T / sqrt(d) + key_bias) v, heads joined."""
+    n, tokens, width3 = qkv.shape
+    width = width3 // 3
+    d = width // heads
+    q, k, v = qkv.astype(np.float64).reshape(n, tokens, 3, heads, d).transpose(2, 0, 3, 1, 4)
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d)
+    if key_bias is not None:
+        scores = scores + key_bias.reshape(n, heads, 1, tokens)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = (p @ v).transpose(0, 2, 1, 3).reshape(n, tokens, width)
+    dmixed = dout.astype(np.float64).reshape(n, tokens, heads, d).transpose(0, 2, 1, 3)
+    dp = dmixed @ v.transpose(0, 1, 3, 2)
+    dscores = p * (dp - (p * dp).sum(-1, keepdims=True))
+    dq, dk = dscores @ k / np.sqrt(d), dscores.transpose(0, 1, 3, 2) @ q / np.sqrt(d)
+    dv = p.transpose(0, 1, 3, 2) @ dmixed
+    dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(n, tokens, width3)
+    return out, dqkv, dscores.sum(2).reshape(n * heads, 1, tokens)
+
+
+def attention_case(n, tokens, width, heads, masked, seed):
+    rng = np.random.default_rng(seed)
+    qkv = (rng.standard_normal((n, tokens, 3 * width)) * 2).astype(np.float32)
+    left_out = rng.random((n, 1, tokens)) < 0.3
+    key_bias = np.where(left_out, -1e9, 0.0).repeat(heads, axis=0).astype(np.float32) if masked else None
+    return qkv, key_bias, rng.standard_normal((n, tokens, width)).astype(np.float32)
+
+
+def run_attention(qkv, key_bias, dout, heads):
+    """The operator's out, dqkv (and dkey_bias) through autograd."""
+    args = [mx.nd.array(qkv)] + ([] if key_bias is None else [mx.nd.array(key_bias)])
+    for arg in args:
+        arg.attach_grad()
+    with mx.autograd.record():
+        out = mx.nd.sample_fc_attention(*args, heads=heads, key_bias=int(key_bias is not None))
+    out.backward(mx.nd.array(dout))
+    return [out.asnumpy()] + [arg.grad.asnumpy() for arg in args]
+
+
+# (N, L, W, heads, masked): vit_t's blocks at 64 px (49 tokens, 8 heads of 32), odd sizes, one token
+ATTENTION_CASES = [(2, 49, 256, 8, False), (3, 49, 256, 8, True), (2, 5, 16, 2, False), (4, 7, 24, 3, True),
+                   (1, 1, 8, 1, True), (2, 20, 48, 1, False)]
+
+
+@pytest.mark.parametrize("n, tokens, width, heads, masked", ATTENTION_CASES)
+def test_attention_equals_the_definition(n, tokens, width, heads, masked):
+    assert fused_ops.available()
+    qkv, key_bias, dout = attention_case(n, tokens, width, heads, masked, tokens + width)
+    got = run_attention(qkv, key_bias, dout, heads)
+    want = numpy_attention(qkv, key_bias, dout, heads)[:len(got)]
+    for got_one, want_one in zip(got, want):
+        assert got_one.shape == want_one.shape
+        np.testing.assert_allclose(got_one, want_one, rtol=1e-4, atol=1e-5 * max(np.abs(want_one).max(), 1e-3))
+
+
+def test_attention_softmax_is_exact_to_float_over_the_range_of_scores():
+    """Two keys, scores 0 and x (q = 0, x as key_bias), v = (0, 1): out = the second key's weight
+    1 / (1 + exp(-x)), within a few float ulps of float64 for x in [-80, 80] (the operator's own
+    vectorised exp), and exactly 0 for a left-out key (-1e9)."""
+    assert fused_ops.available()
+    x = np.concatenate([np.linspace(-80, 80, 40001), [-1e9, -200.0, -88.0]]).astype(np.float32)
+    qkv = np.zeros((x.size, 2, 3), np.float32)
+    qkv[:, 1, 2] = 1.0                                   # v of the second key
+    key_bias = np.zeros((x.size, 1, 2), np.float32)
+    key_bias[:, 0, 1] = x
+    out = mx.nd.sample_fc_attention(mx.nd.array(qkv), mx.nd.array(key_bias), heads=1, key_bias=1).asnumpy()
+    with np.errstate(over="ignore"):
+        want = 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(out[:, 0, 0], want, rtol=1e-6, atol=1e-37)
+    assert (out[-3:, :, 0] == 0).all()
+
+
+def test_attention_equals_the_vit_composite_it_replaces():
+    """symbols/vit.py's attention between its named ends (the qkv and proj linears around it),
+    masked, against the same with the operator that fuse puts in: outputs and every gradient."""
+    from symbols import vit
+    data, key_bias = mx.sym.Variable("data"), mx.sym.Variable("key_bias")
+    composite = vit.attention(data, "a", 64, 9, key_bias)
+    fused = fused_ops.fuse(composite, (3, 9, 64))
+    assert graph_ops(fused).count(fused_ops.ATTENTION_OP_NAME) == 1 and "batch_dot" not in graph_ops(fused)
+    rng = np.random.default_rng(4)
+    values = {"data": rng.standard_normal((3, 9, 64)), "a_qkv_weight": rng.standard_normal((192, 64)) * 0.2,
+              "a_proj_weight": rng.standard_normal((64, 64)) * 0.1, "a_proj_bias": rng.standard_normal(64),
+              "key_bias": np.where(rng.random((3, 1, 9)) < 0.3, -1e9, 0.0).repeat(vit.HEADS, axis=0)}
+    head_grad = mx.nd.array(rng.standard_normal((3, 9, 64)))
+    results = []
+    for symbol in (composite, fused):
+        args = {name: mx.nd.array(values[name]) for name in symbol.list_arguments()}
+        grads = {name: mx.nd.zeros(args[name].shape) for name in args}
+        executor = symbol.bind(mx.cpu(), args, args_grad=grads)
+        executor.forward(is_train=True)
+        executor.backward(head_grad)
+        results.append([executor.outputs[0].asnumpy()] + [grads[name].asnumpy() for name in sorted(grads)])
+    for got, want in zip(*reversed(results)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(np.abs(want).max(), 1e-3))
+
+
+@pytest.mark.parametrize("qkv, key_bias, attrs, message", [
+    ((2, 5, 30), None, dict(heads=4), "qkv must be \\(N, L, 3W\\) with W a multiple of heads = 4"),
+    ((2, 5, 24), (2, 1, 5), dict(heads=2, key_bias=1), "key_bias must be \\(N heads, 1, L\\) = \\(4, 1, 5\\)"),
+    ((2, 5, 24), None, dict(heads=0), "heads must be a positive integer, got '0'"),
+    ((2, 5, 24), None, dict(heads=2, key_bias=2), "key_bias must be 0 or 1, got '2'")])
+def test_attention_refuses_what_it_does_not_compute(qkv, key_bias, attrs, message):
+    assert fused_ops.available()
+    args = [mx.nd.ones(qkv)] + ([mx.nd.zeros(key_bias)] if key_bias else [])
+    with pytest.raises(mx.MXNetError, match=message):
+        mx.nd.sample_fc_attention(*args, **attrs).wait_to_read()
+
+
+def test_fuse_replaces_each_vit_attention_and_leaves_one_read_from_outside():
+    """vit_t's 12 attentions become the operator (its key_bias input for the masked vit_t, none
+    for vit_t_dp005_mask0); an attention whose scores are also read outside it stays as it is."""
+    for name, masked in (("vit_t", "1"), ("vit_t_dp005_mask0", "0")):
+        nodes = json.loads(fused_ops.fuse(symbols.get_symbol(name, 16, 32), (2, 3, 32, 32)).tojson())["nodes"]
+        fused = [node for node in nodes if node["op"] == fused_ops.ATTENTION_OP_NAME]
+        assert len(fused) == 12 and {node["attrs"]["key_bias"] for node in fused} == {masked}
+        assert {node["attrs"]["heads"] for node in fused} == {"8"}
+        assert not {"batch_dot", "softmax", "SliceChannel"} & {node["op"] for node in nodes}
+    from symbols import vit
+    attention = vit.attention(mx.sym.Variable("data"), "a", 64, 9)
+    scores = [output for output in attention.get_internals().list_outputs() if "softmax" in output]
+    leaky = mx.sym.Group([attention, attention.get_internals()[scores[0]]])
+    assert fused_ops.ATTENTION_OP_NAME not in graph_ops(fused_ops.fuse(leaky, (2, 9, 64)))
+
+
+def test_attention_results_do_not_depend_on_the_thread_count(tmp_path):
+    """Each (sample, head) task writes its own elements of every output."""
+    one, two = results_at_one_and_two_threads(tmp_path, (32, 49, 768), (32 * 8, 1, 49),
+                                              "np.where(rng.random(32 * 8 * 49) < 0.2, -1e9, 0.0)",
+                                              "mx.nd.sample_fc_attention(x, p, heads=8, key_bias=1)")
     for name in ("y", "dx", "dp"):
         assert np.array_equal(one[name], two[name]), name
 
