@@ -25,6 +25,12 @@ last axis (the ViTs' every norm) whose mean and std outputs nothing reads by one
 `sample_fc_layer_norm` node with the same name, inputs (data, `<name>_gamma`, `<name>_beta`) and
 eps: the same function, its sums in another order (float rounding).
 
+A ViT's attention (symbols/vit.py: a 5-D transpose of the fused qkv, splits, two batch_dots, a
+softmax, transposes back) is a fifth of its step on the CPU: batch_dot loops one small sgemm per
+sample and head. `fuse` replaces the nodes between each attention's named ends (ATTENTION_ENDS)
+by one `sample_fc_attention` node reading the qkv projection (and the patch mask's key bias):
+the same function, sums in another order.
+
 The training module and the verification's embedder run the fused graph on CPU contexts
 (builder.build_module, verification.Embedder). Saved
 models keep the composite form (standard operators: any MXNet, ONNX export, insightface's
