@@ -148,9 +148,7 @@ def build_config(args, request):
             say(f"{cfg.rec} trains with the demo's recipe, tuned for its 200 synthetic identities (lr {cfg.lr:g} "
                 f"per 512 images); on 5,000 real-image classes that lr sat at chance where 0.1 learned: "
                 f"--dataset custom is the recipe for your own set (README, 'Training on real data')")
-        for note in builder.fill_from_property(cfg, explicit):
-            say(note)
-        config.check_config(cfg)
+        builder.complete_from_data(cfg, args.overrides, say)
     return cfg
 
 
@@ -289,8 +287,7 @@ def train(cfg, request, status, watchdog, stop_signals=None):
         run.log_opening(auto, builder.centers_line(cfg, world, auto))
     watchdog.stage("at start, building the model and the bank's initial centers")
     say = logger.info if rank == 0 else None
-    module = builder.build_module(cfg, run.symbol, rank, world, run.ctx, run.bank_ctx, run.pretrained,
-                                  initial_centers=not run.resume_from, say=say)   # a resume's bank: the checkpoint's
+    module = builder.module_of(run, say=say)        # a resume's bank: the checkpoint's
     if run.resume_from:
         watchdog.stage("at start, reading the checkpoint")
         step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,

@@ -701,34 +701,44 @@ constexpr int64_t kLanes = 16;        // a block of columns one AVX-512 register
 
 inline int64_t padded_to_lanes(int64_t count) { return (count + kLanes - 1) / kLanes * kLanes; }
 
-// C (m x n, row stride ldc) = A (m x k, row stride lda) B (k x n, row stride ldb) * alpha, n a
-// multiple of kLanes: each row of C in blocks of kLanes columns, each block one accumulator over
-// k (no horizontal sums), four blocks at a time.
-inline void small_gemm(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
-                       int64_t m, int64_t k, int64_t n, float alpha) {
-  for (int64_t i = 0; i < m; ++i) {
-    const float* __restrict__ a = A + i * lda;
-    float* __restrict__ c = C + i * ldc;
-    int64_t col = 0;
-    for (; col + 4 * kLanes <= n; col += 4 * kLanes) {
-      float acc[4 * kLanes] = {0.0f};
-      for (int64_t r = 0; r < k; ++r) {
-        const float x = a[r];
-        const float* __restrict__ b = B + r * ldb + col;
-        for (int64_t l = 0; l < 4 * kLanes; ++l) acc[l] += x * b[l];
-      }
-      for (int64_t l = 0; l < 4 * kLanes; ++l) c[col + l] = acc[l] * alpha;
-    }
-    for (; col < n; col += kLanes) {
-      float acc[kLanes] = {0.0f};
-      for (int64_t r = 0; r < k; ++r) {
-        const float x = a[r];
-        const float* __restrict__ b = B + r * ldb + col;
-        for (int64_t l = 0; l < kLanes; ++l) acc[l] += x * b[l];
-      }
-      for (int64_t l = 0; l < kLanes; ++l) c[col + l] = acc[l] * alpha;
+// Rows [i, i + rows) (rows <= Rows) of C's columns [col, col + Width) = A B * alpha: one
+// accumulator per row and kLanes columns, Rows * Width / kLanes independent chains over k (no
+// horizontal sums; enough of them to keep the FMA units busy).
+template <int Width, int Rows>
+inline void gemm_block(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t i,
+                       int64_t rows, int64_t k, int64_t col, float alpha) {
+  float acc[Rows][Width] = {{0.0f}};
+  const float* a[Rows];
+  for (int row = 0; row < Rows; ++row) a[row] = A + (i + std::min<int64_t>(row, rows - 1)) * lda;
+  for (int64_t r = 0; r < k; ++r) {
+    const float* __restrict__ b = B + r * ldb + col;
+    for (int row = 0; row < Rows; ++row) {
+      const float x = a[row][r];
+      for (int l = 0; l < Width; ++l) acc[row][l] += x * b[l];
     }
   }
+  for (int64_t row = 0; row < rows; ++row)
+    for (int l = 0; l < Width; ++l) C[(i + row) * ldc + col + l] = acc[row][l] * alpha;
+}
+
+// Columns [col, col + Width) of C for every row, Rows rows at a time.
+template <int Width, int Rows>
+inline void gemm_columns(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc, int64_t m,
+                         int64_t k, int64_t col, float alpha) {
+  for (int64_t i = 0; i < m; i += Rows)
+    gemm_block<Width, Rows>(A, lda, B, ldb, C, ldc, i, std::min<int64_t>(Rows, m - i), k, col, alpha);
+}
+
+// C (m x n, row stride ldc) = A (m x k, row stride lda) B (k x n, row stride ldb) * alpha, n a
+// multiple of kLanes: in column blocks of up to 4 kLanes, 2 rows at a time (4 for narrower blocks).
+inline void small_gemm(const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                       int64_t m, int64_t k, int64_t n, float alpha) {
+  int64_t col = 0;
+  for (; col + 4 * kLanes <= n; col += 4 * kLanes)
+    gemm_columns<4 * kLanes, 2>(A, lda, B, ldb, C, ldc, m, k, col, alpha);
+  if (n - col == 3 * kLanes) gemm_columns<3 * kLanes, 2>(A, lda, B, ldb, C, ldc, m, k, col, alpha);
+  if (n - col == 2 * kLanes) gemm_columns<2 * kLanes, 4>(A, lda, B, ldb, C, ldc, m, k, col, alpha);
+  if (n - col == kLanes) gemm_columns<kLanes, 4>(A, lda, B, ldb, C, ldc, m, k, col, alpha);
 }
 
 // dst (cols x rows_padded) = src (rows x cols, row stride ld) transposed; the padding columns 0

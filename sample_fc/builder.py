@@ -17,7 +17,7 @@ from .run import memory_plan, resume, run_root, scalar_log
 from .data import FaceRecordIter, SyntheticIter
 from .data.augment import Augmentation
 from .data.bin_format import load_bin
-from .config import scaled_lr
+from .config import check_config, overridden_keys, scaled_lr
 from .data.recordio import read_property
 from .errors import UsageError
 from .run.run_record import RunRecord
@@ -76,6 +76,13 @@ def build_symbol(cfg):
     symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size,
                                 "float16" if cfg.fp16 else "float32", cfg.dropout)
     return symbols.with_learned_embedding_scale(symbol) if cfg.embedding_scale == "learned" else symbol
+
+
+def module_of(run, say=None):
+    """build_module for an opened run (run_record.RunRecord): its config, backbone, rank, world,
+    contexts and --pretrained weights; a resumed run's bank left for its checkpoint to fill."""
+    return build_module(run.cfg, run.symbol, run.rank, run.world, run.ctx, run.bank_ctx, run.pretrained,
+                        initial_centers=not run.resume_from, say=say)
 
 
 def build_module(cfg, symbol, rank, world, ctx, bank_ctx, pretrained=None, initial_centers=True, say=None):
@@ -157,6 +164,16 @@ def log_to_file(logger, path):
     handler = logging.FileHandler(path)
     handler.setFormatter(logger.handlers[0].formatter)
     logger.addHandler(handler)
+
+
+def complete_from_data(cfg, overrides, note):
+    """A new run's config (config_for_run's, with its `key=value` overrides) completed from its
+    data as train.py and tools.plan both take it: num_classes and image_size from the dataset's
+    property file where the overrides do not name them (note(line) for each), then checked."""
+    for line in fill_from_property(cfg, overridden_keys(overrides)):
+        note(line)
+    check_config(cfg)
+    return cfg
 
 
 def fill_from_property(cfg, explicit):

@@ -8,28 +8,41 @@ import dataclasses
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
+
+if TYPE_CHECKING:             # the annotations' types only: importing this module imports no mxnet
+    import logging
+
+    import mxnet as mx
+    import numpy as np
+    from easydict import EasyDict
+    from symbols.cost import Cost
+
+    from ..pfc.sampling_regime import Regime
+    from .memory_plan import Plan
 
 
 @dataclass(frozen=True)
 class RunRecord:
-    cfg: Any                      # the resolved config (sample_fc.config's keys)
+    # what was decided and checked
+    cfg: "EasyDict"               # the resolved config (sample_fc.config's keys)
     rank: int
     world: int                    # workers in the job
-    logger: Any                   # builder.setup_logger's, this rank's
     models_root: str
     run_id: str
     resume_from: Optional[str]    # the checkpoint continued, or None
     resumed_at: Optional[int]     # its step
-    pretrained: Any               # (arg, aux) params of --pretrained, or None
-    symbol: Any                   # the backbone (mx.sym.Symbol), embedding-scaled as cfg says
-    cost: Any                     # symbols.cost.Cost of one image
-    plan: Any                     # memory_plan.MemoryPlan, checked against this node
-    sampling: Any                 # pfc.sampling_regime.Regime of the run's ratio, classes and batch
-    train_iter: Any               # this rank's data iterator
-    ctx: Any                      # the backbone's context
-    bank_ctx: Any                 # the class centers' context
-    targets: dict                 # {name: (images, issame)} verification sets found
+    cost: "Cost"                  # of one image through the backbone
+    plan: "Plan"                  # the memory plan, checked against this node
+    sampling: "Regime"            # the sampling regime of the run's ratio, classes and batch
+    # what the run works with: live objects and loaded data
+    logger: "logging.Logger"      # builder.setup_logger's, this rank's
+    symbol: "mx.sym.Symbol"       # the backbone, embedding-scaled as cfg says
+    pretrained: Optional[Tuple[dict, dict]]   # (arg, aux) params of --pretrained, or None
+    train_iter: "mx.io.DataIter"  # this rank's data iterator
+    ctx: "mx.Context"             # the backbone's context
+    bank_ctx: "mx.Context"        # the class centers' context
+    targets: Dict[str, Tuple["np.ndarray", "np.ndarray"]]   # {name: (images, issame)} verification sets found
 
     def agreed(self, run_id):
         """This record with the run id all ranks took (rank 0's)."""

@@ -87,7 +87,7 @@ def main(argv=None):
         from .. import config
         import symbols
         from ..run import memory_plan
-        from ..builder import centers_line, check_world, fill_from_property, resolve_auto, target_paths
+        from ..builder import centers_line, check_world, complete_from_data, resolve_auto, target_paths
         from ..data.bin_format import read_bin
         from ..run.run_request import default_models_root
         from ..pfc.partial_fc import PartialFCOptions
@@ -97,11 +97,8 @@ def main(argv=None):
         from ..run.experiment_file import read_experiment
         if args.config:
             read_experiment(args.config).merged_into(args)
-        cfg = config.config_for_run(args.dataset, args.network, args.loss, args.overrides)
-        explicit = config.overridden_keys(args.overrides)
-        for note in fill_from_property(cfg, explicit):      # as train.py: the set's own classes and size
-            print(note, file=sys.stderr)
-        config.check_config(cfg)
+        cfg = complete_from_data(config.config_for_run(args.dataset, args.network, args.loss, args.overrides),
+                                 args.overrides, lambda line: print(line, file=sys.stderr))   # as train.py
         if args.world < 1 or (args.workers_per_node or 1) < 1:
             raise UsageError(f"-np and --workers-per-node must be >= 1, got {args.world} and {args.workers_per_node}")
         check_world(cfg, args.world)
