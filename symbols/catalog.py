@@ -44,6 +44,13 @@ ENTRIES = {
     'vit_l_dp005_mask_005': Entry('vit', (768, 24, 0.05, 0.05)),
 }
 NETWORKS = tuple(ENTRIES)
+DEFAULT_NETWORK = 'mbf'          # the base config's network (arcface_torch's MobileFaceNet)
+CPU_NETWORK = 'mbf_small'        # the demo's and your own set's (dataset custom): minutes on 2 CPU cores
+
+# Network names whose meaning changed: saved name -> (the stem conv's channel count of the
+# network the name meant then, its name now). 'mbf' was the MobileFaceNet paper's network
+# (stem 64 channels) until it became arcface_torch's mbf at twice the widths (stem 128).
+RENAMED_NETWORKS = {'mbf': (64, 'mbf_small')}
 
 # A family's training recipe, which the configuration applies after the dataset preset. The ViTs:
 # arcface_torch's (configs wf42m_pfc*_vit_*): AdamW on the backbone at lr 1e-3 (not scaled by the

@@ -3,6 +3,8 @@ takes besides its values, e.g. sample_ratio=auto), its default and its meaning i
 docs/training.md, "Key reference", explains each key in this order (a test keeps it so).
 Every reader of a value converts and checks through it: the presets, `--set key=value`, an
 experiment file, a resumed run's saved config and check_config."""
+from symbols.catalog import DEFAULT_NETWORK
+
 from ..options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, BANK_DTYPES, BANK_MOMENTUM_WORDS,  # valid values
                        CONTEXTS, EMBEDDING_SCALES, HEAD_KERNELS, LR_SCHEDULES, MARGINS, MOMENTUM_FORMS, OPTIMIZERS,
                        TAIL_BNS, WANDB_MODES, signal_number)
@@ -36,7 +38,7 @@ def declare_keys():
     keys.aug_grayscale = Real(0.0, lo=0, hi=1)                          # probability of a gray image (0 = off)
 
     # ---- network ----------------------------------------------------------------
-    keys.network = Choice('mbf', NETWORKS)                              # backbone preset name, one of NETWORKS
+    keys.network = Choice(DEFAULT_NETWORK, NETWORKS)                    # backbone preset name, one of NETWORKS
     keys.embedding_size = Int(512, lo=1, hi=65536)                      # embedding dimension D produced by the backbone
     keys.dropout = Real(0.0, lo=0, hi=1, hi_open=True)                  # dropout before the embedding layer (0 = off)
     keys.fp16 = Flag(False)                                             # mixed precision for the backbone (GPU only)

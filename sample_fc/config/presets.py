@@ -16,8 +16,8 @@ CARD = 'default'        # the card's module: the repository's default.py (setup.
 # The network a dataset trains when none is named (others: the base's `network`). The demo
 # keeps the paper's small MobileFaceNet to train in minutes on 2 CPU cores.
 DATASET_NETWORKS = {
-    'demo': 'mbf_small',
-    'custom': 'mbf_small',
+    'demo': catalog.CPU_NETWORK,
+    'custom': catalog.CPU_NETWORK,
 }
 
 # Dataset presets. Schedules assume 8 workers; the step counts give about 20 epochs at a

@@ -12,6 +12,8 @@ holds (RENAMED_NETWORKS), with a note saying so.
 """
 import json
 
+from symbols.catalog import RENAMED_NETWORKS
+
 from ..checkpoint.layout import (OtherNetworkError, check_sound, find_checkpoint, is_complete, read_state,
                                  symbol_path, verify_files)
 from ..errors import UsageError
@@ -30,12 +32,6 @@ def candidates(path, run_id=None):
         raise UsageError(f"--resume {path}: no complete checkpoint of run {run_id} there (the root's "
                          f"checkpoints belong to other runs)")
     return [checkpoint for _, checkpoint in reversed(found)]
-
-
-# Network names whose meaning changed: saved name -> (the stem conv's channel count of the
-# network the name meant then, its name now). 'mbf' was the MobileFaceNet paper's network
-# (stem 64 channels) until it became arcface_torch's mbf at twice the widths (stem 128).
-RENAMED_NETWORKS = {'mbf': (64, 'mbf_small')}
 
 
 def stem_channels(checkpoint):
