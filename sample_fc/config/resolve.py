@@ -78,6 +78,7 @@ def get_config(dataset='demo', network=None, loss=None):
     check_config(cfg, data=False)        # the custom preset names no data: --set rec= does
     return cfg
 
+
 def _apply_family_recipe(cfg, network, dataset):
     """The training recipe of `network`'s family (catalog.FAMILY_RECIPES), if it has one, on a
     config that has its dataset preset: the dataset's SGD lr and weight decay move to the bank
@@ -90,6 +91,7 @@ def _apply_family_recipe(cfg, network, dataset):
     if 'loss' not in DATASET_PRESETS[dataset]:
         _apply_preset(cfg, 'loss', recipe['margin_loss'], LOSS_PRESETS)
         cfg.loss = recipe['margin_loss']                   # recorded as a named loss preset is
+
 
 def config_from_checkpoint(saved, note=lambda line: None):
     """The config of a saved run (the `config` of a checkpoint's state.json): the defaults of
@@ -108,6 +110,7 @@ def config_from_checkpoint(saved, note=lambda line: None):
         elif key in VALUE_BEFORE_KEY:
             cfg[key] = VALUE_BEFORE_KEY[key]
     return cfg
+
 
 def config_for_run(dataset=None, network=None, loss=None, overrides=(), resumed=None, note=lambda line: None):
     """The config of a run from its command line: presets (the demo's by default) and
