@@ -165,6 +165,15 @@ def chosen_layout(cfg, request):
     return layout.for_run(cfg, os.cpu_count() or 1, cost_of, world)
 
 
+def print_json(payload, indented):
+    """`payload` as JSON on stdout; a reader that stops early (`| head`) ends it quietly."""
+    try:
+        print(json.dumps(payload, indent=2 if indented else None, sort_keys=indented), flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit
+    return 0
+
+
 def main(argv=None):
     parser = make_parser()
     args = parser.parse_args(argv)
@@ -173,12 +182,8 @@ def main(argv=None):
         cfg = build_config(args, request)
     except UsageError as error:
         parser.error(str(error))
-    if args.print_config:
-        print(json.dumps(cfg, indent=2, sort_keys=True))
-        return 0
-    if args.print_layout:
-        print(json.dumps(chosen_layout(cfg, request)))
-        return 0
+    if args.print_config or args.print_layout:
+        return print_json(cfg if args.print_config else chosen_layout(cfg, request), args.print_config)
     # a signal from here on asks for a stop (run_events.RunEvents.stop); before training starts,
     # a second one, or the grace over, ends the process at once (nothing written yet)
     stop_signals = StopSignals(cfg.stop_signals, lambda number, reason: end_at_once(number, reason, launcher_rank()),
