@@ -679,3 +679,19 @@ def test_a_card_value_its_key_does_not_take_is_one_line_naming_the_preset(tmp_pa
                               "try:\n    from sample_fc import config\n    config.get_config('my_faces')\n"
                               "except UsageError as e:\n    print(e)\n")
         assert expected in (result.stdout + result.stderr), (card, result.stdout, result.stderr)
+
+
+def test_a_card_that_does_not_load_is_one_line_and_exit_2(tmp_path):
+    """Test that a card with a syntax error, or one whose import fails, stops train.py and the
+    tools in one line naming the card and the error (exit 2, no traceback)."""
+    said = "error: default.py, your card, does not load"
+    for card, expected in [("DATASET_PRESETS = {'x': {'lr': 0.1}\n", f"{said} (line 1): SyntaxError: '{{' was never closed"),
+                           ("import no_such_module_here\n",
+                            f"{said}: ModuleNotFoundError: No module named 'no_such_module_here'")]:
+        for command in ("import sys; sys.argv = ['train.py', '--print-config']; "
+                        f"sys.path.insert(1, {str(REPO)!r}); import runpy; runpy.run_path({str(REPO / 'train.py')!r}, "
+                        "run_name='__main__')",
+                        "from sample_fc.tools.plan import main; main(['-np', '2'])"):
+            result = _in_card_dir(tmp_path, card, command)
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.strip().splitlines() == [expected]

@@ -5,10 +5,11 @@ symbols/catalog.py's. Each value is checked by its key's declared type when a pr
 (resolve.get_config). Imports nothing heavy: no mxnet."""
 import importlib
 import importlib.util
+import sys
 
 from symbols import catalog
 
-from ..errors import UsageError
+from ..errors import USAGE_EXIT, UsageError
 
 CARD = 'default'        # the card's module: the repository's default.py (setup.py installs it beside the package)
 
@@ -134,7 +135,14 @@ def card_datasets():
     set they change), or {} where no card can be imported."""
     if importlib.util.find_spec(CARD) is None:
         return {}
-    presets = getattr(importlib.import_module(CARD), 'DATASET_PRESETS', {})
+    try:
+        card = importlib.import_module(CARD)
+    except Exception as error:       # the user's own file: its mistake in one line, before anything runs
+        where = f" (line {error.lineno})" if isinstance(error, SyntaxError) else ""
+        sys.stderr.write(f"error: {CARD}.py, your card, does not load{where}: {type(error).__name__}: "
+                         f"{getattr(error, 'msg', None) or error}\n")
+        raise SystemExit(USAGE_EXIT) from None
+    presets = getattr(card, 'DATASET_PRESETS', {})
     if not isinstance(presets, dict) or not all(isinstance(keys, dict) for keys in presets.values()):
         raise UsageError(f"{CARD}.py's DATASET_PRESETS is not a dict of name: {{key: value}}; see its docstring")
     return presets
