@@ -685,7 +685,8 @@ def test_a_card_that_does_not_load_is_one_line_and_exit_2(tmp_path):
     """Test that a card with a syntax error, or one whose import fails, stops train.py and the
     tools in one line naming the card and the error (exit 2, no traceback)."""
     said = "error: default.py, your card, does not load"
-    for card, expected in [("DATASET_PRESETS = {'x': {'lr': 0.1}\n", f"{said} (line 1): SyntaxError: '{{' was never closed"),
+    for card, expected in [("DATASET_PRESETS = {'x': {'lr': 0.1}\n",
+                            f"{said} (line 1): SyntaxError: '{{' was never closed"),
                            ("import no_such_module_here\n",
                             f"{said}: ModuleNotFoundError: No module named 'no_such_module_here'")]:
         for command in ("import sys; sys.argv = ['train.py', '--print-config']; "
