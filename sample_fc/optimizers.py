@@ -105,27 +105,21 @@ class AdamW(mx.optimizer.Optimizer):
     lr the schedule's value (times the parameter's lr_mult) and wd the parameter's decay:
         w -= lr wd w;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
         w -= lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
-    computed by MXNet's contrib.adamw_update, w -= eta (alpha m / (sqrt(v) + eps') + wd' w), with
-    eta = lr, alpha = sqrt(1 - b2^t) / (1 - b1^t), eps' = eps sqrt(1 - b2^t), wd' = wd: the same
-    formula with the bias corrections moved outside the square root. State per parameter: (m, v),
+    the decay as torch applies it (w *= 1 - lr wd), then MXNet's adam_update without decay,
+    w -= lr' m / (sqrt(v) + eps'), with lr' = lr sqrt(1 - b2^t) / (1 - b1^t) and eps' = eps
+    sqrt(1 - b2^t): the same formula with the bias corrections moved outside the square root.
+    (MXNet 1.9's contrib.adamw_update computes the same in one operator at 5x adam_update's time:
+    216 against 44 ms for vit_t's 12.9M parameters, one thread.) State per parameter: (m, v),
     float32, zero at the start; a resumed run restarts the counts at its step (set_num_update),
     so t, and with it the corrections, continue exactly."""
 
     def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-8, **kwargs):
         super().__init__(**kwargs)
         self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
-        self._rescale = {}            # {(context, value): 1-element NDArray}: the op takes it as an array
 
     def create_state(self, index, weight):
         return (mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype),
                 mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype))
-
-    def _rescale_array(self, context):
-        key = (context, self.rescale_grad)
-        if key not in self._rescale:
-            self._rescale = {k: v for k, v in self._rescale.items() if k[0] != context}
-            self._rescale[key] = mx.nd.full((1,), self.rescale_grad, ctx=context)
-        return self._rescale[key]
 
     def update(self, index, weight, grad, state):
         self._update_count(index)
@@ -133,10 +127,11 @@ class AdamW(mx.optimizer.Optimizer):
         t = self._index_update_count[index]
         second = math.sqrt(1.0 - self.beta2 ** t)
         mean, var = state
-        mx.nd.contrib.adamw_update(weight, grad, mean, var, self._rescale_array(weight.context),
-                                   lr=second / (1.0 - self.beta1 ** t), eta=lr, beta1=self.beta1, beta2=self.beta2,
-                                   epsilon=self.epsilon * second, wd=wd, out=weight,
-                                   clip_gradient=self.clip_gradient if self.clip_gradient else -1.0)
+        if wd:
+            weight *= 1.0 - lr * wd
+        mx.nd.adam_update(weight, grad, mean, var, lr=lr * second / (1.0 - self.beta1 ** t), beta1=self.beta1,
+                          beta2=self.beta2, epsilon=self.epsilon * second, wd=0.0, rescale_grad=self.rescale_grad,
+                          clip_gradient=self.clip_gradient if self.clip_gradient else -1.0, out=weight)
 
 
 def make_backbone_optimizer(cfg, lr, schedule):

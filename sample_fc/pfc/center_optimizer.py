@@ -16,7 +16,7 @@ MOMENTUM_UNTIL_GAP = 10.0       # visit gaps (C/B) below this keep the centers' 
 MEASURED = (                    # (C/B, none against momentum 0.9 at ratio 1.0, 1,000 steps; BENCHMARKS.md)
     (1.6, "-1.0 point on the demo's 200 synthetic identities (five seeds)"),
     (39.1, "+3.0 points on 5,000 glyph identities (three seeds)"),
-    (156.2, "+1.5 points on 20,000 glyph identities (one seed)"),
+    (156.2, "+1.5 points on 20,000 glyph identities (one seed; seeds there spread 9 points)"),
 )
 
 
