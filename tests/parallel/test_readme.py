@@ -175,10 +175,10 @@ def parses_as_training(words):
     import train
     args = train.make_parser().parse_args(train_args(words))
     if args.resume:      # resuming a run that began with the same line (as the cluster scripts do)
-        begun = train.default.config_for_run(args.dataset, args.network, args.loss, args.overrides)
-        train.default.config_for_run(args.dataset, args.network, args.loss, args.overrides, begun, note=None)
+        begun = train.config.config_for_run(args.dataset, args.network, args.loss, args.overrides)
+        train.config.config_for_run(args.dataset, args.network, args.loss, args.overrides, begun, note=None)
     else:
-        assert train.default.get_config(args.dataset, args.network, args.loss)
+        assert train.config.get_config(args.dataset, args.network, args.loss)
     return args
 
 
@@ -270,7 +270,7 @@ def test_the_mpijob_is_a_kubeflow_mpijob_that_trains_with_real_options():
     assert fresh.resume is None and resumed.resume == fresh.models_root
     import train
     overrides = dict(s.split("=", 1) for s in fresh.overrides)
-    grace = float(overrides.get("stop_grace_s", train.default.get_config(fresh.dataset, fresh.network, fresh.loss)["stop_grace_s"]))
+    grace = float(overrides.get("stop_grace_s", train.config.get_config(fresh.dataset, fresh.network, fresh.loss)["stop_grace_s"]))
     for role in ("Launcher", "Worker"):
         assert specs[role]["template"]["spec"]["terminationGracePeriodSeconds"] > grace, role
 
