@@ -9,7 +9,8 @@ The floors, each subpackage's __init__ docstring its map:
     data/        iterators, RecordIO, .bin, images;  tools/  the command-line tools;  bench/  benchmarks
     config/      the configuration: key table, presets (with the card's datasets), older runs' rules
 At this level: module.py (SampleDistributeModule: backbone + PartialFC + collectives), dist.py (the
-only Horovod caller), builder.py (a run's parts from its config), errors.py, options.py, ranks.py, optimizers.py, initializers.py, fused_ops.py, verification.py,
+only Horovod caller), builder.py (a run's parts from its config), errors.py, options.py, ranks.py,
+optimizers.py, initializers.py, fused_ops.py, verification.py,
 launch.py (`python -m sample_fc.launch`).
 
 Public names are re-exported lazily (PEP 562), so `import sample_fc.config` or the

@@ -849,16 +849,26 @@ void head_backward(const AttentionLayout& L, const float* dout, const float* qkv
   scatter_rows(b->dv.data(), D, T, d, target + 2 * W, 3 * W);
 }
 
+// The attention of `attrs` over inputs[first] (qkv) and, with a key_bias, inputs[first + 1]: its
+// layout and those arrays (key_bias null without one); false (the reason in MX_ERROR_MSG) if the
+// attributes or shapes are not an attention's.
+bool attention_inputs(const std::unordered_map<std::string, std::string>& attrs, std::vector<MXTensor>* inputs,
+                      size_t first, AttentionLayout* L, const float** qkv, const float** key_bias) {
+  int64_t heads = 0;
+  bool biased = false;
+  if (!parse_attention(attrs, &heads, &biased)) return false;
+  if (!attention_layout(heads, (*inputs)[first].shape, biased ? &(*inputs)[first + 1].shape : nullptr, L)) return false;
+  *qkv = (*inputs)[first].data<float>();
+  *key_bias = biased ? (*inputs)[first + 1].data<float>() : nullptr;
+  return true;
+}
+
 MXReturnValue attention_forward(const std::unordered_map<std::string, std::string>& attrs,
                                 std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                                 const OpResource& res) {
-  int64_t heads = 0;
-  bool biased = false;
-  if (!parse_attention(attrs, &heads, &biased)) return MX_FAIL;
   AttentionLayout L;
-  if (!attention_layout(heads, (*inputs)[0].shape, biased ? &(*inputs)[1].shape : nullptr, &L)) return MX_FAIL;
-  const float* qkv = (*inputs)[0].data<float>();
-  const float* key_bias = biased ? (*inputs)[1].data<float>() : nullptr;
+  const float *qkv, *key_bias;
+  if (!attention_inputs(attrs, inputs, 0, &L, &qkv, &key_bias)) return MX_FAIL;
   float* out = (*outputs)[0].data<float>();
   const int64_t T = L.tokens, tasks = L.batch * L.heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(L.head));
@@ -876,16 +886,12 @@ MXReturnValue attention_forward(const std::unordered_map<std::string, std::strin
 MXReturnValue attention_backward(const std::unordered_map<std::string, std::string>& attrs,
                                  std::vector<MXTensor>* inputs, std::vector<MXTensor>* outputs,
                                  const OpResource& res) {
-  int64_t heads = 0;
-  bool biased = false;
-  if (!parse_attention(attrs, &heads, &biased)) return MX_FAIL;
   AttentionLayout L;
-  if (!attention_layout(heads, (*inputs)[1].shape, biased ? &(*inputs)[2].shape : nullptr, &L)) return MX_FAIL;
+  const float *qkv, *key_bias;
+  if (!attention_inputs(attrs, inputs, 1, &L, &qkv, &key_bias)) return MX_FAIL;
   const float* dout = (*inputs)[0].data<float>();
-  const float* qkv = (*inputs)[1].data<float>();
-  const float* key_bias = biased ? (*inputs)[2].data<float>() : nullptr;
   float* dqkv = (*outputs)[0].data<float>();
-  float* dkey_bias = biased ? (*outputs)[1].data<float>() : nullptr;
+  float* dkey_bias = key_bias ? (*outputs)[1].data<float>() : nullptr;
   const int64_t T = L.tokens, tasks = L.batch * L.heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(L.head));
 #pragma omp parallel if (tasks * T * T * L.head > 65536)

@@ -20,8 +20,8 @@ fuse finds them from the weight's shape, inferred from `data_shape`, and leaves 
 MXNet when it cannot. Depthwise convs (1 channel per group) keep MXNet's own fast kernel.
 
 MXNet 1.9's CPU backward of LayerNorm is its generic reduction path: 17x its forward, a fifth of
-a ViT's training step (vit_t 64 px, batch 32, one thread: 455 of 2,132 ms). `fuse` replaces each LayerNorm over the
-last axis (the ViTs' every norm) whose mean and std outputs nothing reads by one
+a ViT's training step (vit_t 64 px, batch 32, one thread: 455 of 2,132 ms). `fuse` replaces each
+LayerNorm over the last axis (the ViTs' every norm) whose mean and std outputs nothing reads by one
 `sample_fc_layer_norm` node with the same name, inputs (data, `<name>_gamma`, `<name>_beta`) and
 eps: the same function, its sums in another order (float rounding).
 
@@ -84,8 +84,8 @@ def available():
         if reason:
             logging.getLogger(__name__).warning(
                 "sample_fc's fused CPU operators are not available (%s): PReLU runs as four MXNet "
-                "operators and mbf's grouped stem conv and a ViT's LayerNorm as MXNet's, an mbf step on the CPU "
-                "about twice as slow "
+                "operators, mbf's grouped stem conv and a ViT's LayerNorms and attentions as MXNet's, an mbf step "
+                "on the CPU about twice as slow and a ViT's 2.3x "
                 "(re-run scripts/bootstrap.sh, or "
                 "pip install -e . with a C++ compiler)", reason)
         _library["loaded"] = reason is None
@@ -139,11 +139,12 @@ def fuse(symbol, data_shape=None):
     for index, (data, weight, num_group) in group_convs(graph["nodes"], symbol, data_shape).items():
         replaced[index] = ({"op": CONV_OP_NAME, "attrs": {"num_group": str(num_group)}, "inputs": [data, weight]}, ())
     for index, eps in layer_norms(graph).items():
-        replaced[index] = ({"op": LAYER_NORM_OP_NAME, "attrs": {"eps": eps}, "inputs": graph["nodes"][index]["inputs"]},
-                           ())
+        inputs = graph["nodes"][index]["inputs"]
+        replaced[index] = ({"op": LAYER_NORM_OP_NAME, "attrs": {"eps": eps}, "inputs": inputs}, ())
     for index, (qkv, key_bias, heads, inners) in attentions(graph).items():
-        replaced[index] = ({"op": ATTENTION_OP_NAME, "attrs": {"heads": str(heads), "key_bias": str(int(bool(key_bias)))},
-                            "inputs": [qkv] + ([key_bias] if key_bias else [])}, inners)
+        attrs = {"heads": str(heads), "key_bias": "1" if key_bias else "0"}
+        inputs = [qkv] + ([key_bias] if key_bias else [])
+        replaced[index] = ({"op": ATTENTION_OP_NAME, "attrs": attrs, "inputs": inputs}, inners)
     if not replaced or not all_float32(symbol) or not available():
         return symbol
     return mx.sym.load_json(json.dumps(rewrite(graph, replaced)))

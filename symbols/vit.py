@@ -37,7 +37,8 @@ HEADS = 8
 MLP_RATIO = 4
 LN_EPS = 1e-5             # torch.nn.LayerNorm's default
 HEAD_BN_EPS = 2e-5        # the feature head's BatchNorm1d(eps=2e-5)
-CONFIGS = {name: entry.shape for name, entry in catalog.of_family('vit').items()}   # (width, depth, drop path, mask ratio)
+# (width, depth, drop path, mask ratio) of each ViT
+CONFIGS = {name: entry.shape for name, entry in catalog.of_family('vit').items()}
 
 
 def tokens(image_size):
