@@ -1,5 +1,5 @@
-"""The fused PReLU, grouped 3x3 conv, LayerNorm and attention operators (sample_fc/_mx_ops.cc) and the graph rewrite
-(sample_fc/fused_ops.py): the operators against NumPy's definitions (and the conv against MXNet's
+"""The fused PReLU, grouped 3x3 conv, LayerNorm, attention and clip operators (sample_fc/_mx_ops.cc)
+and the graph rewrite (sample_fc/fused_ops.py): the operators against NumPy's definitions (and the conv against MXNet's
 Convolution), the rewritten networks against the composite ones they replace, and the library
 loading in the processes training runs in (Horovod first)."""
 import json
@@ -377,6 +377,60 @@ def test_attention_results_do_not_depend_on_the_thread_count(tmp_path):
                                               "mx.nd.sample_fc_attention(x, p, heads=8, key_bias=1)")
     for name in ("y", "dx", "dp"):
         assert np.array_equal(one[name], two[name]), name
+
+
+def run_clip(symbol, x, dy):
+    """y and dx of a one-input symbol through MXNet's executor."""
+    grad = mx.nd.zeros(x.shape)
+    executor = symbol.bind(mx.cpu(), {"x": mx.nd.array(x)}, args_grad={"x": grad})
+    executor.forward(is_train=True)
+    executor.backward(mx.nd.array(dy))
+    return executor.outputs[0].asnumpy(), grad.asnumpy()
+
+
+@pytest.mark.parametrize("shape, a_min, a_max", [((7,), 0.0, 6.0), ((3, 5, 4), -1.0, 0.5),
+                                                 ((2, 49, 1024), 0.0, 6.0),          # OpenMP, a ViT MLP's
+                                                 ((40000,), -float("inf"), 0.0), ((9, 3), 2.0, 2.0)])
+def test_clip_equals_the_definition_and_mxnet_clip_bit_for_bit(shape, a_min, a_max):
+    """y = min(max(x, a_min), a_max); dx = dy where a_min <= x <= a_max (the bounds themselves
+    included, as MXNet's clip), NaN through the forward and its gradient through the backward."""
+    assert fused_ops.available()
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::11] = a_min
+    flat[5::13] = a_max
+    flat[3::17] = np.nan
+    dy = rng.standard_normal(shape).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        want_y = np.where(np.isnan(x), x, np.minimum(np.maximum(x, a_min), a_max))
+        want_dx = np.where((x > a_max) | (x < a_min), 0.0, dy).astype(np.float32)
+    data = mx.sym.Variable("x")
+    ours = run_clip(mx.sym.sample_fc_clip(data, a_min=a_min, a_max=a_max), x, dy)
+    theirs = run_clip(mx.sym.clip(data, a_min, a_max), x, dy)
+    for got, want, mxnet in zip(ours, (want_y, want_dx), theirs):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, mxnet)
+
+
+@pytest.mark.parametrize("attrs, message", [({"a_min": "0"}, "needs the attribute a_max"),
+                                            ({"a_min": "x", "a_max": "1"}, "a_min must be a number, got 'x'"),
+                                            ({"a_min": "2", "a_max": "1"}, "a_min must be <= a_max")])
+def test_clip_refuses_what_it_does_not_compute(attrs, message):
+    assert fused_ops.available()
+    with pytest.raises(mx.MXNetError, match=message):
+        mx.nd.sample_fc_clip(mx.nd.ones((2, 8)), **attrs).wait_to_read()
+
+
+def test_fuse_replaces_each_clip_outside_a_prelu():
+    """A ViT's 12 ReLU6s become the operator with their names and bounds; mbf's clips are its
+    PReLUs' (the PReLU operator takes them)."""
+    fused = fused_ops.fuse(symbols.get_symbol("vit_t_dp005_mask0", 16, 32), (2, 3, 32, 32))
+    nodes = json.loads(fused.tojson())["nodes"]
+    clips = [node for node in nodes if node["op"] == fused_ops.CLIP_OP_NAME]
+    assert len(clips) == 12 and "clip" not in graph_ops(fused)
+    assert {(node["attrs"]["a_min"], node["attrs"]["a_max"]) for node in clips} == {("0.0", "6.0")}
+    assert fused_ops.CLIP_OP_NAME not in graph_ops(fused_ops.fuse(symbols.get_symbol("mbf", 16, 32), (2, 3, 32, 32)))
 
 
 def graph_ops(symbol):

@@ -1,7 +1,10 @@
 """bench/op_profile.py: a backbone step's time by operator, as MXNet's profiler counts it."""
+import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 from conftest import REPO
 
@@ -37,3 +40,25 @@ def test_a_directory_that_is_not_arcface_torch_is_one_line(tmp_path):
     assert result.returncode == 2
     assert f"--arcface-torch {tmp_path} is not arcface_torch: no backbones/__init__.py" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_mxnet_runs_the_threads_asked_for_or_the_profile_says_why():
+    """A profile at 1 thread whose MXNet ran 2 (an OpenMP runtime loaded before the thread count
+    was set: importing torch first did so) would halve sample_fc's side; op_profile sets the
+    count before importing anything and refuses, in one line, a runtime already running others."""
+    preloaded = ("import ctypes, os; os.environ.pop('OMP_NUM_THREADS', None); "
+                 "threads = ctypes.CDLL('libgomp.so.1').omp_get_max_threads(); "
+                 "from sample_fc.bench.op_profile import main; main({args})")
+    args = ["--network", "mbf_small", "--image-size", "32", "--batch", "4", "--steps", "1", "--top", "1"]
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    if os.cpu_count() < 2:
+        pytest.skip("one core: the runtime's default is the thread asked for")
+    refused = subprocess.run([sys.executable, "-c", preloaded.format(args=args + ["--threads", "1"])], cwd=REPO,
+                             capture_output=True, text=True, timeout=600, env=env)
+    assert refused.returncode != 0
+    assert f"error: MXNet's OpenMP runs {os.cpu_count()} threads, not --threads 1" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    for threads in ("1", "2"):
+        result = run_profile(*args, "--threads", threads)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert f"{threads} thread(s)" in result.stdout

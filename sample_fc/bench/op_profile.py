@@ -13,6 +13,7 @@ backbone (channels-last, as a tuned user runs it) with the same loss and SGD; ea
 self time per step. The head (Partial FC) is left out: it is the same small part on both sides.
 """
 import argparse
+import ctypes
 import json
 import os
 import time
@@ -23,11 +24,15 @@ import numpy as np
 os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
 
 
-def mxnet_rows(network, image_size, batch, steps, fuse):
+def mxnet_rows(network, image_size, batch, steps, fuse, threads):
     """[(ms per step, calls per step, operator)] of sample_fc's backbone step, and its ms per step."""
     import mxnet as mx
     import symbols
     from .. import fused_ops
+    openmp_threads = ctypes.CDLL("libgomp.so.1").omp_get_max_threads()
+    if openmp_threads != threads:
+        raise SystemExit(f"error: MXNet's OpenMP runs {openmp_threads} threads, not --threads {threads}: "
+                         "an OpenMP runtime was loaded before op_profile set OMP_NUM_THREADS (set it yourself)")
     symbol = symbols.get_symbol(network, 512, image_size)
     if fuse:
         symbol = fused_ops.fuse(symbol, (batch, 3, image_size, image_size))
@@ -105,13 +110,14 @@ def main(argv=None):
     parser.add_argument("--arcface-torch", metavar="DIR",
                         help="a checkout of insightface's recognition/arcface_torch: profile its module too")
     args = parser.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)      # before anything loads an OpenMP runtime
     if args.arcface_torch:
         from .yardstick.upstream import not_arcface_torch
         problem = not_arcface_torch("--arcface-torch", args.arcface_torch)
         if problem:
             parser.error(problem)
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    rows, per_step = mxnet_rows(args.network, args.image_size, args.batch, args.steps, not args.no_fuse)
+    rows, per_step = mxnet_rows(args.network, args.image_size, args.batch, args.steps, not args.no_fuse,
+                                 args.threads)
     print(f"{args.network} at {args.image_size} px, batch {args.batch}, {args.threads} thread(s), "
           f"{args.steps} steps")
     print_rows("sample_fc" + (" (MXNet's composite operators)" if args.no_fuse else ""), rows, per_step, args.top)
