@@ -133,11 +133,11 @@ def fuse(symbol, data_shape=None):
     """`symbol` with every PReLU of symbols.common.prelu as one sample_fc_prelu node, every
     grouped 3x3 conv of group_convs as one sample_fc_group_conv3x3 node, every LayerNorm of
     layer_norms as one sample_fc_layer_norm node, every ViT attention of attentions as one
-    sample_fc_attention node and every other clip as one sample_fc_clip node; `symbol` itself when the library is not available, the symbol
-    holds none of them, or not all of its parameters are float32 (a float16 backbone: the
-    operators are float32 only). `data_shape`: the shape of its input `data` (unknown
-    dimensions 0), which gives the convs' input channels; without it only convs whose weight
-    shape the symbol itself tells are replaced."""
+    sample_fc_attention node and every other clip as one sample_fc_clip node; `symbol` itself
+    when the library is not available, the symbol holds none of them, or not all of its
+    parameters are float32 (a float16 backbone: the operators are float32 only). `data_shape`:
+    the shape of its input `data` (unknown dimensions 0), which gives the convs' input channels;
+    without it only convs whose weight shape the symbol itself tells are replaced."""
     graph = json.loads(symbol.tojson())
     replaced = {}
     for index, (data, gamma, inners) in prelu_groups(graph["nodes"]).items():

@@ -36,8 +36,10 @@ if command -v mpicxx >/dev/null 2>&1; then VARIANT=gloo-mpi; else VARIANT=gloo; 
 if [[ $GPU == 1 ]]; then VARIANT=$VARIANT-cuda11-nccl; fi
 
 # Everything that should trigger a refresh goes into the stamp.
-STAMP_WANT=$( { cat "$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$REQUIREMENTS" "$ROOT/setup.py" "$ROOT/sample_fc/pfc/_half_rows.c" "$ROOT/sample_fc/_mx_ops.cc" "$ROOT/scripts/patch_mxnet.py" "$ROOT/scripts/mxnet_compiled_ops.py";
-                echo "$VARIANT"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)
+STAMPED=("$ROOT/scripts/bootstrap.sh" "$ROOT/scripts/patch_horovod.py" "$REQUIREMENTS" "$ROOT/setup.py"
+         "$ROOT/sample_fc/pfc/_half_rows.c" "$ROOT/sample_fc/_mx_ops.cc" "$ROOT/scripts/patch_mxnet.py"
+         "$ROOT/scripts/mxnet_compiled_ops.py")
+STAMP_WANT=$( { cat "${STAMPED[@]}"; echo "$VARIANT"; "$PYTHON" -VV; } | sha256sum | cut -c1-16)
 STAMP_FILE=$VENV/.sample_fc_stamp
 if [[ -f $STAMP_FILE && $(cat "$STAMP_FILE") == "$STAMP_WANT" && -x $VENV/bin/horovodrun ]]; then
   exit 0
@@ -60,7 +62,8 @@ for name, kind in (("mxnet-cu117", "gpu"), ("mxnet-cu112", "gpu"), ("mxnet", "cp
 fi
 
 "$PYTHON" -c 'import sys; sys.exit(not (3, 8) <= sys.version_info[:2] <= (3, 12))' \
-  || die "need Python 3.8 to 3.12, got $("$PYTHON" -V 2>&1): mxnet 1.9.1 needs numpy < 2, which has no wheels for Python 3.13+; set PYTHON=/path/to/python3.12 (or 3.11, 3.10, ...)"
+  || die "need Python 3.8 to 3.12, got $("$PYTHON" -V 2>&1): mxnet 1.9.1 needs numpy < 2, which has no wheels" \
+         "for Python 3.13+; set PYTHON=/path/to/python3.12 (or 3.11, 3.10, ...)"
 if [[ ! -x $VENV/bin/python ]]; then
   log "creating virtual environment in $VENV"
   "$PYTHON" -m venv "$VENV" || die "python -m venv failed; on Debian/Ubuntu: apt-get install python3-venv"
@@ -71,7 +74,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 pip_quiet() { "${PIP[@]}" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 log "installing pinned packages ($(basename "$REQUIREMENTS"))"
-if [[ $GPU == 1 ]] && ! "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("mxnet-cu117")' 2>/dev/null; then
+if [[ $GPU == 1 ]] \
+    && ! "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("mxnet-cu117")' 2>/dev/null; then
   log "the GPU environment downloads about 2.0 GB from PyPI unless pip's cache holds it (mxnet-cu117 509 MB,"
   log "cuDNN 557 MB, cuBLAS 317 MB, NCCL 177 MB, cuSPARSE 173 MB, cuFFT 103 MB, cuSOLVER 103 MB, the rest 94 MB)"
   log "and takes about 3.9 GB in $VENV; horovod's CUDA build then takes about 4 minutes on 2 cores"
@@ -93,12 +97,15 @@ if [[ $GPU == 1 ]]; then
   . "$VENV/cuda-env.sh"
   if ! "$VENV/bin/python" -c 'import ctypes; ctypes.CDLL("libcuda.so.1")' 2>/dev/null; then
     stub=""
-    for candidate in ${HOROVOD_CUDA_HOME:+$HOROVOD_CUDA_HOME/lib64/stubs/libcuda.so} ${CUDA_HOME:+$CUDA_HOME/lib64/stubs/libcuda.so} \
+    for candidate in ${HOROVOD_CUDA_HOME:+$HOROVOD_CUDA_HOME/lib64/stubs/libcuda.so} \
+        ${CUDA_HOME:+$CUDA_HOME/lib64/stubs/libcuda.so} \
         /usr/local/cuda-11.8/lib64/stubs/libcuda.so /usr/local/cuda-11.7/lib64/stubs/libcuda.so \
         /usr/local/cuda/lib64/stubs/libcuda.so /usr/lib/x86_64-linux-gnu/stubs/libcuda.so; do
       if [[ -f $candidate ]]; then stub=$candidate; break; fi
     done
-    [[ -n $stub ]] || die "libcuda.so.1 (the NVIDIA driver's) is not on this machine and no CUDA toolkit's stub libcuda.so was found: libmxnet.so (mxnet-cu117) cannot load without one; run this on the GPU node, or install a CUDA 11.x toolkit (README: GPUs)"
+    [[ -n $stub ]] || die "libcuda.so.1 (the NVIDIA driver's) is not on this machine and no CUDA toolkit's stub" \
+      "libcuda.so was found: libmxnet.so (mxnet-cu117) cannot load without one; run this on the GPU node, or" \
+      "install a CUDA 11.x toolkit (README: GPUs)"
     STUB_DIR=$(mktemp -d)
     trap 'rm -rf "$STUB_DIR"' EXIT
     ln -s "$stub" "$STUB_DIR/libcuda.so.1"
@@ -107,7 +114,8 @@ if [[ $GPU == 1 ]]; then
   fi
 fi
 # mxnet 1.9.1 uses numpy aliases removed in numpy 1.24: scripts/patch_mxnet.py fixes its files
-MXNET_DIR=$("$VENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("mxnet").submodule_search_locations[0])') \
+MXNET_DIR=$("$VENV/bin/python" -c \
+    'import importlib.util as u; print(u.find_spec("mxnet").submodule_search_locations[0])') \
   || die "mxnet is not installed in $VENV"
 "$VENV/bin/python" "$ROOT/scripts/patch_mxnet.py" "$MXNET_DIR" >/dev/null || die "could not patch mxnet in $MXNET_DIR"
 "$VENV/bin/python" -c 'import mxnet; mxnet.nd.ones(2).asnumpy(); mxnet.np.ones(2) > 0' \
@@ -147,18 +155,22 @@ if [[ $installed_build != "$BUILD_ID" ]] || ! "$VENV/bin/python" -c 'import horo
       cuda_home=""
       for candidate in ${HOROVOD_CUDA_HOME:-} ${CUDA_HOME:-} /usr/local/cuda-11.8 /usr/local/cuda-11.7 \
           /usr/local/cuda /usr/lib/nvidia-cuda-toolkit; do
-        if [[ -x $candidate/bin/nvcc ]] && "$candidate/bin/nvcc" --version 2>/dev/null | grep -q 'release 11\.[1-8]'; then
+        if [[ -x $candidate/bin/nvcc ]] \
+            && "$candidate/bin/nvcc" --version 2>/dev/null | grep -q 'release 11\.[1-8]'; then
           cuda_home=$candidate; break
         fi
       done
-      [[ -n $cuda_home ]] || die "horovod's CUDA build needs the nvcc of a CUDA 11.1-11.8 toolkit and none was found (HOROVOD_CUDA_HOME, CUDA_HOME, /usr/local/cuda-11.x, /usr/lib/nvidia-cuda-toolkit): install NVIDIA's cuda-toolkit-11-8, or on Debian 12 'apt-get install nvidia-cuda-toolkit' from non-free (README: GPUs)"
+      [[ -n $cuda_home ]] || die "horovod's CUDA build needs the nvcc of a CUDA 11.1-11.8 toolkit and none was" \
+        "found (HOROVOD_CUDA_HOME, CUDA_HOME, /usr/local/cuda-11.x, /usr/lib/nvidia-cuda-toolkit): install" \
+        "NVIDIA's cuda-toolkit-11-8, or on Debian 12 'apt-get install nvidia-cuda-toolkit' from non-free (README: GPUs)"
       # nvcc 11.x takes g++ <= 11 as its host compiler (Debian 12's g++ is 12): the whole build uses one
       if (( $(g++ -dumpversion | cut -d. -f1) > 11 )); then
         host=""
         for version in 11 10 9; do
           if command -v "g++-$version" >/dev/null 2>&1; then host=$version; break; fi
         done
-        [[ -n $host ]] || die "nvcc of CUDA 11 needs g++ 11 or older as its host compiler, and this machine's g++ is $(g++ -dumpversion): install g++-11 (Debian 12: apt-get install g++-11)"
+        [[ -n $host ]] || die "nvcc of CUDA 11 needs g++ 11 or older as its host compiler, and this machine's g++" \
+          "is $(g++ -dumpversion): install g++-11 (Debian 12: apt-get install g++-11)"
         export CC=gcc-$host CXX=g++-$host
       fi
       # nvcc runs ptxas, fatbinary and nvlink from PATH: the toolkit's own go first (Debian keeps them in
@@ -169,8 +181,10 @@ if [[ $installed_build != "$BUILD_ID" ]] || ! "$VENV/bin/python" -c 'import horo
       mkdir -p "$source_dir/nccl-lib"
       ln -s "$SITE/nvidia/nccl/lib/libnccl.so.2" "$source_dir/nccl-lib/libnccl.so"
       export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=$cuda_home HOROVOD_BUILD_CUDA_CC_LIST=50,60,70,80,86 \
-             HOROVOD_NCCL_INCLUDE=$SITE/nvidia/nccl/include HOROVOD_NCCL_LIB=$source_dir/nccl-lib HOROVOD_NCCL_LINK=SHARED
-      log "horovod's CUDA build: nvcc of $cuda_home ($("$cuda_home/bin/nvcc" --version | grep -o 'release [0-9.]*'), host compiler ${CXX:-g++})"
+             HOROVOD_NCCL_INCLUDE=$SITE/nvidia/nccl/include HOROVOD_NCCL_LIB=$source_dir/nccl-lib \
+             HOROVOD_NCCL_LINK=SHARED
+      nvcc_release=$("$cuda_home/bin/nvcc" --version | grep -o 'release [0-9.]*')
+      log "horovod's CUDA build: nvcc of $cuda_home ($nvcc_release), host compiler ${CXX:-g++}"
     fi
     export MAKEFLAGS="-j$(nproc)"
     PATH="$VENV/bin:$PATH" "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir \
@@ -193,7 +207,8 @@ if [[ $GPU == 1 ]]; then
   grep -q '\[X\] NCCL' <<<"$check" || die "horovod was built without NCCL:\n$check\nDelete $WHEEL_DIR and re-run."
 fi
 if [[ $VARIANT == gloo-mpi* ]]; then
-  grep -q '\[X\] MPI' <<<"$check" || die "mpicxx is present but horovod lacks MPI:\n$check\nDelete $WHEEL_DIR and re-run."
+  grep -q '\[X\] MPI' <<<"$check" \
+    || die "mpicxx is present but horovod lacks MPI:\n$check\nDelete $WHEEL_DIR and re-run."
 fi
 
 pip_quiet install --no-deps --no-build-isolation -e "$ROOT"

@@ -3,7 +3,8 @@
 # characters with (14 fonts of distinct designs, about 130 MB downloaded; the list is
 # sample_fc/bench/glyph_fonts.py FONT_PACKAGES). Idempotent: returns at once when all are there.
 set -euo pipefail
-PACKAGES="fonts-noto-cjk fonts-arphic-ukai fonts-arphic-uming fonts-cwtex-kai fonts-cwtex-ming fonts-droid-fallback fonts-hanazono fonts-ipaexfont-gothic fonts-ipaexfont-mincho fonts-seto fonts-wqy-zenhei"
+PACKAGES="fonts-noto-cjk fonts-arphic-ukai fonts-arphic-uming fonts-cwtex-kai fonts-cwtex-ming fonts-droid-fallback"
+PACKAGES+=" fonts-hanazono fonts-ipaexfont-gothic fonts-ipaexfont-mincho fonts-seto fonts-wqy-zenhei"
 
 missing=()
 for package in $PACKAGES; do
@@ -17,7 +18,10 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "install_glyph_fonts.sh: run as root (apt-get install ${missing[*]})" >&2; exit 1; }
+    if ! command -v sudo >/dev/null; then
+      echo "install_glyph_fonts.sh: run as root (apt-get install ${missing[*]})" >&2
+      exit 1
+    fi
     SUDO=sudo
 fi
 echo "install_glyph_fonts.sh: installing ${missing[*]}"

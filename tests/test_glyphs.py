@@ -167,5 +167,5 @@ def test_too_few_characters_or_fonts_is_one_line(tmp_path, capsys):
 def test_install_script_installs_the_named_packages():
     """Test that scripts/install_glyph_fonts.sh installs exactly the packages the tool names."""
     script = (Path(__file__).resolve().parents[1] / "scripts" / "install_glyph_fonts.sh").read_text()
-    listed = re.search(r"PACKAGES=\"([^\"]+)\"", script).group(1).split()
+    listed = " ".join(re.findall(r"PACKAGES\+?=\"([^\"]+)\"", script)).split()   # PACKAGES="..." and PACKAGES+="..."
     assert listed == list(FONT_PACKAGES)

@@ -2,6 +2,7 @@
 statement, lazy ones inside functions included): it has no cycle, and the checkpoint package
 does not load the head kernels."""
 import ast
+import subprocess
 from pathlib import Path
 
 from conftest import REPO
@@ -190,3 +191,22 @@ def test_the_package_top_level_keeps_to_twelve_modules_and_never_imports_the_scr
                 {"default", "train", "optimizer"}
             assert not scripts & set(names), (path, names)
     assert card_readers == ["sample_fc/config/presets.py"]
+
+
+PRODUCT_SUFFIXES = (".py", ".sh", ".cc", ".c", ".h")
+LINE_LIMIT = 120
+
+
+def product_files():
+    """The repository's own code outside tests/ (git's list: what a clone holds)."""
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [name for name in listed.split() if name.endswith(PRODUCT_SUFFIXES) and not name.startswith("tests/")]
+
+
+def test_no_product_line_is_longer_than_120_characters():
+    files = product_files()
+    assert "train.py" in files and "scripts/bootstrap.sh" in files and "sample_fc/_mx_ops.cc" in files
+    long_lines = [f"{name}:{number}: {len(line)}" for name in files
+                  for number, line in enumerate((Path(REPO) / name).read_text().splitlines(), 1)
+                  if len(line) > LINE_LIMIT]
+    assert not long_lines, long_lines

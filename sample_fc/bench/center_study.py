@@ -4,7 +4,8 @@
 
 Each line of a results file is one training (compare.append_result). Trainings are grouped by
 data set (the --set rec's folder) and arm: sample_fc with its bank_momentum and every other
---train-arg setting (bank_lr, embedding_scale, ...), and its layout when not one worker, or the yardstick (arcface_torch's own modules with --arcface-torch). Prints
+--train-arg setting (bank_lr, embedding_scale, ...), and its layout when not one worker, or the
+yardstick (arcface_torch's own modules with --arcface-torch). Prints
 one markdown table of held-out accuracy per seed and the mean, then the centers' mean norm and
 mean turn per step (run/center_probe.py) at the chosen steps, averaged over seeds.
 """
