@@ -32,6 +32,12 @@ FILES = ("backbones/__init__.py", "partial_fc_v2.py", "losses.py", "lr_scheduler
 
 
 def _import(name, path, package_dir=None):
+    """The module `name` executed afresh from `path` (a package when package_dir is given). Its
+    submodules of an earlier import are dropped first: Python binds a submodule to its package
+    only when it first imports it, so a fresh package beside an old `name.iresnet` would lack
+    the attribute `iresnet` (a second load() in one process: compare's tuned run after as-shipped)."""
+    for stale in [key for key in sys.modules if key.startswith(name + ".")]:
+        del sys.modules[stale]
     locations = [package_dir] if package_dir else None
     spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=locations)
     module = importlib.util.module_from_spec(spec)

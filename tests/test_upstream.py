@@ -1,0 +1,42 @@
+"""bench/yardstick/upstream.py: arcface_torch's files imported at run time (a stand-in checkout here)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sample_fc.bench.yardstick import upstream  # noqa: E402
+
+BACKBONES_INIT = '''from .iresnet import iresnet18
+
+
+def get_model(name, **kwargs):
+    return iresnet18(**kwargs)
+'''
+IRESNET = '''import torch
+
+class IResNet(torch.nn.Module):
+    fc_scale = 7 * 7
+
+def iresnet18(**kwargs):
+    return IResNet()
+'''
+
+
+def stand_in_checkout(root):
+    """The four files load() reads and one backbone module, shaped as arcface_torch's."""
+    (root / "backbones").mkdir()
+    (root / "backbones" / "__init__.py").write_text(BACKBONES_INIT)
+    (root / "backbones" / "iresnet.py").write_text(IRESNET)
+    for name in ("partial_fc_v2.py", "losses.py", "lr_scheduler.py"):
+        (root / name).write_text("")
+    return root
+
+
+def test_a_second_load_in_one_process_still_sees_the_backbones_submodules(tmp_path):
+    """compare trains arcface_torch as shipped, then tuned, each loading the modules: the second
+    package must hold `iresnet` too (it did not: AttributeError in build_network)."""
+    directory = str(stand_in_checkout(tmp_path))
+    first = upstream.load(directory)
+    second = upstream.load(directory)
+    assert second.backbones.iresnet.IResNet.fc_scale == 49
+    assert first.backbones is not second.backbones
+    assert isinstance(upstream.build_network(second, "r18", 112), second.backbones.iresnet.IResNet)
