@@ -27,9 +27,9 @@
 // sample_fc_layer_norm(data, gamma, beta; eps): LayerNorm over the last axis of data (any
 // shape, W = its last dimension), y = (x - mean) * rstd * gamma + beta with rstd = 1 /
 // sqrt(var + eps), var the biased variance of the row (MXNet's LayerNorm and torch's). MXNet
-// 1.9's CPU backward of LayerNorm is its generic reduction path: 17x its forward's time, a
-// fifth of a ViT step (vit_t, 64 px, batch 32, one thread: 455 of 2,132 ms). Here each row's mean and rstd are
-// computed again in the backward (two passes over a row in cache), and
+// 1.9's CPU backward of LayerNorm is its generic reduction path: 16x its forward's time, a
+// fifth of a ViT step (vit_t, 64 px, batch 32, one thread: 310-356 of 1,480-1,660 ms). Here
+// each row's mean and rstd are computed again in the backward (two passes over a row in cache), and
 // dx = rstd * (g dy - mean(g dy) - xhat * mean(g dy xhat)), xhat = (x - mean) * rstd;
 // dgamma = sum over rows of dy * xhat, dbeta = sum of dy, by blocks of columns that walk the
 // rows in order (double sums): the same bits whatever the thread count.

@@ -19,8 +19,8 @@ are the same sums in another order (float rounding). Its input channels are not 
 fuse finds them from the weight's shape, inferred from `data_shape`, and leaves the conv to
 MXNet when it cannot. Depthwise convs (1 channel per group) keep MXNet's own fast kernel.
 
-MXNet 1.9's CPU backward of LayerNorm is its generic reduction path: 17x its forward, a fifth of
-a ViT's training step (vit_t 64 px, batch 32, one thread: 455 of 2,132 ms). `fuse` replaces each
+MXNet 1.9's CPU backward of LayerNorm is its generic reduction path: 16x its forward, a fifth of
+a ViT's training step (vit_t 64 px, batch 32, one thread: 310-356 of 1,480-1,660 ms). `fuse` replaces each
 LayerNorm over the last axis (the ViTs' every norm) whose mean and std outputs nothing reads by one
 `sample_fc_layer_norm` node with the same name, inputs (data, `<name>_gamma`, `<name>_beta`) and
 eps: the same function, its sums in another order (float rounding).
@@ -91,7 +91,7 @@ def available():
             logging.getLogger(__name__).warning(
                 "sample_fc's fused CPU operators are not available (%s): PReLU runs as four MXNet "
                 "operators, mbf's grouped stem conv and a ViT's LayerNorms and attentions as MXNet's, an mbf step "
-                "on the CPU about twice as slow and a ViT's 2.3x "
+                "on the CPU about twice as slow and a ViT's 1.5x "
                 "(re-run scripts/bootstrap.sh, or "
                 "pip install -e . with a C++ compiler)", reason)
         _library["loaded"] = reason is None
