@@ -35,6 +35,12 @@ def test_the_profile_counts_each_operator_of_the_step_once_per_call():
     assert "MXNet's composite operators" in plain.stdout
 
 
+def test_a_count_below_one_is_one_line():
+    result = run_profile("--network", "mbf_small", "--threads", "0")
+    assert result.returncode == 2
+    assert "--threads must be at least 1, got 0" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_directory_that_is_not_arcface_torch_is_one_line(tmp_path):
     result = run_profile("--network", "mbf", "--arcface-torch", str(tmp_path))
     assert result.returncode == 2

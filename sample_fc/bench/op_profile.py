@@ -110,6 +110,10 @@ def main(argv=None):
     parser.add_argument("--arcface-torch", metavar="DIR",
                         help="a checkout of insightface's recognition/arcface_torch: profile its module too")
     args = parser.parse_args(argv)
+    for option, value in (("--threads", args.threads), ("--batch", args.batch), ("--steps", args.steps),
+                          ("--image-size", args.image_size)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)      # before anything loads an OpenMP runtime
     if args.arcface_torch:
         from .yardstick.upstream import not_arcface_torch
