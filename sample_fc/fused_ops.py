@@ -90,10 +90,9 @@ def available():
         if reason:
             logging.getLogger(__name__).warning(
                 "sample_fc's fused CPU operators are not available (%s): PReLU runs as four MXNet "
-                "operators, mbf's grouped stem conv and a ViT's LayerNorms and attentions as MXNet's, an mbf step "
-                "on the CPU about twice as slow and a ViT's 1.5x "
-                "(re-run scripts/bootstrap.sh, or "
-                "pip install -e . with a C++ compiler)", reason)
+                "operators, mbf's grouped stem conv and a ViT's LayerNorms, attentions and ReLU6s as MXNet's, "
+                "an mbf step on the CPU about twice as slow and a ViT's 1.5x "
+                "(re-run scripts/bootstrap.sh, or pip install -e . with a C++ compiler)", reason)
         _library["loaded"] = reason is None
     return _library["loaded"]
 
