@@ -1,11 +1,8 @@
 """bench/yardstick/upstream.py: arcface_torch's files imported at run time (a stand-in checkout here).
 torch cannot be imported after horovod.mxnet, which this test process may have imported (sample_fc.dist
-bars it): the check runs in a process of its own."""
-import importlib.util
+bars it): the check runs in a process of its own (torch is a test requirement: scripts/test.sh)."""
 import subprocess
 import sys
-
-import pytest
 
 from conftest import REPO
 
@@ -44,7 +41,6 @@ def stand_in_checkout(root):
     return root
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_a_second_load_in_one_process_still_sees_the_backbones_submodules(tmp_path):
     """compare trains arcface_torch as shipped, then tuned, each loading the modules: the second
     package must hold `iresnet` too (it did not: AttributeError in build_network)."""
