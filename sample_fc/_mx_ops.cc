@@ -107,6 +107,34 @@ MXReturnValue float32_only(const char* refusal, std::vector<int>* in_types, std:
   return MX_SUCCESS;
 }
 
+// The text of operator `op`'s attribute `name`, or null (the reason in MX_ERROR_MSG) when it is missing.
+const std::string* attribute(const std::unordered_map<std::string, std::string>& attrs, const char* op,
+                             const char* name) {
+  auto found = attrs.find(name);
+  if (found == attrs.end()) {
+    MX_ERROR_MSG << op << " needs the attribute " << name;
+    return nullptr;
+  }
+  return &found->second;
+}
+
+// Operator `op`'s attribute `name` as a positive integer: false (the reason in MX_ERROR_MSG) unless
+// it is there and its whole text is one.
+bool positive_int_attribute(const std::unordered_map<std::string, std::string>& attrs, const char* op,
+                            const char* name, int64_t* value) {
+  const std::string* text = attribute(attrs, op, name);
+  if (!text) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long parsed = std::strtoll(text->c_str(), &end, 10);
+  if (end == text->c_str() || *end != '\0' || errno != 0 || parsed <= 0) {
+    MX_ERROR_MSG << op << ": " << name << " must be a positive integer, got '" << *text << "'";
+    return false;
+  }
+  *value = parsed;
+  return true;
+}
+
 MXReturnValue infer_type(const std::unordered_map<std::string, std::string>& attrs,
                          std::vector<int>* in_types, std::vector<int>* out_types) {
   return float32_only("sample_fc_prelu takes float32 data and gamma", in_types, out_types);
@@ -204,21 +232,7 @@ constexpr int64_t kAlign = 16;       // floats: scratch buffers start on a 64-by
 
 // num_group from the attributes: false (and the reason in MX_ERROR_MSG) unless a positive integer
 bool parse_num_group(const std::unordered_map<std::string, std::string>& attrs, int64_t* groups) {
-  auto found = attrs.find("num_group");
-  if (found == attrs.end()) {
-    MX_ERROR_MSG << "sample_fc_group_conv3x3 needs the attribute num_group";
-    return false;
-  }
-  const char* text = found->second.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const long long value = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || errno != 0 || value <= 0) {
-    MX_ERROR_MSG << "sample_fc_group_conv3x3: num_group must be a positive integer, got '" << found->second << "'";
-    return false;
-  }
-  *groups = value;
-  return true;
+  return positive_int_attribute(attrs, "sample_fc_group_conv3x3", "num_group", groups);
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -439,17 +453,13 @@ constexpr int64_t kColumnBlock = 16;   // columns per thread's share of dgamma a
 
 // eps from the attributes: false (and the reason in MX_ERROR_MSG) unless a positive finite number
 bool parse_eps(const std::unordered_map<std::string, std::string>& attrs, float* eps) {
-  auto found = attrs.find("eps");
-  if (found == attrs.end()) {
-    MX_ERROR_MSG << "sample_fc_layer_norm needs the attribute eps";
-    return false;
-  }
-  const char* text = found->second.c_str();
+  const std::string* text = attribute(attrs, "sample_fc_layer_norm", "eps");
+  if (!text) return false;
   char* end = nullptr;
   errno = 0;
-  const float value = std::strtof(text, &end);
-  if (end == text || *end != '\0' || errno != 0 || !(value > 0.0f) || !std::isfinite(value)) {
-    MX_ERROR_MSG << "sample_fc_layer_norm: eps must be a positive number, got '" << found->second << "'";
+  const float value = std::strtof(text->c_str(), &end);
+  if (end == text->c_str() || *end != '\0' || errno != 0 || !(value > 0.0f) || !std::isfinite(value)) {
+    MX_ERROR_MSG << "sample_fc_layer_norm: eps must be a positive number, got '" << *text << "'";
     return false;
   }
   *eps = value;
@@ -591,20 +601,7 @@ MXReturnValue ln_backward(const std::unordered_map<std::string, std::string>& at
 // heads and whether a key_bias is given, from the attributes: false (the reason in MX_ERROR_MSG)
 // unless heads is a positive integer and key_bias 0 or 1
 bool parse_attention(const std::unordered_map<std::string, std::string>& attrs, int64_t* heads, bool* biased) {
-  auto found = attrs.find("heads");
-  if (found == attrs.end()) {
-    MX_ERROR_MSG << "sample_fc_attention needs the attribute heads";
-    return false;
-  }
-  const char* text = found->second.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const long long value = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || errno != 0 || value <= 0) {
-    MX_ERROR_MSG << "sample_fc_attention: heads must be a positive integer, got '" << found->second << "'";
-    return false;
-  }
-  *heads = value;
+  if (!positive_int_attribute(attrs, "sample_fc_attention", "heads", heads)) return false;
   auto bias = attrs.find("key_bias");
   const std::string word = bias == attrs.end() ? "0" : bias->second;
   if (word != "0" && word != "1") {
@@ -920,16 +917,12 @@ bool parse_bounds(const std::unordered_map<std::string, std::string>& attrs, flo
   const char* names[2] = {"a_min", "a_max"};
   float* values[2] = {a_min, a_max};
   for (int i = 0; i < 2; ++i) {
-    auto found = attrs.find(names[i]);
-    if (found == attrs.end()) {
-      MX_ERROR_MSG << "sample_fc_clip needs the attribute " << names[i];
-      return false;
-    }
-    const char* text = found->second.c_str();
+    const std::string* text = attribute(attrs, "sample_fc_clip", names[i]);
+    if (!text) return false;
     char* end = nullptr;
-    *values[i] = std::strtof(text, &end);
-    if (end == text || *end != '\0' || std::isnan(*values[i])) {
-      MX_ERROR_MSG << "sample_fc_clip: " << names[i] << " must be a number, got '" << found->second << "'";
+    *values[i] = std::strtof(text->c_str(), &end);
+    if (end == text->c_str() || *end != '\0' || std::isnan(*values[i])) {
+      MX_ERROR_MSG << "sample_fc_clip: " << names[i] << " must be a number, got '" << *text << "'";
       return false;
     }
   }
