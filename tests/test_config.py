@@ -48,6 +48,31 @@ def test_every_preset_combination_builds_with_the_base_keys():
         assert (cfg.dataset, cfg.network, cfg.loss) == (dataset, network, loss)
 
 
+PRESET_CONFIGS = REPO / 'tests' / 'data' / 'preset_configs.json'
+
+
+def resolved_presets():
+    """{'dataset/network/loss': config} of every preset combination, a network or loss None
+    where the dataset's own is taken, as JSON reads it back."""
+    combos = itertools.product(configuration.DATASETS, (None,) + configuration.NETWORKS, (None,) + configuration.LOSSES)
+    return {f"{d}/{n}/{l}": json.loads(json.dumps(configuration.get_config(d, n, l))) for d, n, l in combos}
+
+
+def test_every_preset_resolves_to_the_config_stored_before_the_configuration_moved():
+    """Test that all 448 preset combinations (defaults included) resolve to exactly the configs
+    stored from commit 9fc7e92, before the configuration left default.py (issue 78): every key's
+    value equal, no key added or lost. A deliberate change to a preset rewrites the stored copy."""
+    stored = json.loads(PRESET_CONFIGS.read_text())
+    reference = stored['reference']
+    expected = {name: {**reference, **changes} for name, changes in stored['presets'].items()}
+    resolved = resolved_presets()
+    assert len(resolved) == 7 * 16 * 4 and set(resolved) == set(expected)
+    for name, cfg in resolved.items():
+        assert cfg == expected[name], (name, {key: (cfg.get(key), expected[name].get(key))
+                                              for key in set(cfg) | set(expected[name])
+                                              if cfg.get(key) != expected[name].get(key)})
+
+
 def test_preset_names_are_exposed():
     """Test that DATASETS, NETWORKS and LOSSES list the presets the brief requires."""
     assert configuration.DATASETS == ('demo', 'custom', 'webface', 'emore', 'glint360k',
