@@ -33,20 +33,6 @@ def check_momentum_form(momentum_form):
 def is_probability(value):
     """A real number (not a bool) in [0, 1]: the aug_* config keys, Augmentation's fields."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value <= 1
-MARGINS = ("combined", "curricularface")     # pfc/margin.py: the loss's margin (make_margin)
-
-
-def margin_key_problem(kind, m1, m3):
-    """The one rule of which margin keys a margin takes: None, or (key, value, what it must be)
-    for the first of loss_m1 / loss_m3 that margin `kind` cannot take (CurricularFace takes its
-    margin from loss_m2 alone: m1 = 1 and m3 = 0). config.check_config and make_margin say it."""
-    if kind == "curricularface":
-        for key, value, needed in (("loss_m1", m1, 1.0), ("loss_m3", m3, 0.0)):
-            if value != needed:
-                return key, value, f"{needed:g} with loss_margin=curricularface (its margin is loss_m2)"
-    return None
-
-
 def signal_number(name):
     """signal.SIGTERM's number for 'SIGTERM' or 'TERM' (ValueError naming the valid ones)."""
     name = name.upper()

@@ -98,3 +98,58 @@ def test_curricularface_keys_are_one_rule_for_the_config_and_the_layer(m1, m3, k
         make_margin("curricularface", m1, 0.4, m3, 32.0)
     built = make_margin("curricularface", 1.0, 0.4, 0.0, 32.0)
     assert isinstance(built, CurricularFace) and built.m == 0.4
+
+
+def test_the_published_margins_are_the_papers_values():
+    """Test that the loss presets the configuration offers are the margin words' published
+    settings: ArcFace 0.5 rad, CosFace 0.4 on the cosine, CurricularFace m = 0.5."""
+    from sample_fc.config import presets
+    assert presets.LOSS_PRESETS == {
+        "arcface": {"loss_margin": "combined", "loss_m1": 1.0, "loss_m2": 0.5, "loss_m3": 0.0},
+        "cosface": {"loss_margin": "combined", "loss_m1": 1.0, "loss_m2": 0.0, "loss_m3": 0.4},
+        "curricularface": {"loss_margin": "curricularface", "loss_m1": 1.0, "loss_m2": 0.5, "loss_m3": 0.0}}
+
+
+def test_a_new_margin_is_its_class_and_kind_in_margin_py_alone(tmp_path):
+    """Test that a margin word written only into a copy of pfc/margin.py (a class and its Kind:
+    the keys it fixes, a published setting) is a loss preset and a loss_margin of train.py, that
+    its fixed key is refused in one line naming it, and that the layer builds its margin (the
+    target logit's psi(c) = c - m3 by the NumPy formula)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from conftest import REPO
+    shutil.copytree(REPO / "sample_fc", tmp_path / "sample_fc", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "train.py", tmp_path / "train.py")
+    margin_py = tmp_path / "sample_fc" / "pfc" / "margin.py"
+    text = margin_py.read_text()
+    assert text.count("KINDS = {\n") == 1 and text.count("\nclass Kind(") == 1
+    new_class = ("class CosineOnly(CombinedMargin):\n    def __init__(self, m3, s):\n"
+                 "        super().__init__(1.0, 0.0, m3, s)\n\n\n")
+    new_kind = ("    'cosine_only': Kind(lambda m1, m2, m3, s: CosineOnly(m3, s), {'loss_m2': 0.0}, 'a cosine margin',\n"
+                "                        {'lmcl': {'loss_m1': 1.0, 'loss_m2': 0.0, 'loss_m3': 0.35}}),\n")
+    margin_py.write_text(text.replace("\nclass Kind(", "\n" + new_class + "class Kind(")
+                         .replace("KINDS = {\n", "KINDS = {\n" + new_kind))
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
+
+    def train(*args):
+        return subprocess.run([sys.executable, "train.py", "--dataset", "demo", *args, "--print-config"],
+                              capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path))
+    printed = train("--loss", "lmcl")
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    cfg = json.loads(printed.stdout)
+    assert (cfg["loss"], cfg["loss_margin"], cfg["loss_m2"], cfg["loss_m3"]) == ("lmcl", "cosine_only", 0.0, 0.35)
+    refused = train("--loss", "lmcl", "--set", "loss_m2=0.2")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        "train.py: error: config key 'loss_m2' is 0.2; expected 0 with loss_margin=cosine_only (a cosine margin) (see train.py --help)"]
+    script = ("import json, numpy as np\nfrom sample_fc.pfc.margin import make_margin\n"
+              "m = make_margin('cosine_only', 1.0, 0.0, 0.35, 30.0)\nc = np.linspace(-1, 1, 9)\n"
+              "print(json.dumps([type(m).__name__, m.s, m.psi(c).tolist(), c.tolist()]))")
+    built = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                           cwd=str(tmp_path))
+    assert built.returncode == 0, built.stderr[-3000:]
+    name, scale, psi, c = json.loads(built.stdout)
+    assert name == "CosineOnly" and scale == 30.0
+    np.testing.assert_allclose(psi, np.array(c) - 0.35, atol=1e-12)

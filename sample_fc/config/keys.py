@@ -6,8 +6,9 @@ experiment file, a resumed run's saved config and check_config."""
 from symbols.catalog import DEFAULT_NETWORK
 
 from ..options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, BANK_DTYPES, BANK_MOMENTUM_WORDS,  # valid values
-                       CONTEXTS, EMBEDDING_SCALES, HEAD_KERNELS, LR_SCHEDULES, MARGINS, MOMENTUM_FORMS, OPTIMIZERS,
+                       CONTEXTS, EMBEDDING_SCALES, HEAD_KERNELS, LR_SCHEDULES, MOMENTUM_FORMS, OPTIMIZERS,
                        TAIL_BNS, WANDB_MODES, signal_number)
+from ..pfc.margin import MARGINS
 from .key_types import Choice, Flag, Int, KeyTable, ListOf, Real, Text
 from .presets import DATASETS, LOSSES, NETWORKS
 

@@ -1,5 +1,5 @@
 """The presets, as data: the built-in datasets with the card's own over them (the repository's
-default.py: DATASET_PRESETS), the published margins, the network a dataset trains when none is
+default.py: DATASET_PRESETS), the published margins (pfc/margin.py KINDS), the network a dataset trains when none is
 named, and a dataset's recipe for a named loss. A network's preset and its family's recipe are
 symbols/catalog.py's. Each value is checked by its key's declared type when a preset is applied
 (resolve.get_config). Imports nothing heavy: no mxnet."""
@@ -10,6 +10,7 @@ import sys
 from symbols import catalog
 
 from ..errors import USAGE_EXIT, UsageError
+from ..pfc.margin import loss_presets
 
 CARD = 'default'        # the card's module: the repository's default.py (setup.py installs it beside the package)
 
@@ -153,29 +154,7 @@ for _name, _keys in card_datasets().items():   # a built-in name: the card's key
     DATASET_PRESETS[_name] = {**BUILT_IN_DATASETS.get(_name, {}), **_keys}
 
 
-# Loss presets: published margins. Not the scale s: both papers use s = 64 for their
-# ~10^4-10^5 identities, which the base config holds; a small set trains at a smaller s
-# (the demo preset's 32), as the scale a softmax over C classes needs grows with log C.
-LOSS_PRESETS = {
-    'arcface': {
-        'loss_margin': 'combined',       # the target logit's margin only
-        'loss_m1': 1.0,                  # ArcFace (Deng et al., CVPR 2019): no multiplicative margin
-        'loss_m2': 0.5,                  # additive angular margin 0.5 rad
-        'loss_m3': 0.0,                  # no cosine margin
-    },
-    'cosface': {
-        'loss_margin': 'combined',       # the target logit's margin only
-        'loss_m1': 1.0,                  # CosFace (Wang et al., CVPR 2018): no multiplicative margin
-        'loss_m2': 0.0,                  # no angular margin
-        'loss_m3': 0.4,                  # additive cosine margin 0.4
-    },
-    'curricularface': {
-        'loss_margin': 'curricularface',  # CurricularFace (Huang et al., CVPR 2020): hard negatives weighted
-        'loss_m1': 1.0,                  # by a running mean of the target cosines
-        'loss_m2': 0.5,                  # its angular margin m = 0.5 rad
-        'loss_m3': 0.0,                  # no cosine margin
-    },
-}
+LOSS_PRESETS = loss_presets()     # the published margins, by name: each margin word's (pfc/margin.py KINDS)
 
 # A dataset's own recipe for a named loss, where the loss preset alone does not train that
 # dataset in its steps (measured: BENCHMARKS.md, "Learning"). Applied after the loss preset;

@@ -21,7 +21,7 @@ import copy
 from symbols import catalog
 
 from ..errors import UsageError
-from ..options import margin_key_problem
+from ..pfc.margin import margin_key_problem
 from .key_types import apply_overrides, defaults
 from .keys import KEYS
 from .older_runs import VALUE_BEFORE_KEY, current_name, renamed_overrides, resume_changes
@@ -166,7 +166,7 @@ def check_config(cfg, data=True):
             "--images FOLDER --out DIR/train makes one)" if cfg.dataset == 'custom' else ""))
     if data and cfg.num_classes < 1:
         _fail('num_classes', cfg.num_classes, "an integer >= 1 (train.py reads it from the property file beside rec)")
-    problem = margin_key_problem(cfg.loss_margin, cfg.loss_m1, cfg.loss_m3)
+    problem = margin_key_problem(cfg.loss_margin, cfg)
     if problem:
         _fail(*problem)
     if cfg.lr_schedule != 'step' and steps_of(cfg.warmup_steps, cfg.max_update) >= cfg.max_update:

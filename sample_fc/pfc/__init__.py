@@ -7,7 +7,8 @@ tools/ or bench/ (a shard on disk is checkpoint/bank_shard.py's).
     bank_optimizer.py    MemoryBankSGDOptimizer: SGD-momentum on the sampled rows (both kernels apply it)
     sampler.py           which centers a step scores: the batch's positives plus random negatives
     margin.py            the margins (ArcFace / CosFace combined; CurricularFace, whose running mean
-                         of target cosines is the layer's state) and their warm-up schedule
+                         of target cosines is the layer's state), their warm-up schedule, and each
+                         margin word's keys and published settings (MXNet-free until an NDArray comes)
     softmax.py           the distributed softmax, as pure functions
     head.py, host_head.py    the head step: MXNet ops (device) or NumPy BLAS (host); one protocol
     memory_bank.py       a rank's shard of centers and their momentum, in row blocks

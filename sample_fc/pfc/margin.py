@@ -11,7 +11,9 @@ kernels (softmax.py on any context, host_head.py in NumPy) and checked against P
     margin.at(a)                    the margin at warm-up fraction a in [0, 1] (MarginWarmup)
     margin.state_dict() / load_state_dict(d)   what a checkpoint keeps of it ({} when nothing)
 
-A new margin is a class here (with its branch in make_margin) and its word in options.MARGINS.
+A margin word (the config's loss_margin) is a Kind in KINDS: its class, the keys it fixes and its
+published settings (the loss presets, which sample_fc/config reads here: this file imports MXNet only
+when an NDArray reaches it). A new margin is its class and its Kind here, and its test.
 
 CombinedMargin: target logit s * psi(c), psi(c) = cos(m1 * arccos(c) + m2) - m3.
 ArcFace is (m1, m2, m3) = (1, 0.5, 0), CosFace (1, 0, 0.4), SphereFace-like m1 > 1.
@@ -27,13 +29,19 @@ The formula is written once for both head kernels: it takes and returns NDArrays
 context (the device kernel) or NumPy arrays (the host kernel), computing in the input's dtype.
 """
 import math
+from typing import Callable, NamedTuple
 
-import mxnet as mx
 import numpy as np
 
-from ..options import MARGINS, margin_key_problem
-
 EPS = 1e-6
+
+
+def array_ops(array):
+    """NumPy for a NumPy array, mx.nd for an NDArray (MXNet imported only then)."""
+    if isinstance(array, np.ndarray):
+        return np
+    import mxnet as mx
+    return mx.nd
 
 
 class CombinedMargin:
@@ -74,7 +82,7 @@ class CombinedMargin:
     def psi_and_derivative(self, cos_target):
         """(psi(c), d psi / dc) for a vector of target cosines (an NDArray or a NumPy array;
         the results are of the same kind)."""
-        ops = np if isinstance(cos_target, np.ndarray) else mx.nd
+        ops = array_ops(cos_target)
         if self.cos_only:
             return cos_target - self.m3, ops.ones_like(cos_target)
         c = ops.clip(cos_target, -1.0 + EPS, 1.0 - EPS)
@@ -142,7 +150,7 @@ class CurricularFace:
 
     def _shifted(self, c):
         """cos(theta + m) of clamped cosines and its derivative in c (any array kind)."""
-        ops = np if isinstance(c, np.ndarray) else mx.nd
+        ops = array_ops(c)
         c = ops.clip(c, -1.0 + EPS, 1.0 - EPS)
         sine = ops.sqrt(1.0 - c * c)
         value = c * math.cos(self.m) - sine * math.sin(self.m)
@@ -157,7 +165,7 @@ class CurricularFace:
     def observe(self, cos_target):
         """t <- 0.01 mean(target cosines, clamped to [-1, 1]) + 0.99 t (the mean in float64 from
         either kernel's array, so both kernels keep the same t)."""
-        values = cos_target.asnumpy() if isinstance(cos_target, mx.nd.NDArray) else cos_target
+        values = cos_target if isinstance(cos_target, np.ndarray) else cos_target.asnumpy()
         mean = float(np.mean(np.clip(values, -1.0, 1.0), dtype=np.float64))
         self.state.t = self.T_MOMENTUM * mean + (1.0 - self.T_MOMENTUM) * self.state.t
 
@@ -169,10 +177,10 @@ class CurricularFace:
             hard = cosine > shifted[:, None]
             t = np.float32(self.state.t)
             return np.where(hard, cosine * (t + cosine), cosine), np.where(hard, t + 2 * cosine, np.float32(1.0))
-        hard = mx.nd.broadcast_greater(cosine, shifted.reshape((-1, 1)))
+        nd = array_ops(cosine)
+        hard = nd.broadcast_greater(cosine, shifted.reshape((-1, 1)))
         t = self.state.t
-        return (mx.nd.where(hard, cosine * (cosine + t), cosine),
-                mx.nd.where(hard, cosine * 2 + t, mx.nd.ones_like(cosine)))
+        return (nd.where(hard, cosine * (cosine + t), cosine), nd.where(hard, cosine * 2 + t, nd.ones_like(cosine)))
 
     def at(self, a):
         return CurricularFace(self.m * a, self.s, self.state)
@@ -184,14 +192,53 @@ class CurricularFace:
         self.state.t = float(state.get("t", 0.0))
 
 
+class Kind(NamedTuple):
+    """A margin word: what it builds, the keys it takes one value of, its published settings."""
+    build: Callable              # (m1, m2, m3, s) -> the margin
+    fixed: dict                  # {config key: the only value this margin takes}, why in `fixed_reason`
+    fixed_reason: str
+    published: dict              # loss preset name -> its loss_m1..m3 (config presets: LOSS_PRESETS)
+
+
+# The published margins. Not the scale s: both papers use s = 64 for their ~10^4-10^5 identities,
+# which the base config holds; a small set trains at a smaller s (the demo preset's 32), as the
+# scale a softmax over C classes needs grows with log C.
+KINDS = {
+    "combined": Kind(CombinedMargin, {}, "", {
+        "arcface": {"loss_m1": 1.0, "loss_m2": 0.5, "loss_m3": 0.0},     # Deng et al., CVPR 2019: 0.5 rad angular
+        "cosface": {"loss_m1": 1.0, "loss_m2": 0.0, "loss_m3": 0.4},     # Wang et al., CVPR 2018: 0.4 on the cosine
+    }),
+    "curricularface": Kind(lambda m1, m2, m3, s: CurricularFace(m2, s), {"loss_m1": 1.0, "loss_m3": 0.0},
+                           "its margin is loss_m2", {
+        "curricularface": {"loss_m1": 1.0, "loss_m2": 0.5, "loss_m3": 0.0},   # Huang et al., CVPR 2020: m = 0.5 rad
+    }),
+}
+MARGINS = tuple(KINDS)             # the config's loss_margin words
+
+
+def loss_presets():
+    """{loss preset name: its keys} of every margin word's published settings, loss_margin included."""
+    return {name: {"loss_margin": word, **keys}
+            for word, kind in KINDS.items() for name, keys in kind.published.items()}
+
+
+def margin_key_problem(word, values):
+    """The one rule of which margin keys a margin takes: None, or (key, value, what it must be) for
+    the first of its fixed keys whose value in `values` (a config) differs. config.check_config
+    and make_margin say it."""
+    kind = KINDS.get(word)
+    for key, needed in (kind.fixed.items() if kind else ()):
+        if values[key] != needed:
+            return key, values[key], f"{needed:g} with loss_margin={word} ({kind.fixed_reason})"
+    return None
+
+
 def make_margin(kind, m1=1.0, m2=0.5, m3=0.0, s=64.0):
-    """The margin `kind` (a word of options.MARGINS) of the config's loss_m1..m3 and loss_s:
-    combined takes all three; curricularface its m = m2 (m1 = 1 and m3 = 0: ValueError else)."""
-    if kind == "combined":
-        return CombinedMargin(m1, m2, m3, s)
-    problem = margin_key_problem(kind, m1, m3)
+    """The margin of word `kind` (one of MARGINS) from the config's loss_m1..m3 and loss_s;
+    ValueError for another word or a key the margin does not take (margin_key_problem)."""
+    if kind not in KINDS:
+        raise ValueError(f"loss_margin must be one of {MARGINS}, got {kind!r}")
+    problem = margin_key_problem(kind, {"loss_m1": m1, "loss_m2": m2, "loss_m3": m3, "loss_s": s})
     if problem:
         raise ValueError(f"{problem[0]}={problem[1]:g}; expected {problem[2]}")
-    if kind == "curricularface":
-        return CurricularFace(m2, s)
-    raise ValueError(f"loss_margin must be one of {MARGINS}, got {kind!r}")
+    return KINDS[kind].build(m1, m2, m3, s)
