@@ -1,6 +1,6 @@
-"""Installs the sample_fc library (with its data, tools and bench subpackages), the
-symbols package (backbones) and default.py (the card: the user's datasets, which
-sample_fc/config/presets.py reads from wherever the tools run)."""
+"""Installs the sample_fc library (its backbones, sample_fc/symbols, and tools included; the benchmarks,
+bench/, stay in the repository) and default.py (the card: the user's datasets, which
+sample_fc/config/presets.py reads from wherever the tools run), the one name it adds at the top."""
 import importlib.util
 import os
 import platform
@@ -32,7 +32,7 @@ setup(
     name="sample_fc",
     version="0.1.0",
     description="Partial FC for MXNet + Horovod: face recognition with millions of identities",
-    packages=find_packages(include=["sample_fc", "sample_fc.*", "symbols"]),
+    packages=find_packages(include=["sample_fc", "sample_fc.*"]),
     py_modules=["default"],        # the card: the user's datasets (sample_fc/config/presets.py reads it)
     python_requires=">=3.8",
     # float16 bank rows (sample_fc/pfc/rounding.py); optional: without a compiler NumPy does it, slowly

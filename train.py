@@ -22,8 +22,8 @@ share_cores()                 # before mxnet starts its threads: cores // worker
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from symbols import get_symbol
-from symbols.cost import backbone_cost, network_table
+from sample_fc.symbols import get_symbol
+from sample_fc.symbols.cost import backbone_cost, network_table
 from sample_fc import builder, checkpoint, dist
 from sample_fc.run import layout, resume, run_root
 from sample_fc.checkpoint import CheckpointError

@@ -6,8 +6,9 @@ The floors, each subpackage's __init__ docstring its map:
                  memory plan, GPUs)
     models/      saved backbones in and out (MXNet, .pth, .onnx)
     checkpoint/  the one owner of a checkpoint's files
-    data/        iterators, RecordIO, .bin, images;  tools/  the command-line tools;  bench/  benchmarks
+    data/        iterators, RecordIO, .bin, images;  tools/  the command-line tools
     config/      the configuration: key table, presets (with the card's datasets), older runs' rules
+    symbols/     the backbones: catalog.py names every network (family, shape, preset, measurements)
 At this level: module.py (SampleDistributeModule: backbone + PartialFC + collectives), dist.py (the
 only Horovod caller), builder.py (a run's parts from its config), errors.py, options.py, ranks.py,
 optimizers.py, initializers.py, fused_ops.py, verification.py,

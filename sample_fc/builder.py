@@ -9,9 +9,8 @@ import sys
 
 import mxnet as mx
 
-import symbols
-from symbols.cost import backbone_cost
-
+from . import symbols
+from .symbols.cost import backbone_cost
 from . import checkpoint, dist, fused_ops
 from .run import memory_plan, resume, run_root, scalar_log
 from .data import FaceRecordIter, SyntheticIter

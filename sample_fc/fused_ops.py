@@ -56,7 +56,7 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint
 from mxnet.ndarray.register import _make_ndarray_function
 from mxnet.symbol.register import _make_symbol_function
 
-from symbols.common import ATTENTION_ENDS, PRELU_PARTS, attr_ints
+from .symbols.common import ATTENTION_ENDS, PRELU_PARTS, attr_ints
 
 OP_NAME = "sample_fc_prelu"
 CONV_OP_NAME = "sample_fc_group_conv3x3"

@@ -22,7 +22,7 @@ a variable with its own init attribute (the PReLU slopes, 0.25) keeps it.
 """
 import mxnet as mx
 
-import symbols
+from . import symbols
 from .options import BACKBONE_INITS
 
 IRESNET_CONV_STD = 0.1      # arcface_torch iresnet.py: nn.init.normal_(conv.weight, 0, 0.1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages of CJK fonts that `python -m sample_fc.bench.glyphs` draws its
+# Installs the Debian packages of CJK fonts that `python -m bench.glyphs` draws its
 # characters with (14 fonts of distinct designs, about 130 MB downloaded; the list is
-# sample_fc/bench/glyph_fonts.py FONT_PACKAGES). Idempotent: returns at once when all are there.
+# bench/glyph_fonts.py FONT_PACKAGES). Idempotent: returns at once when all are there.
 set -euo pipefail
 PACKAGES="fonts-noto-cjk fonts-arphic-ukai fonts-arphic-uming fonts-cwtex-kai fonts-cwtex-ming fonts-droid-fallback"
 PACKAGES+=" fonts-hanazono fonts-ipaexfont-gothic fonts-ipaexfont-mincho fonts-seto fonts-wqy-zenhei"

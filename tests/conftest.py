@@ -16,10 +16,10 @@ sys.path.insert(0, str(REPO))  # train.py, default.py, optimizer.py live at the 
 @pytest.fixture
 def horovod_job():
     """Run a worker script from tests/parallel/workers under horovodrun, bounded in time."""
-    from sample_fc.bench.harness import run_job
+    from bench.harness import run_job
 
     def run(script, *args, num_proc=2, controller="gloo", timeout_s=240, env_extra=None):
-        from sample_fc.bench.harness import single_thread_env
+        from bench.harness import single_thread_env
         argv = [sys.executable, str(WORKERS / script)] + [str(a) for a in args]
         env = single_thread_env(env_extra)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
@@ -62,7 +62,7 @@ def pytest_configure(config):
 def single_process():
     """Run a worker script from tests/parallel/workers as one plain process (world size 1)."""
     import subprocess
-    from sample_fc.bench.harness import single_thread_env
+    from bench.harness import single_thread_env
 
     def run(script, *args, timeout_s=180):
         result = subprocess.run([sys.executable, str(WORKERS / script)] + [str(a) for a in args],
@@ -92,7 +92,7 @@ def tiny_data(tmp_path_factory):
 def run_train(models_root, rec, *extra, num_proc=2, timeout_s=300, script=None, script_args=()):
     """train.py (or a wrapper `script` from tests/parallel/workers) on the tiny settings,
     under horovodrun, bounded in time; a hang fails the test."""
-    from sample_fc.bench.harness import run_job
+    from bench.harness import run_job
     entry = [str(WORKERS / script), *map(str, script_args), "--"] if script else [str(REPO / "train.py")]
     argv = [sys.executable, *entry, "--models-root", str(models_root), "--set", f"rec={rec}",
             *TINY_TRAIN, *map(str, extra)]

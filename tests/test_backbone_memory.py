@@ -9,7 +9,7 @@ import sys
 import mxnet as mx
 import pytest
 
-import symbols
+from sample_fc import symbols
 from sample_fc.run import backbone_memory
 from sample_fc.run.backbone_memory import BackboneMemory, planned_graph_bytes
 
@@ -21,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_TWO_STEPS = """
 import json, resource, sys
 import mxnet as mx, numpy as np
-import symbols
+from sample_fc import symbols
 network, size, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 symbol = symbols.get_symbol(network, 512, size)
 x = mx.nd.array(np.random.default_rng(0).uniform(0, 255, (batch, 3, size, size)))

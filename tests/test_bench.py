@@ -1,4 +1,4 @@
-"""Tests for the benchmark tool sample_fc.bench: the --quick report's shape and sanity (never a
+"""Tests for the benchmark tool bench: the --quick report's shape and sanity (never a
 speed threshold), the staged head step against the module's step, and the report helpers."""
 import json
 import math
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from sample_fc.bench import report as bench_report, run as bench
-from sample_fc.bench.cases import STAGES
-from sample_fc.bench.jobs import e2e_samples_per_s, worker_env
+from bench import report as bench_report, run as bench
+from bench.cases import STAGES
+from bench.jobs import e2e_samples_per_s, worker_env
 
 MACHINE_KEYS = {"cpu", "cores", "memory_gb", "python", "mxnet", "numpy", "horovod", "date"}
 
@@ -21,7 +21,7 @@ def positive(value):
 
 
 def test_quick_report_has_every_part_with_sane_numbers(tmp_path):
-    """Test that `python -m sample_fc.bench --quick --json OUT` writes the report with exactly
+    """Test that `python -m bench --quick --json OUT` writes the report with exactly
     the documented keys, world sizes 1 and 2, positive finite timings, stage times adding up to
     between half and 1.5x the step time, and no failed or skipped case.
 
@@ -30,7 +30,7 @@ def test_quick_report_has_every_part_with_sane_numbers(tmp_path):
     catches a unit slip (s vs ms) or a stage counted twice, not noise; that the staged step does
     the module's work is test_staged_step_computes_what_the_module_step_computes."""
     out = tmp_path / "report.json"
-    result = subprocess.run([sys.executable, "-m", "sample_fc.bench", "--quick", "--json", str(out),
+    result = subprocess.run([sys.executable, "-m", "bench", "--quick", "--json", str(out),
                              "--markdown", str(tmp_path / "report.md")],
                             capture_output=True, text=True, timeout=240, cwd=str(REPO),
                             env=worker_env(1))
@@ -81,7 +81,7 @@ STAGED_VS_MODULE = r"""
 import sys
 import numpy as np
 from sample_fc import dist
-from sample_fc.bench.cases import StageTimer, build_head_module, make_batches, staged_step
+from bench.cases import StageTimer, build_head_module, make_batches, staged_step
 dist.init()
 stepped, staged = (build_head_module(3000, 0.1, 16, 32, 0, 1) for _ in range(2))
 for batch in make_batches(3, 3000, 16, 32, 0):

@@ -14,7 +14,7 @@ import pytest
 
 from sample_fc.data.bin_format import ADMITTED, load_bin, read_bin, write_bin
 from sample_fc.data.images import decode_rgb, encode_jpeg
-from sample_fc.bench.harness import single_thread_env
+from bench.harness import single_thread_env
 from test_tools import STEP, tiny_model
 
 REPO = Path(__file__).resolve().parents[1]

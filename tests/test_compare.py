@@ -1,4 +1,4 @@
-"""bench.compare (sample_fc/bench/compare.py): the seeds it accepts, the loss curve it averages,
+"""bench.compare (bench/compare.py): the seeds it accepts, the loss curve it averages,
 the accuracy line, the samples/s of each side and the speed table, the yardstick's recipe
 mapped from sample_fc's config, its refusals, and one tiny yardstick-only run end to end.
 torch is never imported in this process (Horovod is): the yardstick side runs in a subprocess."""
@@ -11,14 +11,14 @@ import pytest
 from easydict import EasyDict
 
 from default import get_config
-from sample_fc.bench.compare import accuracy_summary, mean_curve, parse_args, samples_per_s, seed_list, speed_table
-from sample_fc.bench.compare_yardstick import rate_after, recipe_numbers, yardstick_recipe
+from bench.compare import accuracy_summary, mean_curve, parse_args, samples_per_s, seed_list, speed_table
+from bench.compare_yardstick import rate_after, recipe_numbers, yardstick_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def compare(args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "sample_fc.bench.compare"] + args, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "bench.compare"] + args, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -179,7 +179,7 @@ def test_sample_fc_training_seconds_come_from_the_progress_windows(tmp_path):
     samples at 256 and 128 samples/s take 10 and 20 s, so the verifications at steps 20 and 40
     sit at 10 and 30 training seconds; a verification of another target is not in the curve."""
     import json
-    from sample_fc.bench.time_to_accuracy import sample_fc_curve
+    from bench.time_to_accuracy import sample_fc_curve
     progress = [{"step": 20, "samples_per_s": 256.0, "loss": 9.0}, {"step": 40, "samples_per_s": 128.0, "loss": 8.0}]
     events = [{"event": "start", "step": 0, "time": 1.0},
               {"event": "verification", "step": 20, "time": 2.0, "accuracy": {"val": 0.6}},
@@ -195,7 +195,7 @@ def test_time_to_accuracy_targets_the_yardsticks_mean_final_accuracy():
     100 and 90 s) make the target 0.85; sample_fc reaches it at 50 and 40 s (its first
     verification at or above, not a later one): ratio (50 + 40) / (100 + 90). When one
     training of sample_fc never reaches it, no ratio, and the line says so with its best."""
-    from sample_fc.bench.time_to_accuracy import first_reach, report_lines
+    from bench.time_to_accuracy import first_reach, report_lines
     yardstick = [[(10, 40.0, 0.6), (20, 100.0, 0.80)], [(10, 40.0, 0.86), (20, 90.0, 0.90)]]
     ours = [[(10, 20.0, 0.5), (20, 50.0, 0.86), (30, 80.0, 0.84)], [(10, 20.0, 0.5), (20, 40.0, 0.87)]]
     assert first_reach(ours[0], 0.85) == (20, 50.0) and first_reach(ours[0], 0.87) is None
@@ -220,7 +220,7 @@ def test_center_study_groups_trainings_by_set_and_arm(tmp_path):
     worker; arcface_torch's own modules apart), orders seeds, and averages accuracies and the
     centers' curves over seeds."""
     import json
-    from sample_fc.bench.center_study import main
+    from bench.center_study import main
 
     def line(side, seed, accuracy, turn, train_args=(), data="/d/glyphs5k/train.rec", workers=1):
         return {"side": side, "seed": seed, "overrides": [f"rec={data}", f"seed={seed}", "batch_size=64"],
@@ -262,7 +262,7 @@ def test_a_folder_that_is_not_arcface_torch_is_one_line(tmp_path):
     result = compare(["--arcface-torch", str(tmp_path), "--only", "torch"], timeout=120)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].endswith(
         f"error: --arcface-torch {tmp_path} is not arcface_torch: {missing}"), result.stderr[-2000:]
-    check = subprocess.run([sys.executable, "-m", "sample_fc.bench.yardstick", "--check-against", str(tmp_path)],
+    check = subprocess.run([sys.executable, "-m", "bench.yardstick", "--check-against", str(tmp_path)],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert check.returncode == 2 and check.stderr.strip().splitlines()[-1].endswith(
         f"error: --check-against {tmp_path} is not arcface_torch: {missing}"), check.stderr[-2000:]

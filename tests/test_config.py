@@ -80,7 +80,7 @@ def test_preset_names_are_exposed():
     assert set(configuration.NETWORKS) == {'r18', 'r34', 'r50', 'r100', 'r200', 'mbf', 'mbf_large', 'mbf_small', 'vit_t',
                                      'vit_t_dp005_mask0', 'vit_s', 'vit_s_dp005_mask_0', 'vit_b', 'vit_b_dp005_mask_005',
                                      'vit_l_dp005_mask_005'}
-    import symbols
+    from sample_fc import symbols
     assert configuration.NETWORKS == symbols.NETWORKS     # a preset for every network, a network for every preset
     assert configuration.LOSSES == ('arcface', 'cosface', 'curricularface')
 

@@ -189,7 +189,7 @@ def test_every_declared_default_is_taken_by_its_own_type():
     """Test that each key's declared default is a value its declared type takes (as itself), and
     each preset value one its key's type takes (the networks' and their families' recipes from
     symbols/catalog.py): the table cannot contradict itself."""
-    from symbols import catalog
+    from sample_fc.symbols import catalog
     for key, kind in KEYS.items():
         assert kind.accept(key, kind.default) == kind.default, key
     networks = {name: catalog.preset(name) for name in catalog.NETWORKS}

@@ -10,7 +10,7 @@ import pytest
 
 from sample_fc.tools import export
 from sample_fc.tools.export import TOLERANCE, compare_with_mxnet, export_onnx
-from sample_fc.bench.harness import single_thread_env
+from bench.harness import single_thread_env
 from test_tools import REPO, random_backbone
 
 STORED_GAMMA = 0.5   # a fix_gamma BatchNorm's stored gamma, ignored by MXNet

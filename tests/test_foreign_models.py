@@ -8,10 +8,10 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import symbols
+from sample_fc import symbols
 from original_models import forward, save_original
 from sample_fc.errors import UsageError
-from sample_fc.bench.harness import single_thread_env
+from bench.harness import single_thread_env
 from sample_fc.models.saved_model import load_pretrained
 from sample_fc.tools import embed, make_bin
 from test_tools import REPO, write_faces, write_pairs

@@ -11,7 +11,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import symbols
+from sample_fc import symbols
 from sample_fc import fused_ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -320,7 +320,7 @@ def test_attention_softmax_is_exact_to_float_over_the_range_of_scores():
 def test_attention_equals_the_vit_composite_it_replaces():
     """symbols/vit.py's attention between its named ends (the qkv and proj linears around it),
     masked, against the same with the operator that fuse puts in: outputs and every gradient."""
-    from symbols import vit
+    from sample_fc.symbols import vit
     data, key_bias = mx.sym.Variable("data"), mx.sym.Variable("key_bias")
     composite = vit.attention(data, "a", 64, 9, key_bias)
     fused = fused_ops.fuse(composite, (3, 9, 64))
@@ -363,7 +363,7 @@ def test_fuse_replaces_each_vit_attention_and_leaves_one_read_from_outside():
         assert len(fused) == 12 and {node["attrs"]["key_bias"] for node in fused} == {masked}
         assert {node["attrs"]["heads"] for node in fused} == {"8"}
         assert not {"batch_dot", "softmax", "SliceChannel"} & {node["op"] for node in nodes}
-    from symbols import vit
+    from sample_fc.symbols import vit
     attention = vit.attention(mx.sym.Variable("data"), "a", 64, 9)
     scores = [output for output in attention.get_internals().list_outputs() if "softmax" in output]
     leaky = mx.sym.Group([attention, attention.get_internals()[scores[0]]])

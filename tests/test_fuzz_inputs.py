@@ -1,18 +1,18 @@
-"""Tests for sample_fc.bench.fuzz: damaged copies of every input format through every command
+"""Tests for bench.fuzz: damaged copies of every input format through every command
 that reads it end in exit 0 or the one-line error (exit 2), never a traceback, a signal, a
 hang or a changed input; and the harness sees each of those endings when they happen.
 
 The long run (>= 2,000 cases) is not part of the suite: SAMPLE_FC_FUZZ_LONG=1 runs it here, or
-`python -m sample_fc.bench.fuzz --cases 2000`."""
+`python -m bench.fuzz --cases 2000`."""
 import os
 import signal
 
 import pytest
 
-from sample_fc.bench.fuzz import FORMATS, Harness, build_inputs, classify, make_cases
-from sample_fc.bench.fuzz.damage import DAMAGES, damage
-from sample_fc.bench.fuzz.lanes import Finished, WorkerLane
-from sample_fc.bench.fuzz.report import failures, table
+from bench.fuzz import FORMATS, Harness, build_inputs, classify, make_cases
+from bench.fuzz.damage import DAMAGES, damage
+from bench.fuzz.lanes import Finished, WorkerLane
+from bench.fuzz.report import failures, table
 
 SUITE_CASES, SUITE_SEED = 168, 52     # 4 cases of each (format, command) pair: 42 pairs
 
@@ -73,7 +73,7 @@ def test_worker_lane_sees_a_signal_a_hang_and_goes_on_with_a_new_worker(tmp_path
     """Test that a case killing its worker is a signal, one sleeping past its timeout a hang, and
     that the lane runs the next case in a new worker, as it runs the ordinary endings."""
     lane = WorkerLane(str(tmp_path), memory_gb=8)
-    module = "sample_fc.bench.fuzz.selftest"
+    module = "bench.fuzz.selftest"
     try:
         assert lane.run(0, module, ["usage"], 60).code == 2
         raised = lane.run(1, module, ["raise"], 60)

@@ -4,7 +4,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import symbols
+from sample_fc import symbols
 from sample_fc.errors import UsageError
 from sample_fc.pfc.global_tail import GlobalTail, split_tail
 

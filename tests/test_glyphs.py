@@ -1,4 +1,4 @@
-"""Tests for sample_fc.bench.glyphs (the glyph data set) and sample_fc.bench.glyph_fonts, on
+"""Tests for bench.glyphs (the glyph data set) and bench.glyph_fonts, on
 the DejaVu fonts with --charset latin (Latin, Greek and Cyrillic letters as identities)."""
 import os
 import re
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from sample_fc.bench.glyph_fonts import (CHARSETS, FONT_PACKAGES, choose_faces, drawn_glyphs, fit_faces,
+from bench.glyph_fonts import (CHARSETS, FONT_PACKAGES, choose_faces, drawn_glyphs, fit_faces,
                                          list_faces, load_font, qualifying_characters)
-from sample_fc.bench.glyphs import build_glyphs, main
+from bench.glyphs import build_glyphs, main
 from sample_fc.data import FaceRecordIter, load_bin
 from sample_fc.errors import UsageError
 

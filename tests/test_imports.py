@@ -129,12 +129,12 @@ def test_the_checkpoint_package_imports_no_head_kernel():
 # The floors (each subpackage's __init__ docstring is its map): a package may not import the
 # packages listed against it, directly or through a module at another level.
 FORBIDDEN = {
-    "sample_fc.pfc": ("sample_fc.run", "sample_fc.models", "sample_fc.tools", "sample_fc.bench",
+    "sample_fc.pfc": ("sample_fc.run", "sample_fc.models", "sample_fc.tools",
                       "sample_fc.checkpoint", "sample_fc.data"),
-    "sample_fc.data": ("sample_fc.pfc", "sample_fc.run", "sample_fc.models", "sample_fc.tools", "sample_fc.bench"),
-    "sample_fc.checkpoint": ("sample_fc.run", "sample_fc.models", "sample_fc.tools", "sample_fc.bench"),
-    "sample_fc.models": ("sample_fc.run", "sample_fc.tools", "sample_fc.bench"),
-    "sample_fc.run": ("sample_fc.tools", "sample_fc.bench"),
+    "sample_fc.data": ("sample_fc.pfc", "sample_fc.run", "sample_fc.models", "sample_fc.tools"),
+    "sample_fc.checkpoint": ("sample_fc.run", "sample_fc.models", "sample_fc.tools"),
+    "sample_fc.models": ("sample_fc.run", "sample_fc.tools"),
+    "sample_fc.run": ("sample_fc.tools",),
 }
 
 
@@ -171,12 +171,23 @@ def test_each_floor_imports_only_the_floors_below_it():
     assert layering_violations(graph, FORBIDDEN) == []
 
 
+def absolute_imports(path):
+    """The top-level names of the absolute imports anywhere in the file `path` (lazy ones included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found.update(name.split(".")[0] for name in names)
+    return found
+
+
 def test_the_package_top_level_keeps_to_twelve_modules_and_never_imports_the_scripts():
     """Test that sample_fc/ holds at most 12 modules beside its subpackages, that no module of
-    the package imports the repository's default.py (tools and bench included: they take the
-    configuration from sample_fc.config), nor train.py or optimizer.py outside bench/ (whose fuzzer
-    runs train.py's main in its worker), and that the card default.py
-    is named in one place only, the presets that read its datasets (sample_fc/config/presets.py)."""
+    the package imports the repository's default.py, train.py, optimizer.py or the benchmarks
+    (bench/, outside the installed package), that bench/ does not import default.py either (it takes
+    the configuration from sample_fc.config; its fuzzer runs train.py's main in its worker), and
+    that the card default.py is named in one place only, the presets that read its datasets
+    (sample_fc/config/presets.py)."""
     top = sorted(p.stem for p in (REPO / "sample_fc").glob("*.py") if p.name != "__init__.py")
     assert len(top) <= 12, top
     card_readers = []
@@ -184,13 +195,12 @@ def test_the_package_top_level_keeps_to_twelve_modules_and_never_imports_the_scr
         source = path.read_text()
         if "CARD = 'default'" in source or "import_module('default')" in source:
             card_readers.append(path.relative_to(REPO).as_posix())
-        for node in ast.walk(ast.parse(source)):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and not node.level else []
-            scripts = {"default"} if path.relative_to(REPO / "sample_fc").parts[0] == "bench" else \
-                {"default", "train", "optimizer"}
-            assert not scripts & set(names), (path, names)
+        assert not {"default", "train", "optimizer", "bench"} & absolute_imports(path), path
     assert card_readers == ["sample_fc/config/presets.py"]
+    bench_files = list((REPO / "bench").rglob("*.py"))
+    assert len(bench_files) > 30 and not (REPO / "sample_fc" / "bench").exists()
+    assert all("default" not in absolute_imports(path) for path in bench_files)
+    assert "train" in set().union(*map(absolute_imports, bench_files))       # the scan sees what it should
 
 
 PRODUCT_SUFFIXES = (".py", ".sh", ".cc", ".c", ".h")
@@ -210,3 +220,28 @@ def test_no_product_line_is_longer_than_120_characters():
                   for number, line in enumerate((Path(REPO) / name).read_text().splitlines(), 1)
                   if len(line) > LINE_LIMIT]
     assert not long_lines, long_lines
+
+
+def string_constants(path):
+    """The string literals of the Python file `path` that are not docstrings (a module's, a class's or a
+    function's first statement) nor f-string pieces."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_network_names_are_written_only_in_sample_fc_symbols():
+    """Test that no product code outside sample_fc/symbols/ (the library, train.py, the scripts) writes a network's
+    name as a string: presets, recipes, measured rows and defaults are the catalog's (docstrings and
+    the docs may name them; the benchmarks in bench/ and the tests are not the product)."""
+    from sample_fc.symbols.catalog import NETWORKS
+    files = [REPO / name for name in product_files() if name.endswith(".py")
+             and not name.startswith(("sample_fc/symbols/", "bench/"))]
+    assert REPO / "sample_fc" / "run" / "layout.py" in files and REPO / "train.py" in files
+    named = {(path.relative_to(REPO).as_posix(), text) for path in files for text in string_constants(path)
+             if text in NETWORKS}
+    assert not named, sorted(named)
+    assert "mbf" in string_constants(REPO / "sample_fc" / "symbols" / "catalog.py")         # the scan sees a name where it is

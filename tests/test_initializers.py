@@ -3,7 +3,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import symbols
+from sample_fc import symbols
 from sample_fc.initializers import backbone_initializer
 
 

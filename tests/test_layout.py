@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 from sample_fc.run.layout import DEFAULT_WORKERS, MEASURED, Measured, choose, nearest
-from symbols import NETWORKS
+from sample_fc.symbols import NETWORKS
 
 # a made-up table: three networks of cost 1, 10 and 100 (units of multiply-adds) on 4 cores
 COSTS = {("small", 8): 1.0, ("middle", 8): 10.0, ("big", 8): 100.0}

@@ -224,7 +224,7 @@ def test_the_head_benchs_row_traffic_reads_and_writes_rows_of_every_block(small_
     """Test that bench.cases.rows_traffic_ms (the head bench's bound) takes and puts back sampled
     rows of a bank held in several row blocks, rows past the first block included (it indexed the
     first block only: an IndexError at 5M classes x 512), and leaves every row as it was."""
-    from sample_fc.bench.cases import rows_traffic_ms
+    from bench.cases import rows_traffic_ms
     bank = MemoryBank(40, 8, mx.cpu(), seed=3)
     assert len(bank.row_arrays()["weight"]) == 6
     before = bank.to_numpy()

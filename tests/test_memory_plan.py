@@ -142,7 +142,7 @@ def test_the_fields_mbf_at_112_px_is_not_refused_on_a_24_gb_machine(monkeypatch)
     both; and that 20M classes in float32 on 2 workers is still refused, in one line."""
     import mxnet as mx
     import default
-    import symbols
+    from sample_fc import symbols
     from sample_fc.run.backbone_memory import planned_graph_bytes
     monkeypatch.setattr(memory_plan, "meminfo_available", lambda: 21.4e9)
     symbol = symbols.get_symbol("mbf", 512, 112)

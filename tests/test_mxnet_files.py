@@ -7,7 +7,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import symbols
+from sample_fc import symbols
 from sample_fc.data.mxnet_files import check_ndarray_file, ndarray_file_problem, symbol_file_problem
 from sample_fc.errors import UsageError
 

@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import symbols
+from sample_fc import symbols
 from sample_fc.models import onnx_model
 from sample_fc.errors import UsageError
 from sample_fc.models.saved_model import load_model, load_pretrained

@@ -10,7 +10,7 @@ from conftest import REPO
 
 
 def run_profile(*args):
-    return subprocess.run([sys.executable, "-m", "sample_fc.bench.op_profile", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "bench.op_profile", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -54,7 +54,7 @@ def test_mxnet_runs_the_threads_asked_for_or_the_profile_says_why():
     count before importing anything and refuses, in one line, a runtime already running others."""
     preloaded = ("import ctypes, os; os.environ.pop('OMP_NUM_THREADS', None); "
                  "threads = ctypes.CDLL('libgomp.so.1').omp_get_max_threads(); "
-                 "from sample_fc.bench.op_profile import main; main({args})")
+                 "from bench.op_profile import main; main({args})")
     args = ["--network", "mbf_small", "--image-size", "32", "--batch", "4", "--steps", "1", "--top", "1"]
     env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
     if os.cpu_count() < 2:

@@ -116,7 +116,7 @@ def test_network_now_renames_only_the_old_mbf(tmp_path):
     """Test that resume.network_now maps a checkpoint saved as 'mbf' whose backbone has the
     paper's 64-channel stem to 'mbf_small' with one note, and leaves a 'mbf' of today's width
     (stem 128), other networks and an unreadable symbol file alone."""
-    import symbols
+    from sample_fc import symbols
     from sample_fc.run import resume
     from sample_fc.checkpoint.layout import symbol_path
     notes = []

@@ -140,7 +140,7 @@ def test_memory_plan_holds_the_warmups_peak_ratio():
     """Test that a run whose sampling warms up from 1.0 to 0.1 is planned with the rows of
     ratio 1.0 (its first steps score every center), and one without a warm-up with ratio 0.1's."""
     import default
-    import symbols
+    from sample_fc import symbols
     from sample_fc.run.memory_plan import run_plan
     cfg = default.get_config(dataset='synthetic_1m', network='mbf_small')
     symbol = symbols.get_symbol('mbf_small', cfg.embedding_size, cfg.image_size)

@@ -1,7 +1,7 @@
 """The sampling-fidelity benchmark's numbers against independent references."""
 import numpy as np
 
-from sample_fc.bench.sampling_fidelity import (center_alignment, describe, embedding_gradient, fidelity,
+from bench.sampling_fidelity import (center_alignment, describe, embedding_gradient, fidelity,
                                                full_logits, history_residual_share, inclusion_variances,
                                                negatives_spread, summed_relative_error, top_energy_share)
 from sample_fc.pfc.margin import CombinedMargin

@@ -15,7 +15,7 @@ def test_one_case_gives_a_sample_fc_row_and_a_yardstick_row():
     samples/s = batch / step, and stages that account for the step."""
     # the tool runs in a process of its own, which imports torch (a test requirement); this process
     # may not even look it up: sample_fc.dist, once imported, bars torch (sys.modules["torch"] = None)
-    result = subprocess.run([sys.executable, "-m", "sample_fc.bench.step_breakdown", "--networks", "mbf",
+    result = subprocess.run([sys.executable, "-m", "bench.step_breakdown", "--networks", "mbf",
                              "--sizes", "32", "--worlds", "1", "--steps", "2", "--global-batch", "32"],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -40,7 +40,7 @@ def test_one_case_gives_a_sample_fc_row_and_a_yardstick_row():
 def test_a_case_that_cannot_run_is_one_line_before_any_job(args, words):
     """Test that a bad network, size or world (or a network the yardstick lacks) is one line
     from the parser, before any job starts."""
-    result = subprocess.run([sys.executable, "-m", "sample_fc.bench.step_breakdown"] + args,
+    result = subprocess.run([sys.executable, "-m", "bench.step_breakdown"] + args,
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and words in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""

@@ -2,9 +2,9 @@
 import mxnet as mx
 import pytest
 
-from symbols import NETWORKS, get_symbol
-from symbols.common import prelu
-from symbols.cost import backbone_cost
+from sample_fc.symbols import NETWORKS, get_symbol
+from sample_fc.symbols.common import prelu
+from sample_fc.symbols.cost import backbone_cost
 
 
 # ---- multiply-adds worked out by hand from the architecture descriptions ----

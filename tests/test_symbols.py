@@ -5,9 +5,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import symbols
-from symbols import NETWORKS, get_symbol
-from symbols.mobilefacenet import get_mobilefacenet
+from sample_fc import symbols
+from sample_fc.symbols import NETWORKS, get_symbol
+from sample_fc.symbols.mobilefacenet import get_mobilefacenet
 from sample_fc import initializers
 from sample_fc.models import torch_backbone
 
@@ -442,7 +442,7 @@ def test_frozen_batchnorm_trains_with_the_moving_statistics_and_keeps_them():
 def test_prelu_matches_numpy_formula():
     """Test that the PReLU helper computes max(x, 0) + slope_c * min(x, 0) per channel, with
     slopes initialised to 0.25, and that its slope gradient matches the NumPy formula."""
-    from symbols.common import prelu
+    from sample_fc.symbols.common import prelu
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 4, 5))
     slopes = np.array([0.25, -0.5, 2.0])
@@ -513,7 +513,7 @@ def test_vit_param_count_matches_arcface_torch(name):
     unused = 0 if mask_ratio > 0 else 1
     assert ours == vit_params(width, depth, 144) + width * (1 - unused) == ARCFACE_TORCH_VIT[name][0] - width * unused
     assert tensors == ARCFACE_TORCH_VIT[name][1] - unused
-    from symbols.cost import backbone_cost      # per image: 12 W^2 per token per block and the attention's 2 L^2 W
+    from sample_fc.symbols.cost import backbone_cost      # per image: 12 W^2 per token per block and the attention's 2 L^2 W
     tokens, heads_of_work = 144, 12 * 144 * width * width + 2 * 144 * 144 * width
     assert backbone_cost(get_symbol(name, 512, 112), 112).multiply_adds == \
         depth * heads_of_work + tokens * 243 * width + tokens * width * width + width * 512
@@ -527,7 +527,7 @@ def test_drop_path_drops_whole_samples_in_training_only():
     """Test the drop path of a ViT block (MXNet's Dropout with the mask over a sample's tokens and
     channels): in training each sample's branch is all zeros or all 1 / (1 - p), both seen; at
     inference it is the identity."""
-    from symbols.vit import drop_path
+    from sample_fc.symbols.vit import drop_path
     branch = drop_path(mx.sym.Variable('x'), 'drop', 0.5)
     ones = mx.nd.ones((64, 9, 16))
     trained = branch.bind(mx.cpu(), {'x': ones}).forward(is_train=True)[0].asnumpy()
@@ -554,7 +554,7 @@ def test_a_vits_parameters_fix_its_input_side():
 
 def _masking_vit(mask_ratio):
     """A small ViT (width 16, depth 2, 32 px: 9 tokens, no drop path) with the given masking."""
-    from symbols.vit import get_vit
+    from sample_fc.symbols.vit import get_vit
     return get_vit(8, 32, width=16, depth=2, drop_rate=0.0, mask_ratio=mask_ratio)
 
 
@@ -611,7 +611,7 @@ def test_patch_masking_leaves_tokens_out_in_training_and_nothing_at_inference():
 
 
 def test_a_network_of_an_existing_family_is_one_line_of_the_catalog(tmp_path):
-    """Test that a new IResNet written as one line of a copy of symbols/catalog.py (nothing else
+    """Test that a new IResNet written as one line of a copy of sample_fc/symbols/catalog.py (nothing else
     changed) is a preset of the configuration, a descriptor that builds a symbol with the
     parameters its units give (the r18 stem, stages and head plus one more unit per stage), and
     a network train.py resolves."""
@@ -620,17 +620,18 @@ def test_a_network_of_an_existing_family_is_one_line_of_the_catalog(tmp_path):
     import subprocess
     import sys
     from conftest import REPO
-    shutil.copytree(REPO / "symbols", tmp_path / "symbols", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "sample_fc", tmp_path / "sample_fc", ignore=shutil.ignore_patterns("__pycache__"))
     for script_file in ("default.py", "train.py"):     # unchanged: train.py's folder comes first on its path
         shutil.copy(REPO / script_file, tmp_path / script_file)
-    catalog = tmp_path / "symbols" / "catalog.py"
+    catalog = tmp_path / "sample_fc" / "symbols" / "catalog.py"
     text = catalog.read_text()
     assert text.count("ENTRIES = {\n") == 1
     catalog.write_text(text.replace("ENTRIES = {\n", "ENTRIES = {\n    'r22': Entry('iresnet', (3, 3, 3, 3)),\n"))
     script = """
 import json, sys
-import default, symbols
-from symbols.cost import backbone_cost
+import default
+from sample_fc import symbols
+from sample_fc.symbols.cost import backbone_cost
 cfg = default.get_config('emore', 'r22')
 params = {n: symbols.get_symbol(n, 512, 112).infer_shape(data=(1, 3, 112, 112))[0] for n in ('r18', 'r22')}
 sizes = {n: sum(int(__import__('numpy').prod(s)) for s in shapes) for n, shapes in params.items()}

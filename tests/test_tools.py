@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import symbols
+from sample_fc import symbols
 from sample_fc.tools import cli, embed, make_bin, model_io
 from sample_fc.data.bin_format import load_bin
 from sample_fc.errors import MissingFileError, UsageError
-from sample_fc.bench.harness import single_thread_env
+from bench.harness import single_thread_env
 from sample_fc.verification import Embedder, evaluate
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""The PyTorch reference networks and margin (sample_fc/bench/torch_reference.py, the trainer
-of sample_fc/bench/compare.py) are sample_fc's: checked with equal weights. torch (CPU build)
+"""The PyTorch reference networks and margin (bench/torch_reference.py, the trainer
+of bench/compare.py) are sample_fc's: checked with equal weights. torch (CPU build)
 is a test dependency (scripts/test.sh installs requirements-test.txt). The outputs come from
 tests/workers/torch_reference_outputs.py, run in a process of its own: torch cannot be
 imported after horovod.mxnet, which this test process has imported by now."""
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-import symbols
+from sample_fc import symbols
 from conftest import REPO
 
 # torch_reference.networks(), which imports torch: the networks of its FAMILIES (a ViT's oracle is

@@ -15,12 +15,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import symbols
+from sample_fc import symbols
 from conftest import REPO, per_rank_tail, run_train
 from original_models import forward
 from sample_fc.models import torch_backbone
 from sample_fc.errors import MissingFileError, UsageError
-from sample_fc.bench.harness import single_thread_env
+from bench.harness import single_thread_env
 from sample_fc.models.saved_model import load_model, load_pretrained
 from sample_fc.tools import embed
 from sample_fc.models.torch_weights import read_state_dict

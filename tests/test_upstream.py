@@ -21,7 +21,7 @@ def iresnet18(**kwargs):
     return IResNet()
 '''
 LOAD_TWICE = '''import sys
-from sample_fc.bench.yardstick import upstream
+from bench.yardstick import upstream
 first = upstream.load(sys.argv[1])
 second = upstream.load(sys.argv[1])
 assert first.backbones is not second.backbones

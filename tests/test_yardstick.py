@@ -1,4 +1,4 @@
-"""The arcface_torch yardstick (sample_fc/bench/yardstick/): its loss, sampling, SGD, network
+"""The arcface_torch yardstick (bench/yardstick/): its loss, sampling, SGD, network
 sizes and .rec data path, each checked against a reference computed here (NumPy, hand
 formulas, arcface_torch's own parameter counts). torch cannot be imported after horovod.mxnet,
 which this test process has imported: the torch side runs once in a process of its own (this
@@ -42,7 +42,7 @@ def _write_rec(folder, images, labels):
 
 def _losses(out):
     import torch
-    from sample_fc.bench.yardstick import CombinedMargin, PartialFC
+    from bench.yardstick import CombinedMargin, PartialFC
     torch.manual_seed(0)
     embeddings, labels = torch.randn(8, 16), torch.tensor([0, 3, 3, 9, 1, 7, 2, 3])
     result = {"embeddings": embeddings.numpy(), "labels": labels.numpy()}
@@ -58,7 +58,7 @@ def _losses(out):
 
 def _sampling(out):
     import torch
-    from sample_fc.bench.yardstick import CombinedMargin, PartialFC, sample_centers
+    from bench.yardstick import CombinedMargin, PartialFC, sample_centers
     torch.manual_seed(1)
     cases = []
     for classes, rate in SAMPLING_CASES:
@@ -76,7 +76,7 @@ def _one_sgd_step(out):
 
     import torch
     from torch import nn
-    from sample_fc.bench.yardstick import CombinedMargin, PartialFC, Trainer, scheduled_lr
+    from bench.yardstick import CombinedMargin, PartialFC, Trainer, scheduled_lr
     torch.manual_seed(2)
     backbone = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4))
     backbone[1].weight.requires_grad_(False)
@@ -103,7 +103,7 @@ def _one_sgd_step(out):
 
 def _networks(out):
     import torch
-    from sample_fc.bench.yardstick import build_network, parameter_count
+    from bench.yardstick import build_network, parameter_count
     sizes = {}
     for name, image_size in (("mbf", 112), ("mbf", 32), ("r18", 112), ("r50", 112), ("vit_t", 112)):
         net = build_network(name, image_size).eval()
@@ -118,7 +118,7 @@ def _networks(out):
 
 def _data(out):
     import torch
-    from sample_fc.bench.yardstick import MemoryFaces, RecFaces, rec_loader
+    from bench.yardstick import MemoryFaces, RecFaces, rec_loader
     rng = np.random.default_rng(3)
     images = rng.integers(0, 256, (6, 12, 12, 3), dtype=np.uint8)
     labels = np.array([4, 0, 5, 1, 3, 2])
@@ -140,7 +140,7 @@ def _tiny_trainer_parts(seed):
     """A tiny backbone (Linear, BatchNorm1d with its scale frozen) and a CosFace PartialFC."""
     import torch
     from torch import nn
-    from sample_fc.bench.yardstick import CombinedMargin, PartialFC
+    from bench.yardstick import CombinedMargin, PartialFC
     torch.manual_seed(seed)
     backbone = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4))
     backbone[1].weight.requires_grad_(False)
@@ -152,8 +152,8 @@ def _staged_and_scheduled(out):
     import copy
 
     import torch
-    from sample_fc.bench.yardstick import Trainer
-    from sample_fc.bench.yardstick.stages import StageClock, timed_step
+    from bench.yardstick import Trainer
+    from bench.yardstick.stages import StageClock, timed_step
     backbone, head = _tiny_trainer_parts(5)
     twin_backbone, twin_head = copy.deepcopy(backbone), copy.deepcopy(head)
     batches = [(torch.randn(10, 6) * 30, torch.randint(0, 5, (10,))) for _ in range(2)]
@@ -191,8 +191,8 @@ def _tuned(out):
     import copy
 
     import torch
-    from sample_fc.bench.yardstick import CombinedMargin, PartialFC, Trainer, build_network
-    from sample_fc.bench.yardstick.tuned import channels_last, channels_last_batches
+    from bench.yardstick import CombinedMargin, PartialFC, Trainer, build_network
+    from bench.yardstick.tuned import channels_last, channels_last_batches
     torch.manual_seed(3)
     backbone, head = build_network("mbf", 32, 16), PartialFC(CombinedMargin(32.0, 1.0, 0.0, 0.25), 16, 10)
     twin_backbone, twin_head = copy.deepcopy(backbone), copy.deepcopy(head)
@@ -216,7 +216,7 @@ def _scoring(out):
     """embed_pairs of a flatten + Linear backbone on uint8 images, in batches of 3."""
     import torch
     from torch import nn
-    from sample_fc.bench.yardstick.scoring import embed_pairs
+    from bench.yardstick.scoring import embed_pairs
     torch.manual_seed(7)
     backbone = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 5)).train()
     images = np.random.default_rng(8).integers(0, 256, (7, 4, 4, 3), dtype=np.uint8)
@@ -229,8 +229,8 @@ def _sharded_rank(rank, world, store, out, margins):
     """One of `world` Gloo processes: ShardedPartialFC's loss and gradients on its rows and classes."""
     import torch
     from torch import distributed
-    from sample_fc.bench.yardstick import CombinedMargin
-    from sample_fc.bench.yardstick.ddp import ShardedPartialFC
+    from bench.yardstick import CombinedMargin
+    from bench.yardstick.ddp import ShardedPartialFC
     distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     arrays = np.load(out / "losses.npz")
     embeddings, labels = torch.tensor(arrays["embeddings"]), torch.tensor(arrays["labels"])
@@ -449,10 +449,10 @@ if __name__ == "__main__":
 
 
 def test_without_torch_the_yardstick_says_so_in_one_line():
-    """Test that `python -m sample_fc.bench.yardstick --help` where torch cannot be imported ends
+    """Test that `python -m bench.yardstick --help` where torch cannot be imported ends
     with one line naming PyTorch and how to install it, no traceback, a non-zero exit."""
     run_it = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['yardstick', '--help']; "
-              "runpy.run_module('sample_fc.bench.yardstick', run_name='__main__')")
+              "runpy.run_module('bench.yardstick', run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", run_it], capture_output=True, text=True, timeout=120, cwd=str(REPO))
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -3,8 +3,7 @@ takes besides its values, e.g. sample_ratio=auto), its default and its meaning i
 docs/training.md, "Key reference", explains each key in this order (a test keeps it so).
 Every reader of a value converts and checks through it: the presets, `--set key=value`, an
 experiment file, a resumed run's saved config and check_config."""
-from symbols.catalog import DEFAULT_NETWORK
-
+from ..symbols.catalog import DEFAULT_NETWORK
 from ..options import (ALLGATHERS, BACKBONE_INITS, BANK_CONTEXTS, BANK_DTYPES, BANK_MOMENTUM_WORDS,  # valid values
                        CONTEXTS, EMBEDDING_SCALES, HEAD_KERNELS, LR_SCHEDULES, MOMENTUM_FORMS, OPTIMIZERS,
                        TAIL_BNS, WANDB_MODES, signal_number)

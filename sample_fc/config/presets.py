@@ -7,8 +7,7 @@ import importlib
 import importlib.util
 import sys
 
-from symbols import catalog
-
+from ..symbols import catalog
 from ..errors import USAGE_EXIT, UsageError
 from ..pfc.margin import loss_presets
 

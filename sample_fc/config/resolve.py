@@ -18,8 +18,7 @@ rather than overriding `dataset=...`, which would only rename the run.
 """
 import copy
 
-from symbols import catalog
-
+from ..symbols import catalog
 from ..errors import UsageError
 from ..pfc.margin import margin_key_problem
 from .key_types import apply_overrides, defaults

@@ -36,8 +36,8 @@ from typing import Optional
 import mxnet as mx
 import numpy as np
 
-import symbols
-from symbols.common import fixes_gamma
+from .. import symbols
+from ..symbols.common import fixes_gamma
 from .. import checkpoint
 from . import onnx_model, torch_backbone
 from ..data.mxnet_files import ndarray_file_problem, symbol_file_problem

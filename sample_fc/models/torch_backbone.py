@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-import symbols
-from symbols import common, iresnet, vit
+from .. import symbols
+from ..symbols import common, iresnet, vit
 from ..errors import UsageError
 from .torch_weights import read_state_dict
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import mxnet as mx
 
-from symbols.cost import parameter_counts
-import symbols
+from ..symbols.cost import parameter_counts
+from .. import symbols
 
 _TOTAL = re.compile(r"Total (\d+) MB allocated")
 

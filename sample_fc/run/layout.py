@@ -7,7 +7,8 @@ prints one JSON object: {"np": workers, "train_args": [train.py arguments to add
 to tell the user}; a mistake in the arguments: train.py's own one line, exit 2.
 
 MEASURED holds step_breakdown's samples/s of one network at one image size as 1 and as 2
-workers at the same global batch on a node of `cores` cores (BENCHMARKS.md, "The CPU layout").
+workers at the same global batch on a node of `cores` cores (the networks' rows, symbols/catalog.py
+MEASURED_LAYOUTS; BENCHMARKS.md, "The CPU layout").
 A new run takes the layout of the measured case on its node's core count nearest to it in
 multiply-adds per image (log scale: the backbone's cost, symbols.cost, at its image size); on
 a core count nothing was measured on it keeps the default, DEFAULT_WORKERS. The global batch
@@ -18,6 +19,7 @@ world size it was trained with (its checkpoint's), whatever it measured.
 import dataclasses
 import math
 
+from ..symbols.catalog import MEASURED_LAYOUTS
 from ..ranks import cores_per_worker
 
 DEFAULT_WORKERS = 2        # horovodrun.sh's -np when no layout is chosen (-H, --gpu)
@@ -36,11 +38,7 @@ class Measured:
         return max(self.samples_per_s, key=self.samples_per_s.get)
 
 
-MEASURED = (               # bench.step_breakdown --worlds 1,2 on 2026-11-27 (BENCHMARKS.md, "The CPU layout")
-    Measured("mbf", 32, 2, {2: 326.0, 1: 292.0}, "BENCHMARKS.md; step_breakdown, global batch 128"),
-    Measured("mbf", 112, 2, {2: 28.6, 1: 22.6}, "BENCHMARKS.md; step_breakdown, global batch 128"),
-    Measured("r50", 112, 2, {2: 4.54, 1: 4.84}, "BENCHMARKS.md; step_breakdown, global batch 64"),
-)
+MEASURED = tuple(Measured(*case) for case in MEASURED_LAYOUTS)     # the networks' rows (symbols/catalog.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +69,7 @@ def choose(network, image_size, batch_size, multiply_adds, cores, cost_of, measu
     if case is None:
         return Layout(DEFAULT_WORKERS, batch_size,
                       f"layout {describe(DEFAULT_WORKERS, cores)}, the default: no layout was measured on {cores} "
-                      f"cores (python -m sample_fc.bench.step_breakdown --networks {network} --sizes {image_size} "
+                      f"cores (python -m bench.step_breakdown --networks {network} --sizes {image_size} "
                       f"--worlds 1,2 measures yours); -np N chooses")
     global_batch, workers = DEFAULT_WORKERS * batch_size, case.workers
     if global_batch % workers:

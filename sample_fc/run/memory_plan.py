@@ -21,7 +21,7 @@ their own bytes (PartialFC.memory_bytes, backbone_memory); `plan` adds them up, 
 `run_plan` makes the plan of a config (its host and GPU parts); `check_memory` refuses a run whose
 plan does not fit this node, in one line with the ways out (`ways_out`, each priced by replanning),
 before anything is allocated. `python -m sample_fc.tools.plan` prints it for any world, and
-`python -m sample_fc.bench.memory` measures it against real runs (docs/scale-and-memory.md).
+`python -m bench.memory` measures it against real runs (docs/scale-and-memory.md).
 """
 import dataclasses
 import resource

@@ -12,8 +12,7 @@ holds (RENAMED_NETWORKS), with a note saying so.
 """
 import json
 
-from symbols.catalog import RENAMED_NETWORKS
-
+from ..symbols.catalog import RENAMED_NETWORKS
 from ..checkpoint.layout import (OtherNetworkError, check_sound, find_checkpoint, is_complete, read_state,
                                  symbol_path, verify_files)
 from ..errors import UsageError

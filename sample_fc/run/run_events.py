@@ -257,7 +257,7 @@ class RunEvents:
             self.logger.info(line)
         else:
             self.logger.warning(line + ": above the plan, which should never be; please report it with the run's "
-                                       "config.json (python -m sample_fc.bench.memory measures the plan)")
+                                       "config.json (python -m bench.memory measures the plan)")
 
 
 def end_at_once(number, reason, rank=0):

@@ -16,7 +16,7 @@ if TYPE_CHECKING:             # the annotations' types only: importing this modu
     import mxnet as mx
     import numpy as np
     from easydict import EasyDict
-    from symbols.cost import Cost
+    from ..symbols.cost import Cost
 
     from ..pfc.sampling_regime import Regime
     from .memory_plan import Plan

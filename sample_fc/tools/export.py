@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-from symbols.common import fixes_gamma
+from ..symbols.common import fixes_gamma
 from ..errors import UsageError
 from ..pfc.host_head import omp_threads
 from .cli import Progress, check_output_folder, make_parser, run_or_exit

@@ -85,14 +85,14 @@ def main(argv=None):
 
     def work():
         from .. import config
-        import symbols
+        from .. import symbols
         from ..run import memory_plan
         from ..builder import centers_line, check_world, complete_from_data, resolve_auto, target_paths
         from ..data.bin_format import read_bin
         from ..run.run_request import default_models_root
         from ..pfc.partial_fc import PartialFCOptions
         from ..pfc.sampling_regime import regime
-        from symbols.cost import backbone_cost
+        from ..symbols.cost import backbone_cost
         from ..pfc.host_head import default_threads
         from ..run.experiment_file import read_experiment
         if args.config:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, mpi_available, per_rank_tail
-from sample_fc.bench.harness import run_bounded, single_thread_env
+from bench.harness import run_bounded, single_thread_env
 
 VENV_BIN = Path(sys.executable).parent
 HOROVODRUN = str(VENV_BIN / "horovodrun")

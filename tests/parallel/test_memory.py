@@ -4,7 +4,7 @@ import re
 import sys
 
 from conftest import REPO, per_rank_tail
-from sample_fc.bench.harness import run_job
+from bench.harness import run_job
 
 
 def test_a_bank_too_big_for_the_machine_is_one_line_and_writes_nothing(tmp_path):
@@ -32,7 +32,7 @@ def test_the_plan_is_within_a_quarter_above_the_measured_peak(tmp_path):
     float16 bank and 8-bit momentum for 200,000 classes, and 2 workers on a demo set verifying 200
     held-out pairs after each step; every plan is at least the largest worker's peak and at most 1.25x
     it."""
-    from sample_fc.bench import memory
+    from bench import memory
     for case in memory.QUICK:
         record = memory.measure(case, timeout_s=300)
         assert "ratio" in record, record

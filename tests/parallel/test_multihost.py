@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, mpi_available, per_rank_tail
 from sample_fc.checkpoint import bank_shard_files
-from sample_fc.bench.harness import run_bounded, single_thread_env
+from bench.harness import run_bounded, single_thread_env
 
 SECOND_HOST = "127.0.0.2"     # loopback, but not a local address to horovodrun: it uses ssh
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"

@@ -8,7 +8,7 @@ import time
 
 from conftest import REPO, TINY_TRAIN, per_rank_tail, run_train
 from sample_fc.checkpoint import list_checkpoints, read_state
-from sample_fc.bench.harness import horovodrun_command, single_thread_env
+from bench.harness import horovodrun_command, single_thread_env
 
 
 def _digest(folder):

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from conftest import REPO, mpi_available, per_rank_tail
-from sample_fc.bench.harness import run_bounded, single_thread_env
+from bench.harness import run_bounded, single_thread_env
 
 SHORT = ["--set", "max_update=4", "--set", "frequent=2"]
 # README command as written -> extra arguments appended here (only to shorten training)
@@ -58,8 +58,8 @@ NOT_RUN = {
     "scripts/bootstrap.sh --gpu": "downloads 2 GB and builds Horovod with CUDA (about 8 minutes), needs a "
         "CUDA 11 toolkit; run by hand here, README: GPUs says what it checked",
     "./horovodrun.sh --gpu -np 8 --dataset glint360k --network r100": "needs 8 GPUs and Glint360K",
-    ".venv/bin/python -m sample_fc.bench [--quick] --json bench.json": "tests/test_bench.py runs --quick",
-    ".venv/bin/python -m sample_fc.bench.glyphs --out data/glyphs5k":
+    ".venv/bin/python -m bench [--quick] --json bench.json": "tests/test_bench.py runs --quick",
+    ".venv/bin/python -m bench.glyphs --out data/glyphs5k":
         "needs the CJK fonts (scripts/install_glyph_fonts.sh); tests/test_glyphs.py builds a set with DejaVu",
     ".venv/bin/python -m sample_fc.tools.ijb --model models/emore_r100 --root IJB_release/IJBC --out ijbc_r100":
         "needs the IJB-C release; tests/test_ijb.py runs the tool on an IJB-format set it generates",

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from conftest import REPO, TINY_TRAIN, WORKERS, per_rank_tail
-from sample_fc.bench.harness import run_bounded, single_thread_env
+from bench.harness import run_bounded, single_thread_env
 from sample_fc.run.restart import current_hosts, replace_option
 from sample_fc.run.run_root import read_progress
 from test_train import checkpoint_arrays

@@ -9,7 +9,7 @@ import numpy as np
 
 from conftest import REPO, per_rank_tail, run_train, run_trains_together
 from sample_fc.checkpoint import bank_shard_files, list_checkpoints
-from sample_fc.bench.harness import run_job, single_thread_env
+from bench.harness import run_job, single_thread_env
 from test_train import assert_same, checkpoint_arrays
 
 CUSTOM = ["--loss", "cosface", "--set", "loss_s=24", "--set", "loss_m3=0.3", "--set", "sample_ratio=0.5",

@@ -14,7 +14,7 @@ import psutil
 
 from conftest import REPO, TINY_TRAIN, WORKERS, per_rank_tail, run_train
 from sample_fc.checkpoint import list_checkpoints
-from sample_fc.bench.harness import horovodrun_command, single_thread_env
+from bench.harness import horovodrun_command, single_thread_env
 from sample_fc.run.stop import SAME_STOP_S
 from test_train import checkpoint_arrays
 
@@ -206,7 +206,7 @@ def test_sigterm_to_bench_compare_alone_stops_the_training_it_launched(tiny_data
     """Test that SIGTERM to bench.compare's own process (`kill PID`, not its group) stops the
     horovodrun job it started: compare exits non-zero with a line naming the signal, and none
     of the job's train.py workers is left running."""
-    command = [sys.executable, "-m", "sample_fc.bench.compare", "--only", "sample_fc", "--set", f"rec={tiny_data}",
+    command = [sys.executable, "-m", "bench.compare", "--only", "sample_fc", "--set", f"rec={tiny_data}",
                *TINY_TRAIN, *LONG]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(REPO),
                            env=single_thread_env(), start_new_session=True)

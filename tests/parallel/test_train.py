@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, TINY_TRAIN, per_rank_tail, run_train, run_trains_together
 from sample_fc.checkpoint import bank_shard_files, list_checkpoints, model_prefix
 from sample_fc.run.run_root import read_progress, read_status
-from sample_fc.bench.harness import single_thread_env
+from bench.harness import single_thread_env
 from sample_fc.checkpoint.bank_shard import read_shard_arrays
 
 def train(models_root, rec, *extra, num_proc=2, timeout_s=300):
@@ -148,7 +148,7 @@ def test_dataset_property_sets_classes_and_image_size(tmp_path):
     """Test that a dataset's property file decides num_classes and image_size when the command
     line does not (a 48 px, 6-identity set is not trained as the demo's 32 px, 200 classes),
     said once, and that an explicit --set image_size wins, said once too."""
-    from sample_fc.bench.harness import run_job
+    from bench.harness import run_job
     from sample_fc.tools.demo_data import make_demo
     make_demo(str(tmp_path / "set"), num_identities=6, images_per_identity=8, num_val_identities=4,
               num_pairs=10, image_size=48, progress=False)
@@ -173,7 +173,7 @@ def test_custom_preset_trains_your_set_from_its_property_file(tmp_path):
     file, resolves sample_ratio=auto to a number saved in config.json (the smallest ratio whose
     q*K/B reaches 35: 6 classes, global batch 8 -> 1.0), trains at the preset's lr, and that
     without --set rec it stops in one line, exit 2, naming what to set."""
-    from sample_fc.bench.harness import run_job
+    from bench.harness import run_job
     from sample_fc.tools.demo_data import make_demo
     make_demo(str(tmp_path / "set"), num_identities=6, images_per_identity=8, num_val_identities=4,
               num_pairs=10, image_size=48, progress=False)
@@ -198,7 +198,7 @@ def test_custom_preset_trains_at_a_ratio_chosen_by_hand(tmp_path):
     """Test that --dataset custom takes a sample ratio by hand (its preset holds the word auto,
     and `--set sample_ratio=0.5` once ended in a TypeError traceback): 0.5 and 0.1 train, are
     saved in config.json as numbers, and 0.1 says once that the regime has cost accuracy."""
-    from sample_fc.bench.harness import run_job
+    from bench.harness import run_job
     from sample_fc.tools.demo_data import make_demo
     make_demo(str(tmp_path / "set"), num_identities=40, images_per_identity=2, num_val_identities=4,
               num_pairs=10, image_size=32, progress=False)
@@ -242,7 +242,7 @@ def test_the_centers_optimizer_follows_the_visit_gap(tmp_path):
     10 steps or later (40 classes, a global batch of 4) and keeps it sooner (a global batch of 8):
     config.json holds the choice, the checkpoint's shards store a momentum only for the second,
     and the start-up log says once what the centers got and why."""
-    from sample_fc.bench.harness import run_job
+    from bench.harness import run_job
     from sample_fc.tools.demo_data import make_demo
     make_demo(str(tmp_path / "set"), num_identities=40, images_per_identity=2, num_val_identities=4,
               num_pairs=10, image_size=32, progress=False)

@@ -1,5 +1,5 @@
 """Run sample_fc's backbones in MXNet and the PyTorch reference networks
-(sample_fc/bench/torch_reference.py) with equal weights, and the reference margin, and save
+(bench/torch_reference.py) with equal weights, and the reference margin, and save
 what tests/test_torch_reference.py compares: `python torch_reference_outputs.py OUT.npz`.
 
 A process of its own: torch must be imported before horovod.mxnet (the other order crashes
@@ -17,9 +17,9 @@ import torch  # noqa: F401  (first: see above)
 import mxnet as mx
 import numpy as np
 
-from sample_fc.bench import torch_reference
+from bench import torch_reference
 from sample_fc.initializers import backbone_initializer
-import symbols
+from sample_fc import symbols
 
 IMAGE_SIZE, EMBEDDING = 32, 16
 MARGINS = ((64.0, 1.0, 0.5, 0.0), (32.0, 1.0, 0.0, 0.25), (30.0, 1.0, 0.3, 0.2))

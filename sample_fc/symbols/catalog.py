@@ -1,6 +1,6 @@
-"""Every network by name: its family, its shape, its preset and what was measured of it. The one
-list of network names; MXNet-free, so the configuration (sample_fc.config) reads presets and a
-family's training recipe here without building anything.
+"""Every network by name: its family, its shape, its preset and what was measured of it (oneDNN's
+memory, the CPU layout). The one list of network names; MXNet-free, so the configuration
+(sample_fc.config) reads presets and a family's training recipe here without building anything.
 
 A family file (iresnet.py, mobilefacenet.py, vit.py) builds a descriptor (network.Network) for
 each entry of its family: a network of an existing family is one line here.
@@ -44,6 +44,23 @@ ENTRIES = {
     'vit_l_dp005_mask_005': Entry('vit', (768, 24, 0.05, 0.05)),
 }
 NETWORKS = tuple(ENTRIES)
+
+# The CPU layouts measured (run/layout.py chooses by them): bench.step_breakdown --worlds 1,2 on
+# 2026-11-27 (BENCHMARKS.md, "The CPU layout"), global samples/s of 1 and of 2 workers sharing a
+# node's cores at the same global batch.
+class MeasuredLayout(NamedTuple):
+    network: str
+    image_size: int
+    cores: int
+    samples_per_s: dict              # workers -> global samples/s (cores // workers threads each)
+    source: str                      # where the numbers are
+
+
+MEASURED_LAYOUTS = (
+    MeasuredLayout('mbf', 32, 2, {2: 326.0, 1: 292.0}, "BENCHMARKS.md; step_breakdown, global batch 128"),
+    MeasuredLayout('mbf', 112, 2, {2: 28.6, 1: 22.6}, "BENCHMARKS.md; step_breakdown, global batch 128"),
+    MeasuredLayout('r50', 112, 2, {2: 4.54, 1: 4.84}, "BENCHMARKS.md; step_breakdown, global batch 64"),
+)
 DEFAULT_NETWORK = 'mbf'          # the base config's network (arcface_torch's MobileFaceNet)
 CPU_NETWORK = 'mbf_small'        # the demo's and your own set's (dataset custom): minutes on 2 CPU cores
 

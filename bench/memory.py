@@ -1,4 +1,4 @@
-"""The memory plan against measured peaks: `python -m sample_fc.bench.memory [--quick] [--markdown OUT]`.
+"""The memory plan against measured peaks: `python -m bench.memory [--quick] [--markdown OUT]`.
 
 Each case is train.py itself, 6 steps on synthetic images under horovodrun (Gloo, local
 workers), with a checkpoint and, where the case names pairs, verifications: the plan
@@ -7,9 +7,9 @@ the end of the run (the end record: every rank's VmHWM, after the checkpoint and
 verifications). A row gives plan / measured peak of the largest worker; the plan promises
 [1.0, 1.25]. A case the plan refuses on this machine is a row saying so (train.py's own line).
 
-    python -m sample_fc.bench.memory                      the matrix of docs/scale-and-memory.md
-    python -m sample_fc.bench.memory --quick              three small cases, in about a minute
-    python -m sample_fc.bench.memory --cases mbf:112:64:2 one case (network:px:batch:workers[:bank[:classes[:pairs]]])
+    python -m bench.memory                      the matrix of docs/scale-and-memory.md
+    python -m bench.memory --quick              three small cases, in about a minute
+    python -m bench.memory --cases mbf:112:64:2 one case (network:px:batch:workers[:bank[:classes[:pairs]]])
 
 A case with pairs > 0 trains on a demo set of `classes` identities at its image size
 (sample_fc.data.demo, 4 images each) and verifies on its `pairs` held-out pairs after each step
@@ -28,7 +28,7 @@ import time
 
 from .harness import run_job
 from .jobs import REPO, worker_env
-from ..run.run_root import read_events
+from sample_fc.run.run_root import read_events
 
 GB = 1e9
 PROMISE = (1.0, 1.25)        # plan / measured peak
@@ -75,7 +75,7 @@ def measure(case, timeout_s):
     with tempfile.TemporaryDirectory(prefix="sample_fc_bench_memory_") as folder:
         root, rec = os.path.join(folder, "run"), None
         if pairs:
-            from ..data.demo import make_demo
+            from sample_fc.data.demo import make_demo
             make_demo(os.path.join(folder, "data"), num_identities=classes, images_per_identity=4,
                       num_val_identities=100, num_pairs=pairs, image_size=image_size)
             rec = os.path.join(folder, "data", "train.rec")
@@ -101,7 +101,7 @@ def measure(case, timeout_s):
 
 def markdown(records, machine):
     """The docs' table: one row per case."""
-    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine} (`python -m sample_fc.bench.memory`): train.py, "
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {machine} (`python -m bench.memory`): train.py, "
              "6 steps, a checkpoint (and a verification after each step where pairs are given); peak = the largest "
              "worker's VmHWM at the end.", "",
              "| network | px | batch | workers | bank | classes | val pairs | plan GB | peak GB | plan / peak |",
@@ -133,7 +133,7 @@ def parse_case(text):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.memory", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="three small cases")
     parser.add_argument("--cases", nargs="+", type=parse_case, default=None, metavar="CASE",

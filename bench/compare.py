@@ -1,7 +1,7 @@
 """Compare sample_fc with the field's trainer: learning and speed, both sides in each run.
 
     scripts/test.sh                            # once: installs torch (CPU; not needed for training)
-    .venv/bin/python -m sample_fc.bench.compare [--dataset demo] [--network mbf|r18|..|r200|vit_t|..]
+    .venv/bin/python -m bench.compare [--dataset demo] [--network mbf|r18|..|r200|vit_t|..]
         [--loss L] [--set key=value ...] [--np 2] [--only sample_fc|torch] [--seeds 0,1,2]
         [--runs 3] [--torch-data rec|memory] [--torch-clip 5] [--eval-every N] [--yardsticks asis,tuned]
         [--torch-centers arcface_torch|bank]
@@ -10,7 +10,7 @@ Both train the same recipe (the dataset preset's, with --network/--loss/--set, a
 `train.py --print-config` resolves it; default the demo, built on first use) for the same
 steps on the same .rec and are scored on the same held-out pairs with the same 10-fold
 verification. sample_fc runs as users run it (horovodrun, --np workers, Gloo, train.py's
-threads). The other side is the yardstick (sample_fc/bench/yardstick/: insightface
+threads). The other side is the yardstick (bench/yardstick/: insightface
 arcface_torch's train_v2.py step, its own network layouts, PartialFC_V2, CombinedMarginLoss,
 SGD or AdamW over every parameter, clip 5) in this process with the whole global batch, torch's
 default threads, fed by its DataLoader (2 worker processes decoding the .rec per step, one
@@ -47,8 +47,8 @@ import tempfile
 
 from easydict import EasyDict
 
-from ..ranks import cores_per_worker
-from ..run.run_root import read_progress, read_status
+from sample_fc.ranks import cores_per_worker
+from sample_fc.run.run_root import read_progress, read_status
 from . import time_to_accuracy
 from .compare_yardstick import (ROOT, SPEED_SKIP_STEPS, malloc_note, run_torch, yardstick_data_layout,
                                 yardstick_refusal)
@@ -57,7 +57,7 @@ SHOWN = ("samples/s", "accuracy", "error")     # which of the job's lines to ech
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.compare", description=__doc__.split("\n\n")[2],
+    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[2],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", default="demo", help="dataset preset (default demo)")
     parser.add_argument("--network", help="network preset, for both (default mbf, arcface_torch's "

@@ -1,4 +1,4 @@
-"""The fonts of the glyph data set (sample_fc.bench.glyphs): the faces found, which characters
+"""The fonts of the glyph data set (bench.glyphs): the faces found, which characters
 each really draws, and which faces are one design under two names.
 
 A face is one font of a file (a .ttc holds several: ImageFont.truetype(path, size, index=i)).
@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 from PIL import Image, ImageFont
 
-from ..errors import MissingFileError, UsageError
+from sample_fc.errors import MissingFileError, UsageError
 
 FONT_DIRS = ("/usr/share/fonts",)            # searched when no --fonts are given
 FONT_EXTENSIONS = (".ttf", ".otf", ".ttc", ".otc")

@@ -1,6 +1,6 @@
 """A worker process that runs many cases (the tools' and train.py's) in-process, importing MXNet once.
 
-    python -m sample_fc.bench.fuzz.worker CASES STATE
+    python -m bench.fuzz.worker CASES STATE
 
 train.py runs here too (module "train"): Horovod is initialised per case and shut down as
 train.py does it, and train.py's os._exit (which skips interpreter teardown once Horovod ran)
@@ -25,7 +25,7 @@ import time
 import traceback
 
 POLL_S = 0.02
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _OsExitRaises:

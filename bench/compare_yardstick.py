@@ -10,9 +10,9 @@ import time
 
 from easydict import EasyDict
 
-from ..config import bank_setting, scaled_lr
+from sample_fc.config import bank_setting, scaled_lr
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEED_SKIP_STEPS = 20      # samples/s is measured over the steps after these (start-up, first oneDNN primitives)
 
 
@@ -147,7 +147,7 @@ def run_torch(args, cfg, tuned=False):
     import torch
     from sample_fc.data.bin_format import load_bin
     from sample_fc.verification import score
-    from ..run.center_probe import center_motion, probe_rows
+    from sample_fc.run.center_probe import center_motion, probe_rows
     from .yardstick import CombinedMargin, PartialFC, Trainer, build_network, upstream
     from .yardstick.scoring import embed_pairs
     from .yardstick.tuned import channels_last, channels_last_batches

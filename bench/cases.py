@@ -6,7 +6,7 @@ identity "backbone" (the data are the embeddings): `ms_per_step` times `module.s
 code a training step runs. The per-stage times come from `staged_step`: module.step with a
 timer as its stage hook, mx.nd.waitall() between stages (test_bench pins that it computes
 exactly what module.step computes). CPU only: the bound reads the bank's host
-memory in place (memory_bank.host_view). Started by `python -m sample_fc.bench`.
+memory in place (memory_bank.host_view). Started by `python -m bench`.
 """
 import contextlib
 import resource
@@ -15,14 +15,14 @@ import time
 import mxnet as mx
 import numpy as np
 
-from .. import dist
-from ..pfc.memory_bank import host_view
-from ..module import SampleDistributeModule
-from ..optimizers import BackboneOptimizer, WarmupMultiStepSchedule
-from ..pfc.partial_fc import PartialFC, PartialFCOptions
-from ..pfc.row_storage import Storage
-from ..pfc.sampler import class_center_sample, num_sample_for, shard_range
-from ..run.memory_plan import peak_rss_bytes
+from sample_fc import dist
+from sample_fc.pfc.memory_bank import host_view
+from sample_fc.module import SampleDistributeModule
+from sample_fc.optimizers import BackboneOptimizer, WarmupMultiStepSchedule
+from sample_fc.pfc.partial_fc import PartialFC, PartialFCOptions
+from sample_fc.pfc.row_storage import Storage
+from sample_fc.pfc.sampler import class_center_sample, num_sample_for, shard_range
+from sample_fc.run.memory_plan import peak_rss_bytes
 
 STAGES = ("forward", "allgather", "sample", "gather_rows", "logits", "softmax", "gradients", "finite_check",
           "reducescatter", "backbone_backward", "gradient_sum", "bank_update",

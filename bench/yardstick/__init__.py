@@ -1,6 +1,6 @@
 """A faithful yardstick: insightface arcface_torch's training step as train_v2.py runs it, in PyTorch.
 
-    .venv/bin/python -m sample_fc.bench.yardstick [--check-against /tmp/arcface_torch]
+    .venv/bin/python -m bench.yardstick [--check-against /tmp/arcface_torch]
         [--rec DIR] [--source memory|rec] [--network mbf|r50|...] [--image-size 32]
         [--classes 1000] [--batch 128] [--steps 2] [--rounds 12] [--sample-rate 1.0]
         [--margins 1,0,0.25] [--scale 64] [--lr 0.1] [--weight-decay 5e-4] [--ddp] [--threads N]
@@ -32,7 +32,7 @@ autocast (CUDA only) and its logging and verification callbacks.
 try:
     import torch  # noqa: F401  (every module here needs it)
 except ImportError:
-    raise SystemExit("sample_fc.bench.yardstick: error: PyTorch is not installed; run `scripts/test.sh -k yardstick` "
+    raise SystemExit("bench.yardstick: error: PyTorch is not installed; run `scripts/test.sh -k yardstick` "
                      "once (it installs torch, CPU build, from requirements-test.txt)") from None
 
 from .data import MemoryFaces, RecFaces, rec_loader

@@ -1,11 +1,11 @@
 """Where a CPU training step's time goes: sample_fc's step by stage beside the yardstick's
-(arcface_torch's step, sample_fc/bench/yardstick/), on the same network, image size and global batch.
+(arcface_torch's step, bench/yardstick/), on the same network, image size and global batch.
 
-    .venv/bin/python -m sample_fc.bench.step_breakdown [--networks mbf,r50] [--sizes 32,112]
+    .venv/bin/python -m bench.step_breakdown [--networks mbf,r50] [--sizes 32,112]
         [--worlds 1,2] [--global-batch 128] [--steps 8] [--no-torch]
         [--torch-data rec|memory] [--torch-rec DIR ...]
 
-Each sample_fc case is a job of its own (`python -m sample_fc.bench --worker step` on `world`
+Each sample_fc case is a job of its own (`python -m bench --worker step` on `world`
 ranks under horovodrun, cores // world threads each, as ./horovodrun.sh sets them): the real
 module (builder.build_module: the backbone as training runs it, the full-softmax head) on the
 demo's images resized to the case's size, read by FaceRecordIter as train.py reads them.
@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from ..config import scaled_lr
+from sample_fc.config import scaled_lr
 from .jobs import run_worker
 
 STAGE_COLUMNS = (("data", ("data",)), ("forward", ("forward",)),
@@ -54,9 +54,9 @@ STAGE_COLUMNS = (("data", ("data",)), ("forward", ("forward",)),
 def step_case(network, image_size, batch_size, steps, seed=0):
     """Measure module.step of `network` on this rank (a worker under horovodrun); the record."""
     import mxnet as mx
-    from ..config import get_config
-    from .. import builder, dist
-    from ..data.demo import ensure_demo
+    from sample_fc.config import get_config
+    from sample_fc import builder, dist
+    from sample_fc.data.demo import ensure_demo
     from .cases import STAGES, StageTimer, median_ms, staged_step
     from .jobs import REPO
     dist.init(on_cpu=True)
@@ -102,8 +102,8 @@ def step_case(network, image_size, batch_size, steps, seed=0):
 def rec_side_and_classes(folder):
     """(image side, classes) from a .rec folder's property file (data.recordio.read_property), or
     None when it has none or it does not read."""
-    from ..data.recordio import read_property
-    from ..errors import UsageError
+    from sample_fc.data.recordio import read_property
+    from sample_fc.errors import UsageError
     try:
         found = read_property(folder)
     except (OSError, UsageError):
@@ -126,7 +126,7 @@ def yardstick_case(network, image_size, global_batch, steps, data, rec_folders, 
     import torch
     threads = torch.get_num_threads()        # torch's default; importing mxnet (the .rec reader) leaves 1
     import mxnet  # noqa: F401
-    from ..config import get_config
+    from sample_fc.config import get_config
     from .yardstick import CombinedMargin, MemoryFaces, PartialFC, RecFaces, Trainer, build_network, rec_loader
     from .yardstick.data import LOADER_WORKERS, Prefetched
     from .yardstick.stages import stage_medians
@@ -167,7 +167,7 @@ def table(rows):
 
 def check_args(parser, args):
     """One line (argparse's, exit 2) for a case that cannot run, before any job starts."""
-    from ..config import NETWORKS
+    from sample_fc.config import NETWORKS
     networks = args.networks.split(",")
     unknown = [n for n in networks if n not in NETWORKS]
     if unknown:
@@ -201,7 +201,7 @@ def yardstick_row(args, network, size, tuned=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.step_breakdown", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.step_breakdown", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--networks", default="mbf,r50")
     parser.add_argument("--sizes", default="32,112")

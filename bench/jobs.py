@@ -1,7 +1,7 @@
 """Benchmark jobs: bounded worker processes, the data loader worker, the end-to-end train.py run.
 
 Every measurement runs in a process of its own, killed after its time bound: alone for
-world size 1, under horovodrun (sample_fc.bench.harness.run_job) for more. Workers write one JSON
+world size 1, under horovodrun (bench.harness.run_job) for more. Workers write one JSON
 record per rank. The loader worker runs on every rank, each reading its own shard with
 FaceRecordIter as train.py builds it, so images/s is per rank while the other rank loads
 too. The end-to-end run is train.py itself on synthetic data; its samples/s come from its
@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 from .harness import run_job, single_thread_env
-from ..ranks import cores_per_worker
-from ..run.run_root import read_progress
+from sample_fc.ranks import cores_per_worker
+from sample_fc.run.run_root import read_progress
 
-REPO = str(Path(__file__).resolve().parents[2])   # the repository: train.py lives here
+REPO = str(Path(__file__).resolve().parents[1])   # the repository: train.py lives here
 
 
 # ---- bounded processes ---------------------------------------------------------------------
@@ -32,13 +32,13 @@ def worker_env(world):
 
 
 def run_worker(kind, options, world, timeout_s, folder):
-    """Run `python -m sample_fc.bench --worker kind` on `world` ranks.
+    """Run `python -m bench --worker kind` on `world` ranks.
 
     Returns (per-rank records, None), or (None, error message) when the job failed, hung
     or left a rank's record missing.
     """
     prefix = os.path.join(tempfile.mkdtemp(prefix=f"{kind}-", dir=folder), "result")
-    argv = [sys.executable, "-m", "sample_fc.bench", "--worker", kind, "--out", prefix]
+    argv = [sys.executable, "-m", "bench", "--worker", kind, "--out", prefix]
     for key, value in options.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     result = run_job(argv, world, timeout_s=timeout_s, env=worker_env(world), cwd=REPO)
@@ -63,8 +63,8 @@ def write_result(path_prefix, record):
 # ---- data loader ---------------------------------------------------------------------------
 def data_case(rec, image_size, batch_size, num_batches, num_threads):
     """images/s of this rank's FaceRecordIter over `num_batches` batches after a warm-up batch."""
-    from .. import dist
-    from ..data import FaceRecordIter
+    from sample_fc import dist
+    from sample_fc.data import FaceRecordIter
     dist.init()
     rank, world = dist.rank(), dist.size()
     loader = FaceRecordIter(rec, batch_size, (3, image_size, image_size), rank=rank,

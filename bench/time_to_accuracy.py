@@ -24,7 +24,7 @@ def sample_fc_curve(models_root, target, global_batch):
     """The curve of a sample_fc run's target `target` from its progress and verification records
     (tools.report.read_run). Verification at step S comes after S's progress record: S must be
     a multiple of the run's `frequent` (compare checks it)."""
-    from ..tools.report import read_run
+    from sample_fc.tools.report import read_run
     run = read_run(models_root, "sample_fc", print)
     seconds_at, total = {}, 0.0
     for _, step, seconds_per_sample in progress_windows(run.progress):

@@ -2,7 +2,7 @@
 beside arcface_torch's own module (torch.profiler), one process each in turn, the same batch
 of random images, the same threads.
 
-    python -m sample_fc.bench.op_profile --network vit_t_dp005_mask0 --image-size 64 --batch 32 \\
+    python -m bench.op_profile --network vit_t_dp005_mask0 --image-size 64 --batch 32 \\
         --arcface-torch /tmp/arcface_torch
 
 sample_fc's side is the backbone as training runs it on the CPU (builder.build_module: our fused
@@ -27,8 +27,8 @@ os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
 def mxnet_rows(network, image_size, batch, steps, fuse, threads):
     """[(ms per step, calls per step, operator)] of sample_fc's backbone step, and its ms per step."""
     import mxnet as mx
-    import symbols
-    from .. import fused_ops
+    from sample_fc import symbols
+    from sample_fc import fused_ops
     openmp_threads = ctypes.CDLL("libgomp.so.1").omp_get_max_threads()
     if openmp_threads != threads:
         raise SystemExit(f"error: MXNet's OpenMP runs {openmp_threads} threads, not --threads {threads}: "
@@ -99,7 +99,7 @@ def print_rows(title, rows, per_step, top):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.op_profile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.op_profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--network", default="vit_t_dp005_mask0")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)

@@ -1,6 +1,6 @@
 """Damaged inputs through every command that reads them.
 
-    python -m sample_fc.bench.fuzz [--cases N] [--seed S] [--formats rec idx ...] [--commands verify ...]
+    python -m bench.fuzz [--cases N] [--seed S] [--formats rec idx ...] [--commands verify ...]
         [--subprocess] [--work DIR] [--report fuzz.json] [--timeout S] [--old-checkpoints]
 
 Builds the sound inputs once (in --work, default a temp dir; reused when there), makes N
@@ -25,7 +25,7 @@ from .report import failures, table, write_report
 
 
 def make_parser():
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.fuzz", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=200, help="damaged cases in all (default 200)")
     parser.add_argument("--seed", type=int, default=0)

@@ -75,7 +75,7 @@ class WorkerLane:
         open(self.state_path, "w").close()
         self.state_offset, self.retired = 0, False
         self.log = open(base + ".stderr", "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "sample_fc.bench.fuzz.worker", self.cases_path,
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.fuzz.worker", self.cases_path,
                                          self.state_path], cwd=REPO, env=child_env(), stdout=subprocess.DEVNULL,
                                         stderr=self.log, start_new_session=True,
                                         preexec_fn=limit_memory(self.memory_gb))

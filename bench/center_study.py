@@ -1,6 +1,6 @@
 """The centers' optimizer study, summarised from bench.compare's --results files.
 
-    python -m sample_fc.bench.center_study RESULTS.jsonl [...] [--steps 50,500,1000]
+    python -m bench.center_study RESULTS.jsonl [...] [--steps 50,500,1000]
 
 Each line of a results file is one training (compare.append_result). Trainings are grouped by
 data set (the --set rec's folder) and arm: sample_fc with its bank_momentum and every other
@@ -75,7 +75,7 @@ def table(results, steps):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.center_study",
+    parser = argparse.ArgumentParser(prog="python -m bench.center_study",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", help="bench.compare --results files")
     parser.add_argument("--steps", default="50,500,1000", help="steps at which to show the centers' norm and turn")

@@ -1,9 +1,9 @@
 """PyTorch networks and margin that follow sample_fc's own MXNet layouts layer for layer
 (tests/test_torch_reference.py holds them to the symbols). bench.compare and
-bench.step_breakdown now measure against the yardstick (sample_fc/bench/yardstick/:
+bench.step_breakdown now measure against the yardstick (bench/yardstick/:
 arcface_torch's layouts and step) instead. Not used by training; needs `torch` (CPU build).
 
-The networks are sample_fc's layer for layer (MobileFaceNet and IResNet: symbols/;
+The networks are sample_fc's layer for layer (MobileFaceNet and IResNet: sample_fc/symbols/;
 `network(name, ...)` builds one by its name), the margins its CombinedMargin (margin_logits) and
 CurricularFace (curricular_loss, as the paper's published code computes it, with autograd).
 """
@@ -12,10 +12,10 @@ import math
 import torch
 from torch import nn
 
-from symbols.common import BN_EPS, BN_MOMENTUM, DOWNSAMPLE, PRELU_INIT
-import symbols
-from symbols import iresnet
-from symbols.mobilefacenet import SEP_CHANNELS, STAGES, STEM_BLOCK_WIDTH, STEM_CHANNELS, STEM_GROUPS
+from sample_fc.symbols.common import BN_EPS, BN_MOMENTUM, DOWNSAMPLE, PRELU_INIT
+from sample_fc import symbols
+from sample_fc.symbols import iresnet
+from sample_fc.symbols.mobilefacenet import SEP_CHANNELS, STAGES, STEM_BLOCK_WIDTH, STEM_CHANNELS, STEM_GROUPS
 
 
 def batch_norm(channels, dims=2):
@@ -65,7 +65,7 @@ def normalise(pixels):
 
 
 class MobileFaceNet(nn.Module):
-    """symbols/mobilefacenet.py in PyTorch: raw pixels 0..255 in, embeddings out."""
+    """sample_fc/symbols/mobilefacenet.py in PyTorch: raw pixels 0..255 in, embeddings out."""
 
     def __init__(self, embedding_size, image_size, blocks=(1, 4, 6, 2), scale=1):
         super().__init__()
@@ -108,7 +108,7 @@ class IBasicBlock(nn.Module):
 
 
 class IResNet(nn.Module):
-    """symbols/iresnet.py in PyTorch (arcface_torch's IResNet): raw pixels 0..255 in, embeddings out."""
+    """sample_fc/symbols/iresnet.py in PyTorch (arcface_torch's IResNet): raw pixels 0..255 in, embeddings out."""
 
     def __init__(self, embedding_size, image_size, units):
         super().__init__()

@@ -3,7 +3,7 @@ file hashed with xxh3_64 as it is written) against the same bytes written the wa
 before checksums (header, rows with ndarray.tofile, fsync, the metadata JSON), alternately,
 `--repeats` times each after one uncounted write, into a scratch folder removed at the end.
 
-    python -m sample_fc.bench.checkpoint_write [--classes 1000000] [--embedding 512] [--folder /tmp]
+    python -m bench.checkpoint_write [--classes 1000000] [--embedding 512] [--folder /tmp]
 
 The default shard, 1M classes x 512 float32 with its momentum, is 4.1 GB of rows: the folder's
 file system needs that much free (checked first).
@@ -19,11 +19,11 @@ import mxnet as mx
 import numpy as np
 import xxhash
 
-from ..checkpoint.bank_shard import FORMAT_VERSION, write_shard
-from ..checkpoint import bank_shard_files
-from ..checkpoint.checksums import CHUNK_BYTES
-from ..config import write_json
-from ..pfc.memory_bank import MemoryBank, host_view
+from sample_fc.checkpoint.bank_shard import FORMAT_VERSION, write_shard
+from sample_fc.checkpoint import bank_shard_files
+from sample_fc.checkpoint.checksums import CHUNK_BYTES
+from sample_fc.config import write_json
+from sample_fc.pfc.memory_bank import MemoryBank, host_view
 
 
 def write_shard_unsummed(bank, files):
@@ -78,7 +78,7 @@ def timed_write(writer, bank, folder):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.checkpoint_write", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.checkpoint_write", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--classes", type=int, default=1_000_000)
     parser.add_argument("--embedding", type=int, default=512)

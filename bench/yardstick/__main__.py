@@ -1,4 +1,4 @@
-"""`python -m sample_fc.bench.yardstick`: see sample_fc/bench/yardstick/__init__.py."""
+"""`python -m bench.yardstick`: see bench/yardstick/__init__.py."""
 import argparse
 import statistics
 import sys
@@ -14,7 +14,7 @@ BOUND = 0.05     # ours must train within 5% of arcface_torch's own samples/s, e
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench.yardstick",
+    parser = argparse.ArgumentParser(prog="python -m bench.yardstick",
                                      description="arcface_torch's training step, ours against its own files")
     parser.add_argument("--check-against", metavar="DIR", help="a checkout's recognition/arcface_torch: "
                         "check ours against its own modules and time both")

@@ -1,12 +1,12 @@
 """Benchmark of sample_fc on this machine: head step vs its NumPy bound, sampler, data, end to end.
 
-    python -m sample_fc.bench [--quick] [--json OUT] [--markdown OUT] [--parts head,schedule,sampler,data,e2e]
+    python -m bench [--quick] [--json OUT] [--markdown OUT] [--parts head,schedule,sampler,data,e2e]
 
 Every measurement runs in a process of its own, bounded in time (world size 2 through
-sample_fc.bench.harness.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
+bench.harness.run_job = horovodrun; see bench_jobs); a case that fails, hangs or would
 not fit in memory is reported with an `error` or `skipped` field and the report goes on.
 `--quick` runs tiny shapes in well under a minute; BENCHMARKS.md describes the full run.
-The workers are this module too: `python -m sample_fc.bench --worker {head,schedule,sampler,data,step}`
+The workers are this module too: `python -m bench --worker {head,schedule,sampler,data,step}`
 (step: bench/step_breakdown.py).
 """
 import argparse
@@ -75,7 +75,7 @@ HEADLINE_DATA_SIZE = 112       # the size of real training data (and of the full
 
 # ---- the parts of the report ---------------------------------------------------------------
 def _storage(label):
-    from ..options import BANK_DTYPES, BANK_MOMENTA
+    from sample_fc.options import BANK_DTYPES, BANK_MOMENTA
     from .cases import bank_storage
     try:
         bank_storage(label)
@@ -143,8 +143,8 @@ def head_record(plan, classes, ratio, world, dtype, folder, headroom):
 def head_memory_mb(plan, classes, ratio, world, dtype):
     """(bank, buffers, predicted peak RSS) in MB of the largest rank of a head case: the memory
     plan's bank, and its sampler and host head as the buffers (memory_plan.py)."""
-    from ..pfc.host_head import default_threads
-    from ..run.memory_plan import plan as memory_plan
+    from sample_fc.pfc.host_head import default_threads
+    from sample_fc.run.memory_plan import plan as memory_plan
     from .cases import bank_storage
     need = memory_plan(classes, world, plan.embedding_size, plan.batch_per_rank, ratio, bank_storage(dtype),
                        threads=default_threads(world))
@@ -211,7 +211,7 @@ def e2e_records(plan, world=2):
 
 # ---- command lines -------------------------------------------------------------------------
 def worker_main(argv):
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench --worker")
+    parser = argparse.ArgumentParser(prog="python -m bench --worker")
     parser.add_argument("--worker", required=True, choices=("head", "schedule", "sampler", "data", "step"))
     parser.add_argument("--out", required=True, help="result prefix: OUT.rank<r>.json")
     for name in ("classes", "batch", "dim", "warmup", "min-steps", "max-steps", "repeats",
@@ -241,7 +241,7 @@ def worker_main(argv):
         record = data_case(args.rec, args.image_size, args.batch, args.batches, args.threads)
     write_result(args.out, record)
     if args.worker != "sampler":
-        from .. import dist
+        from sample_fc import dist
         dist.shutdown()
     return 0
 
@@ -250,7 +250,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
         return worker_main(argv)
-    parser = argparse.ArgumentParser(prog="python -m sample_fc.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes (30-40 s): checks the tool")
     parser.add_argument("--json", metavar="OUT", help="write the report as JSON")

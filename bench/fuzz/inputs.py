@@ -22,7 +22,7 @@ import zipfile
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGE_SIZE, EMBEDDING_SIZE, CLASSES, BATCH = 32, 32, 16, 32
 # train.py's settings for every run the harness starts: tiny, 2 steps, no verification pass
 TRAIN_SETTINGS = ["--dataset", "demo", "--network", "mbf_small", "--set", f"embedding_size={EMBEDDING_SIZE}",
@@ -34,7 +34,7 @@ GROUPS = ("data", "models", "mxnet", "torch", "onnx", "faces", "ijb")
 
 def child_env():
     """One compute thread per process; the repository importable."""
-    from sample_fc.bench.harness import single_thread_env
+    from bench.harness import single_thread_env
     return single_thread_env({"PYTHONPATH": REPO})
 
 

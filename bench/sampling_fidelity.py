@@ -1,6 +1,6 @@
 """How far is the sampled softmax from the full one, at a trained checkpoint?
 
-    .venv/bin/python -m sample_fc.bench.sampling_fidelity --model MODELS_ROOT --rec train.rec
+    .venv/bin/python -m bench.sampling_fidelity --model MODELS_ROOT --rec train.rec
         [--ratio 0.1] [--images 1024] [--draws 20]
 
 Embeds --images training images (eval mode, no mirror) with the checkpoint's backbone,
@@ -34,13 +34,13 @@ import os
 
 import numpy as np
 
-from ..checkpoint.layout import bank_shard_files, find_checkpoint, models_root_of, read_state
-from ..checkpoint.bank_shard import read_shard
-from ..errors import MissingFileError, UsageError
-from ..pfc.margin import CombinedMargin
-from ..pfc.sampler import class_center_sample, num_sample_for, sampled_logit_offsets
-from ..tools.cli import make_parser, run_or_exit
-from ..verification import Embedder, l2_normalize, to_nchw
+from sample_fc.checkpoint.layout import bank_shard_files, find_checkpoint, models_root_of, read_state
+from sample_fc.checkpoint.bank_shard import read_shard
+from sample_fc.errors import MissingFileError, UsageError
+from sample_fc.pfc.margin import CombinedMargin
+from sample_fc.pfc.sampler import class_center_sample, num_sample_for, sampled_logit_offsets
+from sample_fc.tools.cli import make_parser, run_or_exit
+from sample_fc.verification import Embedder, l2_normalize, to_nchw
 
 
 def softmax_rows(logits):
@@ -212,8 +212,8 @@ def read_images(rec, image_size, count=None, classes=None, rng=None):
     """(uint8 (N, S, S, 3), labels) of `count` records of `rec` drawn without replacement, or
     of every record whose class is in `classes`."""
     import mxnet as mx
-    from ..data.images import decode_rgb
-    from ..data.recordio import label_to_int, open_record
+    from sample_fc.data.images import decode_rgb
+    from sample_fc.data.recordio import label_to_int, open_record
     reader, keys, _ = open_record(rec)
     if count is not None and count > len(keys):
         raise UsageError(f"--images {count}: {rec} has only {len(keys)} images")
@@ -256,7 +256,7 @@ def describe(stats, ratio, draws):
 
 
 def main(argv=None):
-    parser = make_parser("sample_fc.bench.sampling_fidelity", __doc__)
+    parser = make_parser("bench.sampling_fidelity", __doc__)
     parser.add_argument("--model", required=True, help="models root (its newest checkpoint) or a step-XXXXXXXX/ dir")
     parser.add_argument("--rec", required=True, help="the training .rec the images come from")
     parser.add_argument("--ratio", type=float, help="sample ratio (default: the run's sample_ratio)")
@@ -269,7 +269,7 @@ def main(argv=None):
 
     def work():
         import mxnet as mx
-        from ..models.saved_model import load_model
+        from sample_fc.models.saved_model import load_model
         checkpoint = find_checkpoint(args.model, option="--model")
         config_file = os.path.join(models_root_of(checkpoint), "config.json")
         if not os.path.isfile(config_file):

@@ -1,5 +1,5 @@
 """Every file format a user hands us, damaged on purpose, through every command that reads it
-(`python -m sample_fc.bench.fuzz`, see __main__.py). The contract checked: a damaged input ends
+(`python -m bench.fuzz`, see __main__.py). The contract checked: a damaged input ends
 in one line `<prog>: error: ...` and exit 2, or exit 0 having used only what was sound; never a
 traceback, a signal death, a hang, or a changed input file.
 

@@ -1,4 +1,4 @@
-"""Benchmarks of sample_fc on this machine: `python -m sample_fc.bench [--quick] --json OUT`.
+"""Benchmarks of sample_fc on this machine: `python -m bench [--quick] --json OUT`.
 
     run      the plan (quick/full), the report's parts, the command line (and --worker)
     cases    what a worker measures: the head step by stage, its NumPy bound, the sampler

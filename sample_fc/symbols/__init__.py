@@ -32,7 +32,7 @@ def _descriptors():
 
 def __getattr__(name):
     """The parts that import MXNet (the family files, common.py's symbol rewrites), on first use:
-    `import symbols` and symbols.catalog stay MXNet-free for the configuration."""
+    `sample_fc.symbols` and its catalog stay MXNet-free for the configuration."""
     if name == 'FAMILIES':
         return tuple(importlib.import_module(f'.{family}', __name__) for family in FAMILY_FILES)
     if name in _FROM_COMMON:

@@ -1,15 +1,15 @@
 """A real-image data set with many identities: characters (identities) drawn in real fonts
 (captures).
 
-    python -m sample_fc.bench.glyphs --out DIR [--identities 5000] [--images-per-identity 12]
+    python -m bench.glyphs --out DIR [--identities 5000] [--images-per-identity 12]
         [--val-identities 300] [--pairs 3000] [--image-size 32] [--seed 1] [--charset cjk]
         [--fonts FONT_FILE_OR_DIR ...] [--workers N]
 
 Needs CJK fonts: run scripts/install_glyph_fonts.sh once (apt-get install of Debian's CJK font
-packages, about 130 MB; sample_fc/bench/glyph_fonts.py FONT_PACKAGES). Without --fonts, the
+packages, about 130 MB; bench/glyph_fonts.py FONT_PACKAGES). Without --fonts, the
 fonts are searched in /usr/share/fonts, twins of one design are used once, and the fonts
 with the fewest characters are left out when they would leave fewer characters than the
-identities need (sample_fc/bench/glyph_fonts.py). Only characters that every font used really
+identities need (bench/glyph_fonts.py). Only characters that every font used really
 draws qualify (--charset cjk: U+4E00..U+9FFF; latin: Latin, Greek and Cyrillic letters).
 
 An identity is one character; capture k of it is drawn in font k of a seeded per-identity
@@ -37,12 +37,12 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from ..data.bin_format import write_bin
-from ..data.demo import raw_pixel_accuracy, verification_pairs
-from ..data.images import encode_jpeg
-from ..data.recordio import RecordWriter
-from ..errors import UsageError
-from ..tools.cli import Progress, make_parser, run_or_exit
+from sample_fc.data.bin_format import write_bin
+from sample_fc.data.demo import raw_pixel_accuracy, verification_pairs
+from sample_fc.data.images import encode_jpeg
+from sample_fc.data.recordio import RecordWriter
+from sample_fc.errors import UsageError
+from sample_fc.tools.cli import Progress, make_parser, run_or_exit
 from .glyph_fonts import (CHARSETS, FONT_DIRS, choose_faces, drawn_glyphs, fit_faces, list_faces, load_font,
                           no_fonts_message, qualifying_characters)
 
@@ -200,7 +200,7 @@ def build_glyphs(out, identities=5000, images_per_identity=12, val_identities=30
 
 
 def main(argv=None):
-    parser = make_parser("sample_fc.bench.glyphs", __doc__)
+    parser = make_parser("bench.glyphs", __doc__)
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--identities", type=int, default=5000, help="training identities (characters)")
     parser.add_argument("--images-per-identity", type=int, default=12, help="training captures per character")
