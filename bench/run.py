@@ -143,7 +143,7 @@ def head_record(plan, classes, ratio, world, dtype, folder, headroom):
 def head_memory_mb(plan, classes, ratio, world, dtype):
     """(bank, buffers, predicted peak RSS) in MB of the largest rank of a head case: the memory
     plan's bank, and its sampler and host head as the buffers (memory_plan.py)."""
-    from sample_fc.pfc.host_head import default_threads
+    from sample_fc.pfc.head import default_threads
     from sample_fc.run.memory_plan import plan as memory_plan
     from .cases import bank_storage
     need = memory_plan(classes, world, plan.embedding_size, plan.batch_per_rank, ratio, bank_storage(dtype),

@@ -29,7 +29,7 @@ _EXPORTS = {
     "class_center_sample": "pfc.sampler",
     "ClassCenterSampler": "pfc.sampler",
     "shard_range": "pfc.sampler",
-    "margin_cross_entropy": "pfc.softmax",
+    "margin_cross_entropy": "pfc.device_head",
     "CombinedMargin": "pfc.margin",
     "MemoryBank": "pfc.memory_bank",
     "SampleDistributeModule": "module",

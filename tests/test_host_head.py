@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import reference as ref
-from sample_fc.pfc import host_head
-from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc import head as host_head
+from sample_fc.pfc.head import HostHead
 from sample_fc.pfc.margin import CombinedMargin
 from sample_fc.pfc.memory_bank import MemoryBank, host_view
 from sample_fc.pfc.sampler import Sample
@@ -73,7 +73,7 @@ def test_both_kernels_step_a_bank_without_momentum_as_numpy_plain_sgd(dtype):
     classes, on any device) takes, under either kernel, the NumPy head's loss and gradients and
     plain SGD at lr / (1 - momentum) on its sampled rows (float16: within its rounding), rows not
     sampled bit-identical, and that no momentum array exists to write."""
-    from sample_fc.pfc.head import DeviceHead
+    from sample_fc.pfc.device_head import DeviceHead
     from sample_fc.pfc.row_storage import Storage
     rng = np.random.default_rng(4)
     index, target = np.array([0, 3, 4, 8, 11, 15]), np.array([2, 0, 5, -1, 2])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import REPO
 
-HEAD_KERNELS = ("sample_fc.pfc.head", "sample_fc.pfc.host_head", "sample_fc.pfc.softmax", "sample_fc.module",
+HEAD_KERNELS = ("sample_fc.pfc.head", "sample_fc.pfc.device_head", "sample_fc.module",
                 "sample_fc.run.memory_plan")
 
 
@@ -119,7 +119,7 @@ def test_the_import_graph_of_sample_fc_has_no_cycle():
 
 def test_the_checkpoint_package_imports_no_head_kernel():
     """Test that the transitive imports of sample_fc.checkpoint exclude the head kernels
-    (head, host_head, softmax, module, memory_plan): saving a checkpoint loads none of them."""
+    (head, device_head, softmax, module, memory_plan): saving a checkpoint loads none of them."""
     graph = import_graph(REPO / "sample_fc")
     imported = reachable(graph, "sample_fc.checkpoint")
     assert "sample_fc.checkpoint.layout" in imported

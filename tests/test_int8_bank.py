@@ -10,9 +10,9 @@ import pytest
 from sample_fc.checkpoint import bank_shard_files
 from sample_fc.checkpoint.bank_shard import read_shard_arrays, restore_resharded, write_shard
 from sample_fc.errors import UsageError
-from sample_fc.pfc import host_head, memory_bank, momentum_codec
+from sample_fc.pfc import head as host_head, memory_bank, momentum_codec
 from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer
-from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.head import HostHead
 from sample_fc.pfc.margin import CombinedMargin
 from sample_fc.pfc.memory_bank import MemoryBank, host_view
 from sample_fc.pfc.partial_fc import uses_host_kernel

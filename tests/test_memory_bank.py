@@ -9,8 +9,8 @@ from sample_fc.pfc import memory_bank
 from sample_fc.checkpoint.bank_shard import read_shard, restore_resharded, restore_shard, write_shard
 from sample_fc.checkpoint import bank_shard_files
 from sample_fc.errors import UsageError
-from sample_fc.pfc.head import DeviceHead
-from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.device_head import DeviceHead
+from sample_fc.pfc.head import HostHead
 from sample_fc.pfc.margin import CombinedMargin
 from sample_fc.pfc.memory_bank import INIT_BLOCK, MemoryBank, fill_initial_centers
 from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer

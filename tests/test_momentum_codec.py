@@ -11,12 +11,12 @@ import pytest
 
 import reference as ref
 from sample_fc.pfc.row_storage import Storage
-from sample_fc.pfc import host_head, memory_bank, momentum_codec, row_storage
+from sample_fc.pfc import head as host_head, memory_bank, momentum_codec, row_storage
 from sample_fc.checkpoint.bank_shard import read_shard_arrays, restore_resharded, restore_shard, write_shard
 from sample_fc.checkpoint import bank_shard_files
 from sample_fc.checkpoint.layout import checkpoint_bytes
 from sample_fc.errors import UsageError
-from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.head import HostHead
 from sample_fc.pfc.margin import CombinedMargin
 from sample_fc.pfc.memory_bank import MemoryBank, host_view
 from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer

@@ -10,8 +10,8 @@ import pytest
 import default
 import reference as ref
 from sample_fc.pfc.row_storage import Storage
-from sample_fc.pfc.head import DeviceHead
-from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.device_head import DeviceHead
+from sample_fc.pfc.head import HostHead
 from sample_fc.errors import UsageError
 from sample_fc.pfc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
 from sample_fc.pfc.sampler import ClassCenterSampler

@@ -7,8 +7,8 @@ import pytest
 
 from sample_fc.pfc.row_storage import Storage
 from sample_fc.pfc import rounding
-from sample_fc.pfc.head import DeviceHead
-from sample_fc.pfc.host_head import HostHead
+from sample_fc.pfc.device_head import DeviceHead
+from sample_fc.pfc.head import HostHead
 from sample_fc.pfc.margin import CombinedMargin
 from sample_fc.pfc.memory_bank import MemoryBank
 from sample_fc.pfc.bank_optimizer import MemoryBankSGDOptimizer

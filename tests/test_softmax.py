@@ -1,10 +1,10 @@
-"""Tests for the margin softmax cross-entropy (sample_fc.pfc.softmax / margin_cross_entropy)."""
+"""Tests for the margin softmax cross-entropy (sample_fc.pfc.device_head / margin_cross_entropy)."""
 import mxnet as mx
 import numpy as np
 import pytest
 
 import reference as ref
-from sample_fc.pfc.softmax import margin_cross_entropy
+from sample_fc.pfc.device_head import margin_cross_entropy
 
 CASES = {"arcface": (1.0, 0.5, 0.0), "cosface": (1.0, 0.0, 0.4), "combined": (1.3, 0.2, 0.15)}
 

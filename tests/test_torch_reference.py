@@ -69,10 +69,10 @@ def _curricular_on_our_kernels(cosine, labels):
     """(loss, d loss / d cosine, t after) of both head kernels' softmax with CurricularFace(0.5,
     s 16) from t 0.3, one process (identity collectives)."""
     import mxnet as mx
-    from sample_fc.pfc.host_head import HostHead
+    from sample_fc.pfc.head import HostHead
     from sample_fc.pfc.margin import CurricularFace, CurricularState
     from sample_fc.pfc.memory_bank import MemoryBank
-    from sample_fc.pfc.softmax import margin_softmax_backward, margin_softmax_forward
+    from sample_fc.pfc.device_head import margin_softmax_backward, margin_softmax_forward
     rows = len(labels)
     device = CurricularFace(0.5, 16.0, CurricularState(0.3))
     loss_rows, cache = margin_softmax_forward(mx.nd.array(cosine), mx.nd.array(labels, dtype="int64"), device)
@@ -99,7 +99,7 @@ def test_curricularface_on_both_kernels_is_the_papers_loss(outputs):
         np.testing.assert_allclose(loss, outputs["curricular/loss"], rtol=1e-5)
         np.testing.assert_allclose(grad, outputs["curricular/grad"], rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(t, outputs["curricular/t"], rtol=1e-6)
-    from sample_fc.pfc.softmax import margin_cross_entropy
+    from sample_fc.pfc.device_head import margin_cross_entropy
     import mxnet as mx
     arcface = margin_cross_entropy(mx.nd.array(cosine), mx.nd.array(labels, dtype="int64"), 1.0, 0.5, 0.0, 16.0)
     assert abs(float(arcface.asscalar()) - float(outputs["curricular/loss"])) > 1e-2

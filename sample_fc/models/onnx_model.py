@@ -20,7 +20,7 @@ import numpy as np
 
 from ..data.weight_values import implausible_values
 from ..errors import MissingFileError, UsageError
-from ..pfc.host_head import omp_threads
+from ..pfc.head import omp_threads
 
 SUFFIX = ".onnx"
 INSTALL = "python -m pip install onnx==1.16.2 onnxruntime==1.18.1"   # the pins of requirements.txt

@@ -9,8 +9,10 @@ tools/ or bench/ (a shard on disk is checkpoint/bank_shard.py's).
     margin.py            the margins (ArcFace / CosFace combined; CurricularFace, whose running mean
                          of target cosines is the layer's state), their warm-up schedule, and each
                          margin word's keys and published settings (MXNet-free until an NDArray comes)
-    softmax.py           the distributed softmax, as pure functions
-    head.py, host_head.py    the head step: MXNet ops (device) or NumPy BLAS (host); one protocol
+    head.py              the head step's contract (Head) and the host kernel (HostHead, NumPy BLAS on a
+                         bank in host memory: the default CPU bank's)
+    device_head.py       the device kernel (DeviceHead, MXNet operators on the bank's context): the
+                         distributed margin softmax and the head as pure functions
     memory_bank.py       a rank's shard of centers and their momentum, in row blocks
     row_storage.py       how rows are stored (float32 / float16 / int8; momentum the same, int8 or none),
                          read as float32 and written back: the one module that knows the formats

@@ -1,5 +1,5 @@
 """The margins: how a row's logits are made from its cosines. One interface, read by both head
-kernels (softmax.py on any context, host_head.py in NumPy) and checked against PyTorch:
+kernels (device_head.py on any context, head.py's HostHead in NumPy) and checked against PyTorch:
 
     margin.s                        the scale of every logit
     margin.target(c)                (psi(c), psi'(c)) of the rows' target cosines: logit s * psi(c)

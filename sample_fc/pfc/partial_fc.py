@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 
 from .. import dist
-from .head import DeviceHead, no_stage
-from .host_head import HostHead, default_threads
+from .device_head import DeviceHead
+from .head import HostHead, default_threads, no_stage
 from .margin import MarginWarmup, make_margin
 from .memory_bank import MAX_BLOCK_ELEMENTS, MemoryBank
 from .row_storage import Storage

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..checkpoint.layout import checkpoint_bytes
 from ..errors import UsageError
 from ..options import OPTIMIZER_STATES
-from ..pfc.host_head import default_threads
+from ..pfc.head import default_threads
 from ..pfc.partial_fc import PartialFC, PartialFCOptions, uses_host_kernel
 from ..pfc.row_storage import Storage
 from .backbone_memory import backbone_memory

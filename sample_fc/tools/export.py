@@ -28,7 +28,7 @@ import numpy as np
 
 from ..symbols.common import fixes_gamma
 from ..errors import UsageError
-from ..pfc.host_head import omp_threads
+from ..pfc.head import omp_threads
 from .cli import Progress, check_output_folder, make_parser, run_or_exit
 from .model_io import add_model_arguments, load_model_from_args
 

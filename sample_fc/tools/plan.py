@@ -93,7 +93,7 @@ def main(argv=None):
         from ..pfc.partial_fc import PartialFCOptions
         from ..pfc.sampling_regime import regime
         from ..symbols.cost import backbone_cost
-        from ..pfc.host_head import default_threads
+        from ..pfc.head import default_threads
         from ..run.experiment_file import read_experiment
         if args.config:
             read_experiment(args.config).merged_into(args)

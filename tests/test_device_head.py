@@ -1,10 +1,10 @@
-"""Tests for sample_fc.pfc.head: the head's loss and gradients against the NumPy reference."""
+"""Tests for sample_fc.pfc.device_head: the device kernel's loss and gradients against the NumPy reference."""
 import mxnet as mx
 import numpy as np
 import pytest
 
 import reference as ref
-from sample_fc.pfc.head import head_forward_backward, row_dots
+from sample_fc.pfc.device_head import head_forward_backward, row_dots
 from sample_fc.pfc.margin import CombinedMargin
 
 
