@@ -99,8 +99,10 @@ def print_rows(title, rows, per_step, top):
 
 
 def main(argv=None):
+    from sample_fc.symbols.catalog import NETWORKS     # MXNet-free: OpenMP is not loaded yet
     parser = argparse.ArgumentParser(prog="python -m bench.op_profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--network", default="vit_t_dp005_mask0")
+    parser.add_argument("--network", default="vit_t_dp005_mask0", choices=NETWORKS, metavar="NAME",
+                        help="a network of sample_fc/symbols/catalog.py (default %(default)s)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (after 3 unprofiled ones)")
@@ -114,6 +116,8 @@ def main(argv=None):
                           ("--image-size", args.image_size)):
         if value < 1:
             parser.error(f"{option} must be at least 1, got {value}")
+    if args.image_size % 16:
+        parser.error(f"--image-size must be a multiple of 16 (every backbone downsamples by 16), got {args.image_size}")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)      # before anything loads an OpenMP runtime
     if args.arcface_torch:
         from .yardstick.upstream import not_arcface_torch

@@ -41,6 +41,15 @@ def test_a_count_below_one_is_one_line():
     assert "--threads must be at least 1, got 0" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("args, line", [
+    (("--network", "nope"), "argument --network: invalid choice: 'nope' (choose from 'r18'"),
+    (("--network", "mbf_small", "--image-size", "50"), "--image-size must be a multiple of 16 (every backbone"),
+])
+def test_an_unknown_network_or_image_size_is_one_line(args, line):
+    result = run_profile(*args)
+    assert result.returncode == 2 and line in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_directory_that_is_not_arcface_torch_is_one_line(tmp_path):
     result = run_profile("--network", "mbf", "--arcface-torch", str(tmp_path))
     assert result.returncode == 2
