@@ -69,6 +69,16 @@ def test_the_plan_grows_with_the_batch_and_inference_needs_far_less():
     assert planned_graph_bytes(symbol, 32, 64, training=False) < large / 5
 
 
+def test_a_float16_backbone_is_planned_as_training_binds_it():
+    """Test that a float16 backbone (fp16=true on GPUs: its convolutions' weights are float16) is
+    planned: bound with the input's type only, as Module.bind does (simple_bind without a type took
+    every weight as float32 and refused the graph, so train.py --set fp16=true died in its memory
+    check), planning no more than the float32 backbone."""
+    half, full = (symbols.get_symbol("mbf_small", 512, 32, dtype) for dtype in ("float16", "float32"))
+    planned = planned_graph_bytes(half, 32, 16)
+    assert 0 < planned <= planned_graph_bytes(full, 32, 16)
+
+
 def test_the_backbone_term_by_hand():
     """Test the backbone term of an FC + BatchNorm network: 4 copies of its 4-byte values
     (weight 48 x 10, bias 10, gamma, beta, moving mean and var 10 each), the graph as MXNet plans

@@ -42,7 +42,10 @@ def planned_graph_bytes(symbol, image_size, batch_size, training=True):
 def _planned_bytes(symbol_json, image_size, batch_size, training):
     symbol = mx.sym.load_json(symbol_json)
     requests = {name: ("write" if training and name != "data" else "null") for name in symbol.list_arguments()}
-    executor = symbol.simple_bind(mx.cpu(), grad_req=requests, data=(batch_size, 3, image_size, image_size))
+    # the input's type only (as Module.bind gives it): the rest inferred, so a float16 backbone's
+    # weights are float16 (simple_bind without a type_dict takes every argument as float32)
+    executor = symbol.simple_bind(mx.cpu(), grad_req=requests, type_dict={"data": "float32"},
+                                  data=(batch_size, 3, image_size, image_size))
     found = _TOTAL.search(executor.debug_str())
     del executor
     if found is None:                   # an MXNet whose debug string says no total: no plan to read

@@ -85,9 +85,8 @@ def main(argv=None):
 
     def work():
         from .. import config
-        from .. import symbols
         from ..run import memory_plan
-        from ..builder import centers_line, check_world, complete_from_data, resolve_auto, target_paths
+        from ..builder import build_symbol, centers_line, check_world, complete_from_data, resolve_auto, target_paths
         from ..data.bin_format import read_bin
         from ..run.run_request import default_models_root
         from ..pfc.partial_fc import PartialFCOptions
@@ -105,7 +104,7 @@ def main(argv=None):
         auto = resolve_auto(cfg, args.world)
         per_node = min(args.workers_per_node or args.world, args.world)
         try:    # symbols checks what the config's type checks cannot (image_size a multiple of 16)
-            symbol = symbols.get_symbol(cfg.network, cfg.embedding_size, cfg.image_size, "float32", cfg.dropout)
+            symbol = build_symbol(cfg)          # train.py's: float16 with fp16, the learned embedding scale
         except ValueError as err:
             raise UsageError(f"the config's backbone: {err}") from None
         on_gpu, bank_on_gpu, threads = (args.gpu_memory is not None, cfg.bank_context == "same",
