@@ -254,12 +254,12 @@ def take_root(models_root, start_over, token):
 def start_run(run, status):
     """Rank 0, the root taken: its log, config.json, the status (running) and, for a restart
     supervisor, where the run lives (RunStatus.start). From here a failure is recorded in the status."""
-    builder.log_to_file(run.logger, os.path.join(run.models_root, "train.log"))
+    builder.log_to_file(run.parts.logger, os.path.join(run.models_root, "train.log"))
     save_config(dict(run.cfg, run_id=run.run_id), os.path.join(run.models_root, "config.json"))
     status.start(run.models_root, run.run_id, step=run.resumed_at or 0, checkpoint=run.resume_from,
                  checkpoint_step=run.resumed_at, world_size=run.world, pid=os.getpid())
-    run.logger.info("world size %d; run %s in %s; config:\n%s", run.world, run.run_id, run.models_root,
-                    format_config(run.cfg))
+    run.parts.logger.info("world size %d; run %s in %s; config:\n%s", run.world, run.run_id, run.models_root,
+                          format_config(run.cfg))
 
 
 def train(cfg, request, status, watchdog, stop_signals=None):
@@ -295,7 +295,7 @@ def train(cfg, request, status, watchdog, stop_signals=None):
     module = builder.module_of(run, say=say)        # a resume's bank: the checkpoint's
     if run.resume_from:
         watchdog.stage("at start, reading the checkpoint")
-        step = checkpoint.restore_checkpoint(run.resume_from, module, run.train_iter, cfg.num_classes,
+        step = checkpoint.restore_checkpoint(run.resume_from, module, run.parts.train_iter, cfg.num_classes,
                                              cfg.embedding_size, say)
         logger.info("resumed from %s at step %d", run.resume_from, step)
     events = RunEvents(run, module, watchdog, status, stop_signals)
@@ -303,7 +303,7 @@ def train(cfg, request, status, watchdog, stop_signals=None):
     if rank == 0:
         events.announce_checkpoints(run.plan.checkpoint, last_checkpoint_s)
         events.event("start", run.resumed_at or 0, **run.facts(request.attempt))
-    module.fit(run.train_iter, cfg.max_update, events.callbacks)
+    module.fit(run.parts.train_iter, cfg.max_update, events.callbacks)
     stop_signal = int(module.agreed.stop)                # every rank's, agreed in the last step
     if stop_signal:
         code = events.stop(module.num_update, stop_signal)
@@ -320,8 +320,8 @@ def train(cfg, request, status, watchdog, stop_signals=None):
     if rank == 0:
         logger.info("report: python -m sample_fc.tools.report %s", models_root)
     mx.nd.waitall()              # an orderly exit: no pending MXNet ops, decoders, or Horovod
-    if hasattr(run.train_iter, "close"):
-        run.train_iter.close()
+    if hasattr(run.parts.train_iter, "close"):
+        run.parts.train_iter.close()
     dist.shutdown()
     return code
 

@@ -19,7 +19,7 @@ from .data.bin_format import load_bin
 from .config import check_config, overridden_keys, scaled_lr
 from .data.recordio import read_property
 from .errors import UsageError
-from .run.run_record import RunRecord
+from .run.run_record import RunParts, RunRecord
 from .run.gpus import check_gpu_context, cpu_build_note, describe, visible_gpus
 from .pfc.global_tail import GlobalTail, split_tail
 from .initializers import backbone_initializer, initial_params
@@ -80,7 +80,8 @@ def build_symbol(cfg):
 def module_of(run, say=None):
     """build_module for an opened run (run_record.RunRecord): its config, backbone, rank, world,
     contexts and --pretrained weights; a resumed run's bank left for its checkpoint to fill."""
-    return build_module(run.cfg, run.symbol, run.rank, run.world, run.ctx, run.bank_ctx, run.pretrained,
+    parts = run.parts
+    return build_module(run.cfg, parts.symbol, run.rank, run.world, parts.ctx, parts.bank_ctx, parts.pretrained,
                         initial_centers=not run.resume_from, say=say)
 
 
@@ -279,7 +280,8 @@ def open_run(cfg, models_root, request, world, logger):
     cost = backbone_cost(symbol, cfg.image_size)
     sampling = regime(cfg.sample_ratio, cfg.num_classes, world.size, cfg.batch_size, cfg.embedding_size,
                       cost.multiply_adds)
-    return RunRecord(cfg=cfg, rank=rank, world=world.size, logger=logger, models_root=models_root,
-                     run_id=request.run_id(state), resume_from=resume_from, resumed_at=state.get("step"),
-                     pretrained=weights, symbol=symbol, cost=cost, plan=plan, sampling=sampling,
-                     train_iter=build_iterator(cfg, rank, world.size), ctx=ctx, bank_ctx=bank_ctx, targets=targets)
+    parts = RunParts(logger=logger, symbol=symbol, pretrained=weights, train_iter=build_iterator(cfg, rank, world.size),
+                     ctx=ctx, bank_ctx=bank_ctx, targets=targets)
+    return RunRecord(cfg=cfg, rank=rank, world=world.size, models_root=models_root, run_id=request.run_id(state),
+                     resume_from=resume_from, resumed_at=state.get("step"), cost=cost, plan=plan, sampling=sampling,
+                     parts=parts)

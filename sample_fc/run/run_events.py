@@ -38,7 +38,7 @@ class RunEvents:
     `status`: the job's RunStatus."""
 
     def __init__(self, run, module, watchdog, status, stop_signals=None, clock=time.monotonic):
-        cfg, rank, logger = run.cfg, run.rank, run.logger
+        cfg, rank, logger = run.cfg, run.rank, run.parts.logger
         self.cfg, self.run, self.module, self.rank, self.logger = cfg, run, module, rank, logger
         self.world, self.watchdog, self.status_record, self.clock = run.world, watchdog, status, clock
         self.stop_signals, self.stopping_at, self.stop_done = stop_signals, None, False
@@ -48,7 +48,7 @@ class RunEvents:
                             "embedding_size": cfg.embedding_size, "config": cfg,
                             "partial_fc": dataclasses.asdict(module.partial_fc.options)}
         self.writer = writer = open_scalar_log(cfg, rank, run.models_root, run.run_id, logger)   # TensorBoard, W&B
-        self.verifier = VerificationRunner(run.targets, self.embed_images, logger, run.models_root, writer)
+        self.verifier = VerificationRunner(run.parts.targets, self.embed_images, logger, run.models_root, writer)
         self.step = 0                     # the last step a callback saw
         self.callbacks = [self.note_step, lambda info: watchdog.step_done(info.step, info.seconds),
                           self.note_agreed_stop, PeriodicCallback(cfg.ckpt_period, self.save), self.save_when_due,
@@ -121,8 +121,8 @@ class RunEvents:
         self.saved_steps.add(step)
         start = self.clock()
         with self.watchdog.stage("checkpoint"):
-            path = checkpoint.save_checkpoint(self.run.models_root, step, self.module, self.run.symbol,
-                                              self.run.train_iter, self.train_state, self.cfg.ckpt_keep)
+            path = checkpoint.save_checkpoint(self.run.models_root, step, self.module, self.run.parts.symbol,
+                                              self.run.parts.train_iter, self.train_state, self.cfg.ckpt_keep)
         seconds = self.clock() - start
         self.last_save = self.clock()
         self.paused_s += seconds
@@ -188,7 +188,7 @@ class RunEvents:
         A new Embedder each time: a bound one given new weights by set_params embeds with stale ones
         (oneDNN's fused inference graph keeps what it folded at the first forward)."""
         arg_params, aux_params = self.module.get_export_params()
-        embed = Embedder(self.run.symbol, arg_params, aux_params, self.run.ctx, self.cfg.image_size,
+        embed = Embedder(self.run.parts.symbol, arg_params, aux_params, self.run.parts.ctx, self.cfg.image_size,
                          batch_size=self.cfg.batch_size)
         return embed(images)
 
@@ -233,7 +233,7 @@ class RunEvents:
             self.verify(step)
         peaks = dist.allgather_object(peak_rss_bytes(), "end.peak_memory")
         self.event("end", step, peak_rss_bytes=peaks, planned_bytes=self.run.plan.total)
-        for name, (images, issame) in (self.run.targets.items() if self.rank == 0 else ()):
+        for name, (images, issame) in (self.run.parts.targets.items() if self.rank == 0 else ()):
             baseline = evaluate(raw_pixel_embed, images, issame)
             self.logger.info("final %s: accuracy %.4f (raw-pixel cosine baseline %.4f)",
                              name, self.verifier.last[name].accuracy, baseline.accuracy)

@@ -1,8 +1,10 @@
 """The record of an opened run: everything checked and chosen before anything is written.
 
-builder.open_run makes one `RunRecord` per rank (no collectives, no writes); train.py, RunEvents
-and the opening lines of the log take it whole. It is frozen: what is decided across the ranks
-after opening (the run id, rank 0's) is a new record (`agreed`), not an edit.
+builder.open_run makes one `RunRecord` per rank (no collectives, no writes): the decisions, typed,
+and apart from them the live objects the run works with (`RunParts`: logger, backbone, iterator,
+contexts, verification sets); train.py, RunEvents and the opening lines of the log take it whole.
+It is frozen: what is decided across the ranks after opening (the run id, rank 0's) is a new record
+(`agreed`), not an edit.
 """
 import dataclasses
 import os
@@ -23,8 +25,21 @@ if TYPE_CHECKING:             # the annotations' types only: importing this modu
 
 
 @dataclass(frozen=True)
+class RunParts:
+    """What an opened run works with: live objects and loaded data (nothing here is saved or shown)."""
+    logger: "logging.Logger"      # builder.setup_logger's, this rank's
+    symbol: "mx.sym.Symbol"       # the backbone, embedding-scaled as cfg says
+    pretrained: Optional[Tuple[dict, dict]]   # (arg, aux) params of --pretrained, or None
+    train_iter: "mx.io.DataIter"  # this rank's data iterator
+    ctx: "mx.Context"             # the backbone's context
+    bank_ctx: "mx.Context"        # the class centers' context
+    targets: Dict[str, Tuple["np.ndarray", "np.ndarray"]]   # {name: (images, issame)} verification sets found
+
+
+@dataclass(frozen=True)
 class RunRecord:
-    # what was decided and checked
+    """What was decided and checked (what the log, config.json, status and events.jsonl say), and
+    the run's live `parts`."""
     cfg: "EasyDict"               # the resolved config (sample_fc.config's keys)
     rank: int
     world: int                    # workers in the job
@@ -35,14 +50,7 @@ class RunRecord:
     cost: "Cost"                  # of one image through the backbone
     plan: "Plan"                  # the memory plan, checked against this node
     sampling: "Regime"            # the sampling regime of the run's ratio, classes and batch
-    # what the run works with: live objects and loaded data
-    logger: "logging.Logger"      # builder.setup_logger's, this rank's
-    symbol: "mx.sym.Symbol"       # the backbone, embedding-scaled as cfg says
-    pretrained: Optional[Tuple[dict, dict]]   # (arg, aux) params of --pretrained, or None
-    train_iter: "mx.io.DataIter"  # this rank's data iterator
-    ctx: "mx.Context"             # the backbone's context
-    bank_ctx: "mx.Context"        # the class centers' context
-    targets: Dict[str, Tuple["np.ndarray", "np.ndarray"]]   # {name: (images, issame)} verification sets found
+    parts: RunParts
 
     def agreed(self, run_id):
         """This record with the run id all ranks took (rank 0's)."""
@@ -52,7 +60,7 @@ class RunRecord:
         """Rank 0's lines before the first step: memory plan, backbone cost, the automatic
         sample ratio (`auto_lines`, builder.resolve_auto's), the sampling regime (with its
         warning) and the centers' optimizer (`centers_line`: builder.centers_line)."""
-        cfg, logger = self.cfg, self.logger
+        cfg, logger = self.cfg, self.parts.logger
         logger.info("memory plan: %s", self.plan.summary())
         logger.info("backbone %s at %d px: %.2fM parameters, %.3f G multiply-adds per image",
                     cfg.network, cfg.image_size, self.cost.params / 1e6, self.cost.multiply_adds / 1e9)
