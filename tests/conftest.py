@@ -13,6 +13,15 @@ WORKERS = REPO / "tests" / "parallel" / "workers"
 sys.path.insert(0, str(REPO))  # train.py, default.py, optimizer.py live at the top level
 
 
+def package_copy(folder, scripts=("train.py",)):
+    """A copy of sample_fc/ (and the top-level `scripts`) in `folder`, to edit one file of; returns the
+    environment whose Python imports the copy before the repository."""
+    shutil.copytree(REPO / "sample_fc", Path(folder) / "sample_fc", ignore=shutil.ignore_patterns("__pycache__"))
+    for script in scripts:
+        shutil.copy(REPO / script, Path(folder) / script)
+    return {"PYTHONPATH": f"{folder}:{REPO}", "PATH": "/usr/bin:/bin"}
+
+
 @pytest.fixture
 def horovod_job():
     """Run a worker script from tests/parallel/workers under horovodrun, bounded in time."""

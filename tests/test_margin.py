@@ -116,12 +116,10 @@ def test_a_new_margin_is_its_class_and_kind_in_margin_py_alone(tmp_path):
     its fixed key is refused in one line naming it, and that the layer builds its margin (the
     target logit's psi(c) = c - m3 by the NumPy formula)."""
     import json
-    import shutil
     import subprocess
     import sys
-    from conftest import REPO
-    shutil.copytree(REPO / "sample_fc", tmp_path / "sample_fc", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "train.py", tmp_path / "train.py")
+    from conftest import package_copy
+    env = package_copy(tmp_path)
     margin_py = tmp_path / "sample_fc" / "pfc" / "margin.py"
     text = margin_py.read_text()
     assert text.count("KINDS = {\n") == 1 and text.count("\nclass Kind(") == 1
@@ -131,7 +129,6 @@ def test_a_new_margin_is_its_class_and_kind_in_margin_py_alone(tmp_path):
                 "                        {'lmcl': {'loss_m1': 1.0, 'loss_m2': 0.0, 'loss_m3': 0.35}}),\n")
     margin_py.write_text(text.replace("\nclass Kind(", "\n" + new_class + "class Kind(")
                          .replace("KINDS = {\n", "KINDS = {\n" + new_kind))
-    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
 
     def train(*args):
         return subprocess.run([sys.executable, "train.py", "--dataset", "demo", *args, "--print-config"],

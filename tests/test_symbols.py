@@ -616,13 +616,10 @@ def test_a_network_of_an_existing_family_is_one_line_of_the_catalog(tmp_path):
     parameters its units give (the r18 stem, stages and head plus one more unit per stage), and
     a network train.py resolves."""
     import json
-    import shutil
     import subprocess
     import sys
-    from conftest import REPO
-    shutil.copytree(REPO / "sample_fc", tmp_path / "sample_fc", ignore=shutil.ignore_patterns("__pycache__"))
-    for script_file in ("default.py", "train.py"):     # unchanged: train.py's folder comes first on its path
-        shutil.copy(REPO / script_file, tmp_path / script_file)
+    from conftest import package_copy
+    env = package_copy(tmp_path, ("default.py", "train.py"))     # train.py's folder comes first on its path
     catalog = tmp_path / "sample_fc" / "symbols" / "catalog.py"
     text = catalog.read_text()
     assert text.count("ENTRIES = {\n") == 1
@@ -638,7 +635,6 @@ sizes = {n: sum(int(__import__('numpy').prod(s)) for s in shapes) for n, shapes 
 print(json.dumps({'in_networks': 'r22' in default.NETWORKS, 'batch': cfg.batch_size, 'sizes': sizes,
                   'family': symbols.network('r22').family}))
 """
-    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
                            cwd=str(tmp_path))
     assert found.returncode == 0, found.stderr[-3000:]

@@ -1,8 +1,8 @@
 """The presets, as data: the built-in datasets with the card's own over them (the repository's
-default.py: DATASET_PRESETS), the published margins (pfc/margin.py KINDS), the network a dataset trains when none is
-named, and a dataset's recipe for a named loss. A network's preset and its family's recipe are
-symbols/catalog.py's. Each value is checked by its key's declared type when a preset is applied
-(resolve.get_config). Imports nothing heavy: no mxnet."""
+default.py: DATASET_PRESETS), the published margins (pfc/margin.py KINDS), the network a dataset
+trains when none is named, and a dataset's recipe for a named loss. A network's preset and its
+family's recipe are symbols/catalog.py's. Each value is checked by its key's declared type when a
+preset is applied (resolve.get_config). Imports nothing heavy: no mxnet."""
 import importlib
 import importlib.util
 import sys

@@ -19,26 +19,14 @@ world size it was trained with (its checkpoint's), whatever it measured.
 import dataclasses
 import math
 
-from ..symbols.catalog import MEASURED_LAYOUTS
+from ..symbols.catalog import MEASURED_LAYOUTS, MeasuredLayout
 from ..ranks import cores_per_worker
 
 DEFAULT_WORKERS = 2        # horovodrun.sh's -np when no layout is chosen (-H, --gpu)
 
 
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    network: str
-    image_size: int
-    cores: int
-    samples_per_s: dict          # workers -> global samples/s (cores // workers threads each)
-    source: str                  # where the numbers are
-
-    @property
-    def workers(self):
-        return max(self.samples_per_s, key=self.samples_per_s.get)
-
-
-MEASURED = tuple(Measured(*case) for case in MEASURED_LAYOUTS)     # the networks' rows (symbols/catalog.py)
+Measured = MeasuredLayout     # a measured case: network, image_size, cores, {workers: samples/s}, source
+MEASURED = MEASURED_LAYOUTS   # the networks' rows (symbols/catalog.py)
 
 
 @dataclasses.dataclass(frozen=True)

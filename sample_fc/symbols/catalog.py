@@ -55,6 +55,11 @@ class MeasuredLayout(NamedTuple):
     samples_per_s: dict              # workers -> global samples/s (cores // workers threads each)
     source: str                      # where the numbers are
 
+    @property
+    def workers(self):
+        """The worker count measured fastest."""
+        return max(self.samples_per_s, key=self.samples_per_s.get)
+
 
 MEASURED_LAYOUTS = (
     MeasuredLayout('mbf', 32, 2, {2: 326.0, 1: 292.0}, "BENCHMARKS.md; step_breakdown, global batch 128"),
